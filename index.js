@@ -1,0 +1,314 @@
+'use strict'
+// The JS facade over the Rust engine (native.js loads the addon built from src/).
+//
+// The engine decides (fresh, stale, lead, join, refresh, backoff) and keeps every entry's
+// envelope in LRU order; it hands out a dense slot number per entry, and this facade keeps the
+// value itself at that slot in `#values`. So a fresh hit is one synchronous native call that
+// returns an integer, then an array read: no thread hop, no copy, no JSON, no new object.
+// The facade also does what only JS can: call loaders, await promises, hand refreshes to
+// `waitUntil`, and honour AbortSignals.
+
+const native = require('./native.js')
+
+/** An error raised by stampede-cache itself; `code` is stable (see README, "Errors"). */
+class StampedeCacheError extends Error {
+  constructor(code, message, options) {
+    super(message, options)
+    this.name = 'StampedeCacheError'
+    this.code = code
+  }
+}
+
+// Native calls that can fail throw plain errors whose `code` is one of ours; rewrap them so users
+// can rely on `instanceof StampedeCacheError`. Loader errors never pass through here.
+function fromNative(fn) {
+  return function (...args) {
+    try {
+      return fn(...args)
+    } catch (err) {
+      if (err && typeof err.code === 'string' && err.code.startsWith('ERR_')) {
+        throw new StampedeCacheError(err.code, err.message)
+      }
+      throw err
+    }
+  }
+}
+
+const engine = {
+  create: fromNative(native.createEngine),
+  encodeKey: fromNative(native.encodeKey),
+  resolvePolicy: fromNative(native.resolvePolicy),
+  lookup: fromNative(native.lookup),
+  setEntry: fromNative(native.setEntry),
+  deleteEntry: fromNative(native.deleteEntry),
+  getEntry: fromNative(native.getEntry),
+  inspectEntry: fromNative(native.inspectEntry),
+}
+const { peek, beginRefresh, complete, fail, stats, closeEngine, debugCounts, engineId } = native
+
+const STEP_SERVE = 0
+const STEP_LEAD = 1
+const noop = () => {}
+
+function invalidArgument(message) {
+  return new StampedeCacheError('ERR_INVALID_ARGUMENT', message)
+}
+
+function invalidOption(name, why) {
+  return new StampedeCacheError('ERR_INVALID_OPTION', `option \`${name}\` ${why}`)
+}
+
+function closedError() {
+  return new StampedeCacheError('ERR_CLOSED', 'the cache is closed')
+}
+
+function abortError(signal) {
+  const reason = signal.reason
+  if (reason instanceof Error && reason.name === 'AbortError') return reason
+  const err = new Error('The operation was aborted', { cause: reason })
+  err.name = 'AbortError'
+  err.code = 'ABORT_ERR'
+  return err
+}
+
+function isAbortSignal(s) {
+  return typeof s === 'object' && s !== null && typeof s.aborted === 'boolean' && typeof s.addEventListener === 'function'
+}
+
+// JSON semantics, as every tier stores JSON: what a hit returns equals
+// JSON.parse(JSON.stringify(value)). Returns the copy to cache and hand out.
+function toJsonValue(value) {
+  let json
+  try {
+    json = JSON.stringify(value)
+  } catch (cause) {
+    throw new StampedeCacheError('ERR_VALUE_NOT_SERIALIZABLE', `the value cannot be stored as JSON: ${cause.message}`, { cause })
+  }
+  if (json === undefined) {
+    throw new StampedeCacheError('ERR_VALUE_NOT_SERIALIZABLE', `the value cannot be stored as JSON (a ${typeof value} at the top)`)
+  }
+  return JSON.parse(json)
+}
+
+// Rejects this caller when its signal aborts; the shared promise goes on for the others.
+function withSignal(promise, signal) {
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(abortError(signal))
+    signal.addEventListener('abort', onAbort, { once: true })
+    promise.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort)
+        resolve(v)
+      },
+      (e) => {
+        signal.removeEventListener('abort', onAbort)
+        reject(e)
+      },
+    )
+  })
+}
+
+class StampedeCache {
+  /** Engine id in this thread's engine table. */
+  #id
+  /** Keeps the engine alive exactly as long as this object. */
+  #token
+  /** Values by slot; the engine says which slot holds which key's value. */
+  #values = []
+  /** Promises of running loads by flight id; joiners await the leader's promise. */
+  #flights = new Map()
+  /** Background refreshes not yet ended, for settle(). */
+  #background = new Set()
+  /** Aborted by close(): every loader's ctx.signal. */
+  #abort = new AbortController()
+  #closed = false
+  #waitUntil
+  #onError
+
+  constructor(options) {
+    if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
+      throw new StampedeCacheError('ERR_INVALID_OPTION', 'options must be an object')
+    }
+    const waitUntil = options?.waitUntil
+    if (waitUntil !== undefined && typeof waitUntil !== 'function') throw invalidOption('waitUntil', 'must be a function')
+    const onError = options?.onError
+    if (onError !== undefined && typeof onError !== 'function') throw invalidOption('onError', 'must be a function')
+    this.#token = engine.create(options)
+    this.#id = engineId(this.#token)
+    this.#waitUntil = waitUntil
+    this.#onError = onError
+  }
+
+  getOrLoad(key, loader, options) {
+    if (typeof loader !== 'function') {
+      return Promise.reject(invalidArgument(`the loader must be a function, got ${loader === null ? 'null' : typeof loader}`))
+    }
+    if (options === undefined && typeof key === 'string') {
+      // The hot path: slot * 2 + (1 if a background refresh is due), or -1.
+      const r = peek(this.#id, key)
+      if (r >= 0) {
+        const value = this.#values[r >> 1]
+        if (r & 1) this.#refresh(key, loader, null, undefined, value)
+        return Promise.resolve(value)
+      }
+    }
+    return this.#getOrLoadSlow(key, loader, options)
+  }
+
+  async #getOrLoadSlow(key, loader, options) {
+    if (this.#closed) throw closedError()
+    let policy = null
+    let signal
+    let waitUntil
+    let force = false
+    if (options !== undefined) {
+      if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
+      policy = engine.resolvePolicy(this.#id, options, false)
+      ;({ signal, waitUntil } = options)
+      if (signal !== undefined && !isAbortSignal(signal)) throw invalidOption('signal', 'must be an AbortSignal')
+      if (waitUntil !== undefined && typeof waitUntil !== 'function') throw invalidOption('waitUntil', 'must be a function')
+      if (options.forceRefresh !== undefined && typeof options.forceRefresh !== 'boolean') {
+        throw invalidOption('forceRefresh', 'must be a boolean')
+      }
+      force = options.forceRefresh === true
+    }
+    const k = engine.encodeKey(key)
+    if (signal?.aborted) throw abortError(signal)
+    const step = engine.lookup(this.#id, k, policy, force)
+    if (step.kind === STEP_SERVE) {
+      const value = this.#values[step.n >> 1]
+      if (step.n & 1) this.#refresh(k, loader, policy, waitUntil, value)
+      return value
+    }
+    let load
+    if (step.kind === STEP_LEAD) {
+      load = this.#lead(k, step.n, loader, policy, force ? this.#currentValue(k) : undefined)
+    } else {
+      load = this.#flights.get(step.n)
+    }
+    return signal ? withSignal(load, signal) : load
+  }
+
+  // The value of a live entry, for ctx.stale when forceRefresh replaces it (no stats counted).
+  #currentValue(k) {
+    const slot = native.currentSlot(this.#id, k)
+    return slot >= 0 ? this.#values[slot] : undefined
+  }
+
+  #lead(k, flight, loader, policy, stale) {
+    // The loader runs a microtask later, once the flight is registered, so a loader that reads
+    // the same key joins its own flight instead of finding an unknown one.
+    const load = Promise.resolve().then(() => this.#runLoader(k, flight, loader, policy, stale))
+    this.#flights.set(flight, load)
+    return load
+  }
+
+  async #runLoader(k, flight, loader, policy, stale) {
+    const started = performance.now()
+    let value
+    try {
+      value = await loader({ key: k, stale, signal: this.#abort.signal })
+    } catch (err) {
+      this.#flights.delete(flight)
+      fail(this.#id, k, flight)
+      throw err
+    }
+    const computeMs = performance.now() - started
+    let stored = value
+    if (value !== null && value !== undefined) {
+      try {
+        stored = toJsonValue(value)
+      } catch (err) {
+        this.#flights.delete(flight)
+        fail(this.#id, k, flight)
+        throw err
+      }
+    }
+    this.#flights.delete(flight)
+    const slot = complete(this.#id, k, flight, computeMs, stored === null || stored === undefined, policy)
+    if (slot >= 0) this.#values[slot] = stored
+    return stored
+  }
+
+  // Starts the background refresh the engine asked for and hands it to waitUntil at once.
+  #refresh(k, loader, policy, waitUntil, stale) {
+    const flight = beginRefresh(this.#id, k)
+    if (flight < 0) return
+    const load = this.#lead(k, flight, loader, policy, stale)
+    const done = load.then(noop, (err) => this.#report(err, 'refresh', k))
+    this.#background.add(done)
+    done.then(() => this.#background.delete(done))
+    const hook = waitUntil ?? this.#waitUntil
+    if (hook !== undefined) {
+      try {
+        hook(done)
+      } catch (err) {
+        this.#report(err, 'waitUntil', k)
+      }
+    }
+  }
+
+  #report(err, op, key) {
+    if (this.#onError === undefined) return
+    try {
+      this.#onError(err, { op, key })
+    } catch {
+      // An onError that throws must not break the refresh that reported.
+    }
+  }
+
+  async get(key) {
+    if (this.#closed) throw closedError()
+    const slot = engine.getEntry(this.#id, engine.encodeKey(key))
+    return slot >= 0 ? this.#values[slot] : undefined
+  }
+
+  async set(key, value, options) {
+    if (this.#closed) throw closedError()
+    const k = engine.encodeKey(key)
+    let policy = null
+    if (options !== undefined) {
+      if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
+      policy = engine.resolvePolicy(this.#id, options, true)
+    }
+    const stored = value === null || value === undefined ? value : toJsonValue(value)
+    const slot = engine.setEntry(this.#id, k, stored === null || stored === undefined, policy)
+    if (slot >= 0) this.#values[slot] = stored
+  }
+
+  async delete(key) {
+    if (this.#closed) throw closedError()
+    const [slot, removed] = engine.deleteEntry(this.#id, engine.encodeKey(key))
+    if (slot >= 0) this.#values[slot] = undefined
+    return removed === 1
+  }
+
+  async inspect(key) {
+    if (this.#closed) throw closedError()
+    return engine.inspectEntry(this.#id, engine.encodeKey(key)) ?? undefined
+  }
+
+  stats() {
+    return stats(this.#id)
+  }
+
+  async settle() {
+    await Promise.all([...this.#background])
+  }
+
+  async close() {
+    if (this.#closed) return
+    this.#closed = true
+    closeEngine(this.#id)
+    this.#values = []
+    this.#abort.abort(closedError())
+  }
+
+  /** For tests: loads in flight (engine and facade) and entries held. Not part of the API. */
+  _debugCounts() {
+    const [engineFlights, entries] = debugCounts(this.#id)
+    return { engineFlights, facadeFlights: this.#flights.size, background: this.#background.size, entries }
+  }
+}
+
+module.exports = { StampedeCache, StampedeCacheError }

@@ -1,0 +1,631 @@
+//! The cache: composes the in-process store, request coalescing, XFetch, jitter, negative caching
+//! and error backoff into the decisions `getOrLoad` makes. It decides; the embedder acts (calls
+//! the loader, keeps values at the slots the store hands out, hands refreshes to `waitUntil`).
+//!
+//! Everything here runs on one thread (in Node, the JS thread), so a fresh hit is one synchronous
+//! call: a hash lookup, a time read, one random draw for XFetch, no allocation.
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::clock::{Clock, SystemClock};
+use crate::envelope::{Envelope, State};
+use crate::error::{Error, ErrorCode, Result};
+use crate::jitter;
+use crate::policy::{EntryPolicy, Options};
+use crate::singleflight::{FlightId, FlightKind, Role, Singleflight};
+use crate::stats::Stats;
+use crate::store::memory::{MemoryStore, Slot};
+use crate::xfetch;
+
+/// What a read found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hit {
+    /// A fresh value at `slot`; `refresh` asks the caller to start an early (XFetch) refresh.
+    Fresh { slot: Slot, refresh: bool },
+    /// A stale value at `slot`, served at once; `refresh` asks the caller to start the refresh.
+    Stale { slot: Slot, refresh: bool },
+    /// A cached not-found at `slot`.
+    Negative { slot: Slot },
+}
+
+impl Hit {
+    pub fn slot(self) -> Slot {
+        match self {
+            Hit::Fresh { slot, .. } | Hit::Stale { slot, .. } | Hit::Negative { slot } => slot,
+        }
+    }
+
+    pub fn wants_refresh(self) -> bool {
+        matches!(
+            self,
+            Hit::Fresh { refresh: true, .. } | Hit::Stale { refresh: true, .. }
+        )
+    }
+}
+
+/// What `getOrLoad` does after the hot path missed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Serve(Hit),
+    /// Call the loader, then [`Cache::complete`] or [`Cache::fail`] with this flight.
+    Lead(FlightId),
+    /// Wait for the flight already running.
+    Join(FlightId),
+}
+
+/// What `inspect` reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EntryInfo {
+    pub state: EntryState,
+    pub fresh_until: f64,
+    pub hard_until: f64,
+    pub compute_ms: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryState {
+    Fresh,
+    Stale,
+    Negative,
+}
+
+impl EntryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryState::Fresh => "fresh",
+            EntryState::Stale => "stale",
+            EntryState::Negative => "negative",
+        }
+    }
+}
+
+pub struct Cache<C: Clock = SystemClock> {
+    options: Options,
+    store: MemoryStore,
+    flights: Singleflight,
+    pub stats: Stats,
+    clock: C,
+    /// Draws for XFetch and jitter; a fast non-cryptographic generator is all they need.
+    rng: SmallRng,
+    closed: bool,
+}
+
+impl Cache<SystemClock> {
+    pub fn new(options: Options) -> Self {
+        Cache::with_clock(options, SystemClock, SmallRng::from_os_rng())
+    }
+}
+
+impl<C: Clock> Cache<C> {
+    pub fn with_clock(options: Options, clock: C, rng: SmallRng) -> Self {
+        Cache {
+            store: MemoryStore::new(options.l1_max_entries),
+            options,
+            flights: Singleflight::default(),
+            stats: Stats::default(),
+            clock,
+            rng,
+            closed: false,
+        }
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    pub fn now(&self) -> f64 {
+        self.clock.now_ms()
+    }
+
+    fn ensure_open(&self) -> Result<()> {
+        if self.closed {
+            return Err(Error::new(ErrorCode::Closed, "the cache is closed"));
+        }
+        Ok(())
+    }
+
+    /// The hot path: a usable entry for `key`, counted in the stats, or `None`.
+    /// `beta` is the XFetch beta of this read (the constructor's unless the call gave one).
+    #[inline]
+    pub fn peek(&mut self, key: &str, beta: f64) -> Option<Hit> {
+        let entry = self.store.get(key)?;
+        let env = entry.envelope;
+        let slot = entry.slot;
+        // Fast proof of freshness: far enough from expiry that no XFetch draw could refresh,
+        // by a cheap upper bound of the time. Most hits on a hot key end here.
+        if !env.negative
+            && self.clock.upper_bound_ms() < env.fresh_until - xfetch::horizon(env.compute_ms, beta)
+        {
+            self.stats.hits.incr();
+            return Some(Hit::Fresh {
+                slot,
+                refresh: false,
+            });
+        }
+        let now = self.clock.now_ms();
+        let hit = match env.state(now) {
+            State::Expired => return None,
+            _ if env.negative => Hit::Negative { slot },
+            State::Fresh => {
+                let refresh = beta > 0.0
+                    && xfetch::should_refresh(
+                        now,
+                        env.fresh_until,
+                        env.compute_ms,
+                        beta,
+                        1.0 - self.rng.random::<f64>(),
+                    )
+                    && self.may_refresh(key, &env, now);
+                Hit::Fresh { slot, refresh }
+            }
+            State::Stale => {
+                let refresh = self.may_refresh(key, &env, now);
+                Hit::Stale { slot, refresh }
+            }
+        };
+        match hit {
+            Hit::Fresh { .. } => self.stats.hits.incr(),
+            Hit::Stale { .. } => self.stats.stale_hits.incr(),
+            Hit::Negative { .. } => self.stats.negative_hits.incr(),
+        }
+        Some(hit)
+    }
+
+    /// A refresh may start: none runs for the key and no error backoff holds it.
+    fn may_refresh(&self, key: &str, env: &Envelope, now: f64) -> bool {
+        env.refresh_allowed(now) && self.flights.current(key).is_none()
+    }
+
+    /// After the hot path missed (or for calls with options): serve, lead a load, or join one.
+    /// `force` (forceRefresh) skips any entry but still joins a running flight.
+    pub fn lookup(&mut self, key: &str, beta: f64, force: bool) -> Result<Step> {
+        self.ensure_open()?;
+        if !force {
+            if let Some(hit) = self.peek(key, beta) {
+                return Ok(Step::Serve(hit));
+            }
+        }
+        self.stats.misses.incr();
+        Ok(match self.flights.lead_or_join(key, FlightKind::Load) {
+            Role::Lead(id) => {
+                self.stats.loads.incr();
+                Role::Lead(id)
+            }
+            Role::Join(id) => {
+                self.stats.coalesced.incr();
+                Role::Join(id)
+            }
+        }
+        .into())
+    }
+
+    /// Starts the background refresh a [`Hit`] asked for; `None` if one already runs.
+    pub fn begin_refresh(&mut self, key: &str) -> Option<FlightId> {
+        if self.closed {
+            return None;
+        }
+        let id = self.flights.lead(key, FlightKind::Refresh)?;
+        self.stats.loads.incr();
+        self.stats.refreshes.incr();
+        Some(id)
+    }
+
+    /// The loader of flight `id` returned. Writes the entry unless the flight was superseded,
+    /// and returns the slot the embedder keeps the value at (`None`: nothing kept).
+    pub fn complete(
+        &mut self,
+        key: &str,
+        id: FlightId,
+        compute_ms: f64,
+        negative: bool,
+        policy: &EntryPolicy,
+    ) -> Option<Slot> {
+        if !self.flights.finish(key, id) || self.closed {
+            return None;
+        }
+        self.write(key, compute_ms, negative, policy)
+    }
+
+    /// The loader of flight `id` failed (or its value could not be serialized). Nothing is
+    /// cached; a failed refresh leaves the stale value served and holds further refreshes back
+    /// for `errorBackoff`.
+    pub fn fail(&mut self, key: &str, id: FlightId) {
+        let Some(flight) = self.flights.current(key).copied() else {
+            return;
+        };
+        if flight.id != id {
+            return;
+        }
+        self.flights.finish(key, id);
+        if flight.kind == FlightKind::Refresh {
+            self.stats.refresh_errors.incr();
+            let retry_after = self.clock.now_ms() + self.options.error_backoff;
+            if let Some(e) = self.store.get(key) {
+                e.envelope.retry_after = retry_after;
+            }
+        }
+    }
+
+    /// Writes a value given by `set`; any flight of the key is superseded.
+    pub fn set(&mut self, key: &str, negative: bool, policy: &EntryPolicy) -> Result<Option<Slot>> {
+        self.ensure_open()?;
+        self.flights.supersede(key);
+        Ok(self.write(key, 0.0, negative, policy))
+    }
+
+    fn write(
+        &mut self,
+        key: &str,
+        compute_ms: f64,
+        negative: bool,
+        p: &EntryPolicy,
+    ) -> Option<Slot> {
+        let factor = if p.jitter > 0.0 {
+            jitter::factor(p.jitter, self.rng.random::<f64>())
+        } else {
+            1.0
+        };
+        let (ttl, hard_ttl) = if negative {
+            (p.negative_ttl * factor, p.negative_ttl * factor)
+        } else {
+            (p.ttl * factor, p.hard_ttl * factor)
+        };
+        if hard_ttl <= 0.0 {
+            // negativeTtl 0 caches no not-found; ttl = hardTtl = 0 caches nothing.
+            self.store.remove(key);
+            return None;
+        }
+        let now = self.clock.now_ms();
+        self.store
+            .insert(key, Envelope::new(now, ttl, hard_ttl, compute_ms, negative))
+    }
+
+    /// Removes the key and supersedes its flight. Returns the freed slot and whether a live
+    /// (not yet expired) entry was removed.
+    pub fn delete(&mut self, key: &str) -> Result<(Option<Slot>, bool)> {
+        self.ensure_open()?;
+        self.flights.supersede(key);
+        let now = self.clock.now_ms();
+        Ok(match self.store.remove(key) {
+            Some(e) => (Some(e.slot), e.envelope.state(now) != State::Expired),
+            None => (None, false),
+        })
+    }
+
+    /// Fresh, stale or negative value for `get` (never loads, never refreshes).
+    pub fn get(&mut self, key: &str) -> Result<Option<Slot>> {
+        self.ensure_open()?;
+        let hit = self.peek(key, 0.0);
+        if hit.is_none() {
+            self.stats.misses.incr();
+        }
+        Ok(hit.map(Hit::slot))
+    }
+
+    pub fn inspect(&self, key: &str) -> Result<Option<EntryInfo>> {
+        self.ensure_open()?;
+        let Some(e) = self.store.peek(key) else {
+            return Ok(None);
+        };
+        let env = e.envelope;
+        let state = match env.state(self.clock.now_ms()) {
+            State::Expired => return Ok(None),
+            _ if env.negative => EntryState::Negative,
+            State::Fresh => EntryState::Fresh,
+            State::Stale => EntryState::Stale,
+        };
+        Ok(Some(EntryInfo {
+            state,
+            fresh_until: env.fresh_until,
+            hard_until: env.hard_until,
+            compute_ms: env.compute_ms,
+        }))
+    }
+
+    /// The slot of a live (not expired) entry, LRU order and stats untouched.
+    pub fn live_slot(&self, key: &str) -> Option<Slot> {
+        let e = self.store.peek(key)?;
+        (e.envelope.state(self.clock.now_ms()) != State::Expired).then_some(e.slot)
+    }
+
+    /// Drops every entry and flight; later calls fail with `ERR_CLOSED`.
+    pub fn close(&mut self) {
+        self.closed = true;
+        self.store.clear();
+        self.flights.clear();
+    }
+
+    /// Flights still registered: zero once every load has ended (tests assert no leak).
+    pub fn flights_in_progress(&self) -> usize {
+        self.flights.len()
+    }
+
+    pub fn entries(&self) -> usize {
+        self.store.len()
+    }
+}
+
+impl From<Role> for Step {
+    fn from(r: Role) -> Step {
+        match r {
+            Role::Lead(id) => Step::Lead(id),
+            Role::Join(id) => Step::Join(id),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::policy::{RawOptions, TtlOverrides};
+
+    fn cache(f: impl FnOnce(&mut RawOptions)) -> (Cache<ManualClock>, ManualClock) {
+        let mut raw = RawOptions::default();
+        raw.ttls.jitter = Some(0.0);
+        f(&mut raw);
+        let clock = ManualClock::new(1_000_000.0);
+        let c = Cache::with_clock(
+            Options::validate(raw).unwrap(),
+            clock.clone(),
+            SmallRng::seed_from_u64(1),
+        );
+        (c, clock)
+    }
+
+    fn load(c: &mut Cache<ManualClock>, key: &str, compute_ms: f64) -> Slot {
+        let policy = c.options().defaults;
+        let Step::Lead(id) = c.lookup(key, policy.beta, false).unwrap() else {
+            panic!("expected to lead")
+        };
+        c.complete(key, id, compute_ms, false, &policy).unwrap()
+    }
+
+    #[test]
+    fn cold_miss_leads_once_and_others_join() {
+        let (mut c, _) = cache(|_| {});
+        let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
+            panic!()
+        };
+        for _ in 0..499 {
+            assert_eq!(c.lookup("k", 1.0, false).unwrap(), Step::Join(id));
+        }
+        let p = c.options().defaults;
+        let slot = c.complete("k", id, 3.0, false, &p).unwrap();
+        assert_eq!(
+            c.peek("k", 1.0),
+            Some(Hit::Fresh {
+                slot,
+                refresh: false
+            })
+        );
+        let s = c.stats.snapshot();
+        assert_eq!((s.loads, s.coalesced, s.misses, s.hits), (1, 499, 500, 1));
+        assert_eq!(c.flights_in_progress(), 0);
+    }
+
+    #[test]
+    fn stale_entry_is_served_and_refreshed_once() {
+        let (mut c, clock) = cache(|r| r.ttls.ttl = Some(1_000.0));
+        let slot = load(&mut c, "k", 10.0);
+        clock.advance(1_500.0);
+        assert_eq!(
+            c.peek("k", 1.0),
+            Some(Hit::Stale {
+                slot,
+                refresh: true
+            })
+        );
+        let id = c.begin_refresh("k").unwrap();
+        // While the refresh runs, readers are served stale and start nothing.
+        assert_eq!(
+            c.peek("k", 1.0),
+            Some(Hit::Stale {
+                slot,
+                refresh: false
+            })
+        );
+        assert_eq!(c.begin_refresh("k"), None);
+        let p = c.options().defaults;
+        assert_eq!(c.complete("k", id, 10.0, false, &p), Some(slot));
+        assert!(matches!(c.peek("k", 1.0), Some(Hit::Fresh { .. })));
+        let s = c.stats.snapshot();
+        assert_eq!((s.loads, s.refreshes, s.stale_hits), (2, 1, 2));
+    }
+
+    #[test]
+    fn expired_entry_is_a_miss() {
+        let (mut c, clock) = cache(|r| {
+            r.ttls.ttl = Some(100.0);
+            r.ttls.hard_ttl = Some(200.0);
+        });
+        load(&mut c, "k", 1.0);
+        clock.advance(200.0);
+        assert_eq!(c.peek("k", 1.0), None);
+        assert!(matches!(c.lookup("k", 1.0, false).unwrap(), Step::Lead(_)));
+        assert_eq!(c.inspect("k").unwrap(), None);
+    }
+
+    #[test]
+    fn failed_refresh_backs_off_and_keeps_serving_stale() {
+        let (mut c, clock) = cache(|r| {
+            r.ttls.ttl = Some(1_000.0);
+            r.error_backoff = Some(5_000.0);
+        });
+        let slot = load(&mut c, "k", 1.0);
+        clock.advance(1_000.0);
+        assert!(c.peek("k", 1.0).unwrap().wants_refresh());
+        let id = c.begin_refresh("k").unwrap();
+        c.fail("k", id);
+        assert_eq!(c.stats.snapshot().refresh_errors, 1);
+        clock.advance(4_999.0);
+        assert_eq!(
+            c.peek("k", 1.0),
+            Some(Hit::Stale {
+                slot,
+                refresh: false
+            })
+        );
+        clock.advance(1.0);
+        assert_eq!(
+            c.peek("k", 1.0),
+            Some(Hit::Stale {
+                slot,
+                refresh: true
+            })
+        );
+        assert_eq!(c.flights_in_progress(), 0);
+    }
+
+    #[test]
+    fn failed_cold_load_caches_nothing() {
+        let (mut c, _) = cache(|_| {});
+        let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
+            panic!()
+        };
+        c.fail("k", id);
+        assert_eq!(c.peek("k", 1.0), None);
+        assert!(matches!(c.lookup("k", 1.0, false).unwrap(), Step::Lead(_)));
+        assert_eq!(c.stats.snapshot().refresh_errors, 0);
+    }
+
+    #[test]
+    fn xfetch_refreshes_early_near_expiry_only() {
+        let (mut c, clock) = cache(|r| r.ttls.ttl = Some(10_000.0));
+        load(&mut c, "k", 100.0);
+        let early = (0..1_000)
+            .filter(|_| c.peek("k", 1.0).unwrap().wants_refresh())
+            .count();
+        assert_eq!(
+            early, 0,
+            "10 s before expiry a 100 ms value is never refreshed early"
+        );
+        clock.advance(9_950.0); // 50 ms left: P = exp(-50/100) = 0.61
+        let early = (0..1_000)
+            .filter(|_| c.peek("k", 1.0).unwrap().wants_refresh())
+            .count();
+        assert!((550..670).contains(&early), "{early}");
+        assert!(
+            !(0..1_000).any(|_| c.peek("k", 0.0).unwrap().wants_refresh()),
+            "beta 0 turns it off"
+        );
+    }
+
+    #[test]
+    fn negative_results_live_for_negative_ttl() {
+        let (mut c, clock) = cache(|r| r.ttls.negative_ttl = Some(500.0));
+        let p = c.options().defaults;
+        let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
+            panic!()
+        };
+        let slot = c.complete("k", id, 1.0, true, &p).unwrap();
+        assert_eq!(c.peek("k", 1.0), Some(Hit::Negative { slot }));
+        assert_eq!(c.inspect("k").unwrap().unwrap().state, EntryState::Negative);
+        clock.advance(500.0);
+        assert_eq!(c.peek("k", 1.0), None);
+        assert_eq!(c.stats.snapshot().negative_hits, 1);
+    }
+
+    #[test]
+    fn zero_negative_ttl_caches_no_not_found() {
+        let (mut c, _) = cache(|r| r.ttls.negative_ttl = Some(0.0));
+        let p = c.options().defaults;
+        let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.complete("k", id, 1.0, true, &p), None);
+        assert_eq!(c.entries(), 0);
+    }
+
+    #[test]
+    fn delete_and_set_supersede_a_running_load() {
+        let (mut c, _) = cache(|_| {});
+        let p = c.options().defaults;
+        let Step::Lead(old) = c.lookup("k", 1.0, false).unwrap() else {
+            panic!()
+        };
+        let (_, removed) = c.delete("k").unwrap();
+        assert!(!removed);
+        assert_eq!(
+            c.complete("k", old, 1.0, false, &p),
+            None,
+            "a load started before delete must not write"
+        );
+        let slot = c.set("k", false, &p).unwrap().unwrap();
+        let (freed, removed) = c.delete("k").unwrap();
+        assert_eq!((freed, removed), (Some(slot), true));
+    }
+
+    #[test]
+    fn force_refresh_loads_past_a_fresh_entry_but_still_coalesces() {
+        let (mut c, _) = cache(|_| {});
+        load(&mut c, "k", 1.0);
+        let Step::Lead(id) = c.lookup("k", 1.0, true).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.lookup("k", 1.0, true).unwrap(), Step::Join(id));
+    }
+
+    #[test]
+    fn jitter_spreads_expiry() {
+        let (mut c, _) = cache(|r| {
+            r.ttls.ttl = Some(10_000.0);
+            r.ttls.jitter = Some(0.2);
+        });
+        let p = c.options().defaults;
+        let mut until = Vec::new();
+        for i in 0..200 {
+            let key = format!("k{i}");
+            let Step::Lead(id) = c.lookup(&key, 1.0, false).unwrap() else {
+                panic!()
+            };
+            c.complete(&key, id, 1.0, false, &p);
+            let info = c.inspect(&key).unwrap().unwrap();
+            let ttl = info.fresh_until - c.now();
+            assert!((8_000.0..12_000.0).contains(&ttl), "{ttl}");
+            // ttl and hardTtl are scaled by the same factor.
+            assert!(((info.hard_until - c.now()) / ttl - 10.0).abs() < 1e-9);
+            until.push(ttl);
+        }
+        let spread = until.iter().cloned().fold(f64::MIN, f64::max)
+            - until.iter().cloned().fold(f64::MAX, f64::min);
+        assert!(spread > 3_000.0, "{spread}");
+    }
+
+    #[test]
+    fn closed_cache_refuses_work() {
+        let (mut c, _) = cache(|_| {});
+        load(&mut c, "k", 1.0);
+        c.close();
+        assert_eq!(
+            c.lookup("k", 1.0, false).unwrap_err().code,
+            ErrorCode::Closed
+        );
+        assert_eq!(c.peek("k", 1.0), None);
+        assert_eq!(c.begin_refresh("k"), None);
+    }
+
+    #[test]
+    fn call_policy_ttl_applies_to_its_entry() {
+        let (mut c, _) = cache(|_| {});
+        let p = c
+            .options()
+            .resolve(&TtlOverrides {
+                ttl: Some(50.0),
+                ..Default::default()
+            })
+            .unwrap();
+        let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
+            panic!()
+        };
+        c.complete("k", id, 1.0, false, &p);
+        let info = c.inspect("k").unwrap().unwrap();
+        assert_eq!(info.fresh_until - c.now(), 50.0);
+        assert_eq!(info.hard_until - c.now(), 500.0);
+    }
+}

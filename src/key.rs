@@ -1,0 +1,104 @@
+//! Cache keys: validation of string keys and the unambiguous encoding of array keys.
+//!
+//! An array key's parts are joined with `:`, and `\` and `:` inside a part are escaped with `\`,
+//! so `['a:b','c']` becomes `a\:b:c` and `['a','b:c']` becomes `a:b\:c`: distinct, and still
+//! readable in Redis (`['user', 42]` is `user:42`).
+
+use crate::error::{Error, ErrorCode, Result};
+
+/// The longest key accepted, in UTF-8 bytes of the (encoded) key.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Checks a string key: non-empty and at most [`MAX_KEY_BYTES`] bytes.
+pub fn check(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::new(ErrorCode::InvalidKey, "key must not be empty"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Error::new(
+            ErrorCode::InvalidKey,
+            format!(
+                "key is {} bytes long; the limit is {MAX_KEY_BYTES}",
+                key.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Encodes the parts of an array key (numbers already turned into their JS string form).
+pub fn encode_parts<S: AsRef<str>>(parts: &[S]) -> Result<String> {
+    if parts.is_empty() {
+        return Err(Error::new(
+            ErrorCode::InvalidKey,
+            "an array key needs at least one part",
+        ));
+    }
+    let mut out = String::with_capacity(parts.iter().map(|p| p.as_ref().len() + 1).sum());
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(':');
+        }
+        for ch in part.as_ref().chars() {
+            if ch == ':' || ch == '\\' {
+                out.push('\\');
+            }
+            out.push(ch);
+        }
+        if out.len() > MAX_KEY_BYTES {
+            break; // reported by `check` below; no need to encode the rest
+        }
+    }
+    check(&out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_with_separators_stay_distinct() {
+        let a = encode_parts(&["a:b", "c"]).unwrap();
+        let b = encode_parts(&["a", "b:c"]).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a, "a\\:b:c");
+        assert_eq!(b, "a:b\\:c");
+    }
+
+    #[test]
+    fn backslashes_cannot_forge_a_separator() {
+        // ['a\\', 'b'] must not equal ['a\\:b'] nor ['a', 'b'].
+        let x = encode_parts(&["a\\", "b"]).unwrap();
+        let y = encode_parts(&["a\\:b"]).unwrap();
+        let z = encode_parts(&["a", "b"]).unwrap();
+        assert_ne!(x, y);
+        assert_ne!(x, z);
+        assert_ne!(y, z);
+    }
+
+    #[test]
+    fn plain_parts_read_naturally() {
+        assert_eq!(encode_parts(&["user", "42"]).unwrap(), "user:42");
+        assert_eq!(encode_parts(&["", ""]).unwrap(), ":");
+    }
+
+    #[test]
+    fn empty_and_oversized_keys_are_rejected() {
+        assert_eq!(check("").unwrap_err().code, ErrorCode::InvalidKey);
+        assert!(check(&"x".repeat(MAX_KEY_BYTES)).is_ok());
+        assert_eq!(
+            check(&"x".repeat(MAX_KEY_BYTES + 1)).unwrap_err().code,
+            ErrorCode::InvalidKey
+        );
+        // Bytes, not characters: 342 three-byte characters are 1,026 bytes.
+        assert!(check(&"€".repeat(342)).is_err());
+        let empty: [&str; 0] = [];
+        assert_eq!(
+            encode_parts(&empty).unwrap_err().code,
+            ErrorCode::InvalidKey
+        );
+        assert!(encode_parts(&[""]).is_err());
+        assert!(encode_parts(&["x".repeat(600), "y".repeat(600)]).is_err());
+    }
+}

@@ -1,0 +1,614 @@
+//! The Node.js binding: the only code that names napi. It converts arguments, finds the engine,
+//! and hands results back as small integers; the JS facade (`index.js`) calls loaders, keeps the
+//! values at the slots the engine hands out, and turns error codes into `StampedeCacheError`s.
+//!
+//! Engines live in a per-thread table and are named by a `u32` id, so the hot path (`peek`) needs
+//! no handle unwrapping: each worker thread has its own table and its own instances.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::result::Result;
+
+use napi::bindgen_prelude::*;
+use napi::{sys, ValueType};
+use napi_derive::napi;
+
+use crate::cache::{Cache, Hit, Step};
+use crate::error::{Error as CoreError, ErrorCode};
+use crate::key;
+use crate::policy::{self, EntryPolicy, Options, RawOptions, TtlOverrides};
+
+impl AsRef<str> for ErrorCode {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+/// Errors reach JS with `code` set to the stable code; the facade rewraps them. (Exported
+/// functions spell `Result<T, JsError>` out: napi-derive recognizes a `Result` return by name.)
+type JsErr = napi::Error<ErrorCode>;
+
+fn js_err(e: CoreError) -> JsErr {
+    napi::Error::new(e.code, e.message)
+}
+
+fn napi_fail(code: ErrorCode, e: napi::Error) -> JsErr {
+    napi::Error::new(code, e.reason)
+}
+
+type Engine = Rc<RefCell<Cache>>;
+
+thread_local! {
+    /// Engines of this thread's JS environment, by id; `None` once finalized.
+    static ENGINES: RefCell<Vec<Option<Engine>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn engine(id: u32) -> Option<Engine> {
+    ENGINES.with_borrow(|v| v.get(id as usize).and_then(|e| e.clone()))
+}
+
+/// Runs `f` on engine `id`; a finalized engine behaves as closed.
+fn with_engine<R>(id: u32, f: impl FnOnce(&mut Cache) -> Result<R, CoreError>) -> Result<R, JsErr> {
+    let Some(e) = engine(id) else {
+        return Err(js_err(CoreError::new(
+            ErrorCode::Closed,
+            "the cache is closed",
+        )));
+    };
+    let mut cache = e.borrow_mut();
+    f(&mut cache).map_err(js_err)
+}
+
+/// Owned by the JS facade; when it is garbage-collected the engine goes with it.
+pub struct EngineToken(u32);
+
+impl Drop for EngineToken {
+    fn drop(&mut self) {
+        let id = self.0 as usize;
+        // The table may already be gone while the thread shuts down.
+        let _ = ENGINES.try_with(|v| {
+            if let Ok(mut v) = v.try_borrow_mut() {
+                if let Some(slot) = v.get_mut(id) {
+                    *slot = None;
+                }
+            }
+        });
+    }
+}
+
+/// Reads an optional number option; anything but a number (or undefined) is an invalid option.
+fn number_option(obj: &Object, name: &str, label: &str) -> Result<Option<f64>, JsErr> {
+    let Some(v) = obj
+        .get::<Unknown>(name)
+        .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
+    else {
+        return Ok(None);
+    };
+    match v
+        .get_type()
+        .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
+    {
+        ValueType::Undefined => Ok(None),
+        ValueType::Number => Ok(Some(
+            unsafe { v.cast::<f64>() }.map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?,
+        )),
+        other => Err(js_err(CoreError::invalid_option(
+            label,
+            format!("must be a number, got {}", type_name(other)),
+        ))),
+    }
+}
+
+fn string_option(obj: &Object, name: &str) -> Result<Option<String>, JsErr> {
+    let Some(v) = obj
+        .get::<Unknown>(name)
+        .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
+    else {
+        return Ok(None);
+    };
+    match v
+        .get_type()
+        .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
+    {
+        ValueType::Undefined => Ok(None),
+        ValueType::String => Ok(Some(
+            unsafe { v.cast::<String>() }.map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?,
+        )),
+        other => Err(js_err(CoreError::invalid_option(
+            name,
+            format!("must be a string, got {}", type_name(other)),
+        ))),
+    }
+}
+
+fn type_name(t: ValueType) -> &'static str {
+    match t {
+        ValueType::Undefined => "undefined",
+        ValueType::Null => "null",
+        ValueType::Boolean => "a boolean",
+        ValueType::Number => "a number",
+        ValueType::String => "a string",
+        ValueType::Symbol => "a symbol",
+        ValueType::Object => "an object",
+        ValueType::Function => "a function",
+        ValueType::External => "an external",
+        ValueType::BigInt => "a bigint",
+        _ => "an unknown value",
+    }
+}
+
+/// Rejects option names the contract does not know, naming the first one.
+fn known_names(obj: &Object, allowed: &[&str], what: &str) -> Result<(), JsErr> {
+    let names = Object::keys(obj).map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?;
+    if let Some(bad) = names.iter().find(|n| !allowed.contains(&n.as_str())) {
+        return Err(js_err(CoreError::invalid_option(
+            bad,
+            format!("is not an option of {what}"),
+        )));
+    }
+    Ok(())
+}
+
+fn ttl_overrides(obj: &Object) -> Result<TtlOverrides, JsErr> {
+    Ok(TtlOverrides {
+        ttl: number_option(obj, "ttl", "ttl")?,
+        hard_ttl: number_option(obj, "hardTtl", "hardTtl")?,
+        negative_ttl: number_option(obj, "negativeTtl", "negativeTtl")?,
+        jitter: number_option(obj, "jitter", "jitter")?,
+        beta: number_option(obj, "beta", "beta")?,
+    })
+}
+
+/// Validates the constructor's options and creates an engine. The facade checks the two
+/// function options (`waitUntil`, `onError`), which stay in JS.
+#[napi]
+pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, JsErr> {
+    let mut raw = RawOptions::default();
+    if let Some(obj) = options.as_ref() {
+        known_names(
+            obj,
+            policy::CONSTRUCTOR_OPTIONS,
+            "the StampedeCache constructor",
+        )?;
+        raw.redis = string_option(obj, "redis")?;
+        raw.namespace = string_option(obj, "namespace")?;
+        raw.ttls = ttl_overrides(obj)?;
+        raw.lock_ttl = number_option(obj, "lockTtl", "lockTtl")?;
+        raw.error_backoff = number_option(obj, "errorBackoff", "errorBackoff")?;
+        if let Some(l1) = obj
+            .get::<Unknown>("l1")
+            .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
+        {
+            match l1
+                .get_type()
+                .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
+            {
+                ValueType::Undefined => {}
+                ValueType::Boolean if !unsafe { l1.cast::<bool>() }.unwrap_or(true) => {
+                    raw.l1 = Some(None)
+                }
+                ValueType::Object => {
+                    let l1obj = unsafe { l1.cast::<Object>() }
+                        .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?;
+                    known_names(&l1obj, &["maxEntries"], "l1")?;
+                    let max = number_option(&l1obj, "maxEntries", "l1.maxEntries")?;
+                    raw.l1 = Some(Some(max.unwrap_or(policy::DEFAULT_L1_MAX_ENTRIES as f64)));
+                }
+                _ => {
+                    return Err(js_err(CoreError::invalid_option(
+                        "l1",
+                        "must be false or { maxEntries?: number }",
+                    )))
+                }
+            }
+        }
+    }
+    let options = Options::validate(raw).map_err(js_err)?;
+    let cache = Rc::new(RefCell::new(Cache::new(options)));
+    let id = ENGINES.with_borrow_mut(|v| {
+        v.push(Some(cache));
+        (v.len() - 1) as u32
+    });
+    Ok(External::new(EngineToken(id)))
+}
+
+#[napi]
+pub fn engine_id(token: &External<EngineToken>) -> u32 {
+    token.0
+}
+
+/// What the constructor options resolved to, for the facade and `inspect`-style debugging:
+/// `[ttl, hardTtl, negativeTtl, jitter, beta, lockTtl, errorBackoff]`.
+#[napi]
+pub fn engine_defaults(id: u32) -> Result<Vec<f64>, JsErr> {
+    with_engine(id, |c| {
+        let o = c.options();
+        let d = o.defaults;
+        Ok(vec![
+            d.ttl,
+            d.hard_ttl,
+            d.negative_ttl,
+            d.jitter,
+            d.beta,
+            o.lock_ttl,
+            o.error_backoff,
+        ])
+    })
+}
+
+const MISS: i32 = -1;
+/// Longest key + 1: a string that fills the buffer is over the limit, so it was never stored.
+const KEY_BUF: usize = key::MAX_KEY_BYTES + 2;
+
+/// The hot path: a usable entry for a string key under the default policy, as
+/// `slot * 2 + refresh` (refresh = 1 asks the facade to start a background refresh), or -1.
+///
+/// Registered as a raw N-API callback rather than through `#[napi]`: the macro's per-call
+/// machinery (argument validation, borrow scopes) cost more than the lookup itself, and this
+/// function only reads two primitives and returns an int. The key is read into a stack buffer,
+/// so a hit allocates nothing and never converts or copies the cached value.
+unsafe extern "C" fn peek_raw(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
+    let mut argc = 2usize;
+    let mut argv = [std::ptr::null_mut(); 2];
+    let mut out = std::ptr::null_mut();
+    // SAFETY: called by Node on the JS thread with a valid env and callback info; every
+    // out-pointer is a live local, and `buf`'s length is passed with it.
+    unsafe {
+        let mut code = MISS;
+        if sys::napi_get_cb_info(
+            env,
+            info,
+            &mut argc,
+            argv.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ) == sys::Status::napi_ok
+            && argc == 2
+        {
+            let mut id = 0u32;
+            let mut buf = [0u8; KEY_BUF];
+            let mut len = 0usize;
+            if sys::napi_get_value_uint32(env, argv[0], &mut id) == sys::Status::napi_ok
+                && sys::napi_get_value_string_utf8(
+                    env,
+                    argv[1],
+                    buf.as_mut_ptr().cast(),
+                    KEY_BUF,
+                    &mut len,
+                ) == sys::Status::napi_ok
+            {
+                code = peek_key(id, &buf[..len]);
+            }
+        }
+        sys::napi_create_int32(env, code, &mut out);
+    }
+    out
+}
+
+#[inline]
+fn peek_key(id: u32, key: &[u8]) -> i32 {
+    // Empty or longer than the limit (the buffer is one byte longer): never stored, so a miss;
+    // the slow path reports the invalid key.
+    if key.is_empty() || key.len() > key::MAX_KEY_BYTES {
+        return MISS;
+    }
+    let Ok(key) = std::str::from_utf8(key) else {
+        return MISS;
+    };
+    ENGINES.with_borrow(|engines| {
+        let Some(Some(engine)) = engines.get(id as usize) else {
+            return MISS;
+        };
+        let mut cache = engine.borrow_mut();
+        let beta = cache.options().defaults.beta;
+        cache.peek(key, beta).map_or(MISS, encode_hit)
+    })
+}
+
+/// Adds the raw-callback functions to the module's exports.
+#[napi(module_exports)]
+pub fn register_raw_functions(exports: Object, env: Env) -> napi::Result<()> {
+    let mut f = std::ptr::null_mut();
+    // SAFETY: env and exports come from Node's module initialisation on the JS thread.
+    unsafe {
+        let name = c"peek";
+        napi::check_status!(sys::napi_create_function(
+            env.raw(),
+            name.as_ptr(),
+            4,
+            Some(peek_raw),
+            std::ptr::null_mut(),
+            &mut f
+        ))?;
+        napi::check_status!(sys::napi_set_named_property(
+            env.raw(),
+            exports.raw(),
+            name.as_ptr(),
+            f
+        ))?;
+    }
+    Ok(())
+}
+
+fn encode_hit(hit: Hit) -> i32 {
+    (hit.slot() as i32) * 2 + hit.wants_refresh() as i32
+}
+
+/// Validates a key and returns its string form (array keys encoded, see `key.rs`).
+#[napi]
+pub fn encode_key(key: Unknown<'_>) -> Result<String, JsErr> {
+    let invalid = |why: &str| js_err(CoreError::new(ErrorCode::InvalidKey, why.to_string()));
+    let t = key
+        .get_type()
+        .map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?;
+    match t {
+        ValueType::String => {
+            let s =
+                unsafe { key.cast::<String>() }.map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?;
+            key::check(&s).map_err(js_err)?;
+            Ok(s)
+        }
+        ValueType::Object
+            if key
+                .is_array()
+                .map_err(|e| napi_fail(ErrorCode::InvalidKey, e))? =>
+        {
+            let arr =
+                unsafe { key.cast::<Array>() }.map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?;
+            let n = arr.len();
+            if n as usize > key::MAX_KEY_BYTES {
+                return Err(invalid("an array key has too many parts"));
+            }
+            let mut parts = Vec::with_capacity(n as usize);
+            for i in 0..n {
+                let part: Unknown = arr
+                    .get(i)
+                    .map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?
+                    .ok_or_else(|| invalid("an array key must not have holes"))?;
+                let s = match part
+                    .get_type()
+                    .map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?
+                {
+                    ValueType::String => unsafe { part.cast::<String>() },
+                    ValueType::Number => {
+                        let n = unsafe { part.cast::<f64>() }
+                            .map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?;
+                        if !n.is_finite() {
+                            return Err(invalid(
+                                "array key parts must be strings or finite numbers",
+                            ));
+                        }
+                        // JS's own number-to-string, so `[1e21]` reads as `1e+21` as in JS.
+                        part.coerce_to_string()
+                            .and_then(|s| s.into_utf8())
+                            .and_then(|s| s.into_owned())
+                    }
+                    other => {
+                        return Err(invalid(&format!(
+                            "array key parts must be strings or finite numbers, got {}",
+                            type_name(other)
+                        )))
+                    }
+                }
+                .map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?;
+                parts.push(s);
+            }
+            key::encode_parts(&parts).map_err(js_err)
+        }
+        other => Err(invalid(&format!(
+            "a key must be a non-empty string or an array of strings and finite numbers, got {}",
+            type_name(other)
+        ))),
+    }
+}
+
+/// Validates a call's options (`getOrLoad` or `set`) and returns the policy its entry is written
+/// with: `[ttl, hardTtl, negativeTtl, jitter, beta]`.
+#[napi]
+pub fn resolve_policy(id: u32, options: Object, for_set: bool) -> Result<Vec<f64>, JsErr> {
+    let (allowed, what) = if for_set {
+        (policy::SET_OPTIONS, "set")
+    } else {
+        (policy::CALL_OPTIONS, "getOrLoad")
+    };
+    known_names(&options, allowed, what)?;
+    let overrides = ttl_overrides(&options)?;
+    with_engine(id, |c| c.options().resolve(&overrides))
+        .map(|p| vec![p.ttl, p.hard_ttl, p.negative_ttl, p.jitter, p.beta])
+}
+
+fn policy_of(c: &Cache, p: Option<&[f64]>) -> EntryPolicy {
+    match p {
+        Some([ttl, hard_ttl, negative_ttl, jitter, beta, ..]) => EntryPolicy {
+            ttl: *ttl,
+            hard_ttl: *hard_ttl,
+            negative_ttl: *negative_ttl,
+            jitter: *jitter,
+            beta: *beta,
+        },
+        _ => c.options().defaults,
+    }
+}
+
+pub const STEP_SERVE: u32 = 0;
+pub const STEP_LEAD: u32 = 1;
+pub const STEP_JOIN: u32 = 2;
+
+/// `kind` 0: serve `n` (= slot * 2 + refresh); 1: lead flight `n`; 2: join flight `n`.
+#[napi(object)]
+pub struct LookupStep {
+    pub kind: u32,
+    pub n: f64,
+}
+
+#[napi]
+pub fn lookup(
+    id: u32,
+    key: String,
+    policy: Option<Vec<f64>>,
+    force: bool,
+) -> Result<LookupStep, JsErr> {
+    with_engine(id, |c| {
+        let beta = policy_of(c, policy.as_deref()).beta;
+        Ok(match c.lookup(&key, beta, force)? {
+            Step::Serve(hit) => LookupStep {
+                kind: STEP_SERVE,
+                n: encode_hit(hit) as f64,
+            },
+            Step::Lead(f) => LookupStep {
+                kind: STEP_LEAD,
+                n: f as f64,
+            },
+            Step::Join(f) => LookupStep {
+                kind: STEP_JOIN,
+                n: f as f64,
+            },
+        })
+    })
+}
+
+/// Registers the background refresh a hit asked for: its flight id, or -1 if one already runs.
+#[napi]
+pub fn begin_refresh(id: u32, key: String) -> f64 {
+    with_engine(id, |c| Ok(c.begin_refresh(&key).map_or(-1.0, |f| f as f64))).unwrap_or(-1.0)
+}
+
+/// The loader of `flight` returned; the slot to keep the value at, or -1 when nothing is kept.
+#[napi]
+pub fn complete(
+    id: u32,
+    key: String,
+    flight: f64,
+    compute_ms: f64,
+    negative: bool,
+    policy: Option<Vec<f64>>,
+) -> i32 {
+    with_engine(id, |c| {
+        let p = policy_of(c, policy.as_deref());
+        Ok(c.complete(&key, flight as u64, compute_ms, negative, &p)
+            .map_or(-1, |s| s as i32))
+    })
+    .unwrap_or(-1)
+}
+
+/// The loader of `flight` failed.
+#[napi]
+pub fn fail(id: u32, key: String, flight: f64) {
+    let _ = with_engine(id, |c| {
+        c.fail(&key, flight as u64);
+        Ok(())
+    });
+}
+
+#[napi]
+pub fn set_entry(
+    id: u32,
+    key: String,
+    negative: bool,
+    policy: Option<Vec<f64>>,
+) -> Result<i32, JsErr> {
+    with_engine(id, |c| {
+        let p = policy_of(c, policy.as_deref());
+        Ok(c.set(&key, negative, &p)?.map_or(-1, |s| s as i32))
+    })
+}
+
+/// `[freedSlot or -1, 1 if a live entry was removed else 0]`.
+#[napi]
+pub fn delete_entry(id: u32, key: String) -> Result<Vec<i32>, JsErr> {
+    with_engine(id, |c| {
+        let (slot, removed) = c.delete(&key)?;
+        Ok(vec![slot.map_or(-1, |s| s as i32), removed as i32])
+    })
+}
+
+/// The slot of a fresh, stale or negative entry (never loads), or -1.
+#[napi]
+pub fn get_entry(id: u32, key: String) -> Result<i32, JsErr> {
+    with_engine(id, |c| Ok(c.get(&key)?.map_or(-1, |s| s as i32)))
+}
+
+#[napi(object)]
+pub struct EntryInfo {
+    pub state: String,
+    pub fresh_until: f64,
+    pub hard_until: f64,
+    pub compute_ms: f64,
+}
+
+#[napi]
+pub fn inspect_entry(id: u32, key: String) -> Result<Option<EntryInfo>, JsErr> {
+    with_engine(id, |c| {
+        Ok(c.inspect(&key)?.map(|i| EntryInfo {
+            state: i.state.as_str().to_string(),
+            fresh_until: i.fresh_until,
+            hard_until: i.hard_until,
+            compute_ms: i.compute_ms,
+        }))
+    })
+}
+
+#[napi(object)]
+pub struct Stats {
+    pub hits: f64,
+    pub stale_hits: f64,
+    pub misses: f64,
+    pub loads: f64,
+    pub coalesced: f64,
+    pub refreshes: f64,
+    pub refresh_errors: f64,
+    pub negative_hits: f64,
+    pub lock_wins: f64,
+    pub lock_waits: f64,
+    pub redis_errors: f64,
+}
+
+/// Counters since construction (still readable after `close`).
+#[napi]
+pub fn stats(id: u32) -> Stats {
+    let s = engine(id)
+        .map(|e| e.borrow().stats.snapshot())
+        .unwrap_or_default();
+    Stats {
+        hits: s.hits as f64,
+        stale_hits: s.stale_hits as f64,
+        misses: s.misses as f64,
+        loads: s.loads as f64,
+        coalesced: s.coalesced as f64,
+        refreshes: s.refreshes as f64,
+        refresh_errors: s.refresh_errors as f64,
+        negative_hits: s.negative_hits as f64,
+        lock_wins: s.lock_wins as f64,
+        lock_waits: s.lock_waits as f64,
+        redis_errors: s.redis_errors as f64,
+    }
+}
+
+#[napi]
+pub fn close_engine(id: u32) {
+    if let Some(e) = engine(id) {
+        e.borrow_mut().close();
+    }
+}
+
+/// Internal counts for tests: `[flights in progress, entries]`.
+#[napi]
+pub fn debug_counts(id: u32) -> Vec<u32> {
+    engine(id)
+        .map(|e| {
+            let c = e.borrow();
+            vec![c.flights_in_progress() as u32, c.entries() as u32]
+        })
+        .unwrap_or_else(|| vec![0, 0])
+}
+
+/// The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or -1.
+#[napi]
+pub fn current_slot(id: u32, key: String) -> i32 {
+    engine(id)
+        .and_then(|e| e.borrow().live_slot(&key))
+        .map_or(-1, |s| s as i32)
+}

@@ -1,0 +1,447 @@
+//! Options: their defaults, their validation (every error names the option), and how a call's
+//! overrides combine with the constructor's into the policy one entry is written with.
+
+use crate::error::{Error, Result};
+
+pub const DEFAULT_TTL_MS: f64 = 60_000.0;
+pub const DEFAULT_HARD_TTL_FACTOR: f64 = 10.0;
+pub const DEFAULT_JITTER: f64 = 0.1;
+pub const DEFAULT_BETA: f64 = 1.0;
+pub const DEFAULT_NEGATIVE_TTL_MS: f64 = 5_000.0;
+pub const DEFAULT_LOCK_TTL_MS: f64 = 10_000.0;
+pub const DEFAULT_ERROR_BACKOFF_MS: f64 = 5_000.0;
+pub const DEFAULT_L1_MAX_ENTRIES: usize = 10_000;
+pub const DEFAULT_NAMESPACE: &str = "sc";
+
+/// The option names the constructor accepts; any other name is an error.
+pub const CONSTRUCTOR_OPTIONS: &[&str] = &[
+    "redis",
+    "namespace",
+    "ttl",
+    "hardTtl",
+    "jitter",
+    "beta",
+    "negativeTtl",
+    "lockTtl",
+    "errorBackoff",
+    "l1",
+    "waitUntil",
+    "onError",
+];
+
+/// The option names `getOrLoad` accepts.
+pub const CALL_OPTIONS: &[&str] = &[
+    "ttl",
+    "hardTtl",
+    "negativeTtl",
+    "beta",
+    "jitter",
+    "signal",
+    "waitUntil",
+    "forceRefresh",
+];
+
+/// The option names `set` accepts.
+pub const SET_OPTIONS: &[&str] = &["ttl", "hardTtl"];
+
+/// How one entry is written and read: the constructor's defaults, or a call's overrides.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EntryPolicy {
+    pub ttl: f64,
+    pub hard_ttl: f64,
+    pub negative_ttl: f64,
+    pub jitter: f64,
+    pub beta: f64,
+}
+
+/// The TTL-like numbers a call (or the constructor) may give; `None` where it gave none.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TtlOverrides {
+    pub ttl: Option<f64>,
+    pub hard_ttl: Option<f64>,
+    pub negative_ttl: Option<f64>,
+    pub jitter: Option<f64>,
+    pub beta: Option<f64>,
+}
+
+/// Validated constructor options (the JS functions `waitUntil` and `onError` stay in JS).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub redis: Option<String>,
+    pub namespace: String,
+    pub defaults: EntryPolicy,
+    /// The hardTtl the constructor was given, if any (else each entry gets 10 x its ttl).
+    pub explicit_hard_ttl: Option<f64>,
+    pub lock_ttl: f64,
+    pub error_backoff: f64,
+    /// `None` when the in-process tier is off (`l1: false`).
+    pub l1_max_entries: Option<usize>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            redis: None,
+            namespace: DEFAULT_NAMESPACE.to_string(),
+            defaults: EntryPolicy {
+                ttl: DEFAULT_TTL_MS,
+                hard_ttl: DEFAULT_TTL_MS * DEFAULT_HARD_TTL_FACTOR,
+                negative_ttl: DEFAULT_NEGATIVE_TTL_MS,
+                jitter: DEFAULT_JITTER,
+                beta: DEFAULT_BETA,
+            },
+            explicit_hard_ttl: None,
+            lock_ttl: DEFAULT_LOCK_TTL_MS,
+            error_backoff: DEFAULT_ERROR_BACKOFF_MS,
+            l1_max_entries: Some(DEFAULT_L1_MAX_ENTRIES),
+        }
+    }
+}
+
+/// What the constructor was given, before validation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RawOptions {
+    pub redis: Option<String>,
+    pub namespace: Option<String>,
+    pub ttls: TtlOverrides,
+    pub lock_ttl: Option<f64>,
+    pub error_backoff: Option<f64>,
+    /// `Some(None)`: `l1: false`; `Some(Some(n))`: `l1: { maxEntries: n }`.
+    pub l1: Option<Option<f64>>,
+}
+
+/// A duration in ms: finite and not negative.
+pub fn duration(name: &str, v: f64) -> Result<f64> {
+    if !v.is_finite() {
+        return Err(Error::invalid_option(
+            name,
+            format!("must be a finite number of ms, got {v}"),
+        ));
+    }
+    if v < 0.0 {
+        return Err(Error::invalid_option(
+            name,
+            format!("must not be negative, got {v}"),
+        ));
+    }
+    Ok(v)
+}
+
+fn jitter(v: f64) -> Result<f64> {
+    if !(v.is_finite() && (0.0..1.0).contains(&v)) {
+        return Err(Error::invalid_option(
+            "jitter",
+            format!("must be in [0, 1), got {v}"),
+        ));
+    }
+    Ok(v)
+}
+
+fn beta(v: f64) -> Result<f64> {
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(Error::invalid_option(
+            "beta",
+            format!("must be a finite number >= 0, got {v}"),
+        ));
+    }
+    Ok(v)
+}
+
+fn check_hard_ttl(ttl: f64, hard_ttl: f64) -> Result<()> {
+    if hard_ttl < ttl {
+        return Err(Error::invalid_option(
+            "hardTtl",
+            format!("({hard_ttl}) must be >= ttl ({ttl})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Accepts `redis://[user:pass@]host[:port][/db]`, `rediss://…` and `unix://…`/`redis+unix://…`.
+fn redis_url(url: &str) -> Result<String> {
+    let bad =
+        |why: &str| Error::invalid_option("redis", format!("is not a Redis URL ({why}): {url:?}"));
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+    match scheme {
+        "redis" | "rediss" => {
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+            let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            let (host, port) = if let Some(stripped) = host_port.strip_prefix('[') {
+                let (h, p) = stripped.split_once(']').ok_or_else(|| bad("unclosed ["))?;
+                (h, p.strip_prefix(':'))
+            } else {
+                match host_port.rsplit_once(':') {
+                    Some((h, p)) => (h, Some(p)),
+                    None => (host_port, None),
+                }
+            };
+            if host.is_empty() {
+                return Err(bad("no host"));
+            }
+            if let Some(p) = port {
+                p.parse::<u16>().map_err(|_| bad("bad port"))?;
+            }
+            let path = rest[authority.len()..]
+                .split(['?', '#'])
+                .next()
+                .unwrap_or("");
+            let db = path.trim_start_matches('/');
+            if !db.is_empty() {
+                db.parse::<u32>().map_err(|_| bad("bad database number"))?;
+            }
+        }
+        "unix" | "redis+unix" => {
+            if rest.is_empty() {
+                return Err(bad("no socket path"));
+            }
+        }
+        _ => return Err(bad("scheme must be redis, rediss or unix")),
+    }
+    Ok(url.to_string())
+}
+
+impl Options {
+    pub fn validate(raw: RawOptions) -> Result<Options> {
+        let mut o = Options::default();
+        if let Some(url) = raw.redis {
+            o.redis = Some(redis_url(&url)?);
+        }
+        if let Some(ns) = raw.namespace {
+            if ns.is_empty() || ns.len() > 128 {
+                return Err(Error::invalid_option(
+                    "namespace",
+                    "must be 1 to 128 bytes long",
+                ));
+            }
+            o.namespace = ns;
+        }
+        let t = raw.ttls;
+        if let Some(v) = t.ttl {
+            o.defaults.ttl = duration("ttl", v)?;
+        }
+        match t.hard_ttl {
+            Some(v) => {
+                let h = duration("hardTtl", v)?;
+                check_hard_ttl(o.defaults.ttl, h)?;
+                o.defaults.hard_ttl = h;
+                o.explicit_hard_ttl = Some(h);
+            }
+            None => o.defaults.hard_ttl = o.defaults.ttl * DEFAULT_HARD_TTL_FACTOR,
+        }
+        if let Some(v) = t.jitter {
+            o.defaults.jitter = jitter(v)?;
+        }
+        if let Some(v) = t.beta {
+            o.defaults.beta = beta(v)?;
+        }
+        if let Some(v) = t.negative_ttl {
+            o.defaults.negative_ttl = duration("negativeTtl", v)?;
+        }
+        if let Some(v) = raw.lock_ttl {
+            o.lock_ttl = duration("lockTtl", v)?;
+            if o.lock_ttl < 1.0 {
+                return Err(Error::invalid_option("lockTtl", "must be at least 1 ms"));
+            }
+        }
+        if let Some(v) = raw.error_backoff {
+            o.error_backoff = duration("errorBackoff", v)?;
+        }
+        match raw.l1 {
+            None => {}
+            Some(None) => o.l1_max_entries = None,
+            Some(Some(n)) => {
+                if !(n.is_finite() && n >= 0.0 && n.fract() == 0.0 && n <= u32::MAX as f64) {
+                    return Err(Error::invalid_option(
+                        "l1.maxEntries",
+                        format!("must be a whole number >= 0, got {n}"),
+                    ));
+                }
+                o.l1_max_entries = if n == 0.0 { None } else { Some(n as usize) };
+            }
+        }
+        Ok(o)
+    }
+
+    /// The policy one call writes with: its overrides over the constructor's defaults.
+    /// A call's ttl without a hardTtl gets the constructor's hardTtl if that was given
+    /// (but never less than the ttl), else 10 x the call's ttl.
+    pub fn resolve(&self, call: &TtlOverrides) -> Result<EntryPolicy> {
+        let mut p = self.defaults;
+        if let Some(v) = call.ttl {
+            p.ttl = duration("ttl", v)?;
+            p.hard_ttl = match self.explicit_hard_ttl {
+                Some(h) => h.max(p.ttl),
+                None => p.ttl * DEFAULT_HARD_TTL_FACTOR,
+            };
+        }
+        if let Some(v) = call.hard_ttl {
+            p.hard_ttl = duration("hardTtl", v)?;
+            check_hard_ttl(p.ttl, p.hard_ttl)?;
+        }
+        if let Some(v) = call.negative_ttl {
+            p.negative_ttl = duration("negativeTtl", v)?;
+        }
+        if let Some(v) = call.jitter {
+            p.jitter = jitter(v)?;
+        }
+        if let Some(v) = call.beta {
+            p.beta = beta(v)?;
+        }
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+
+    fn raw(f: impl FnOnce(&mut RawOptions)) -> RawOptions {
+        let mut r = RawOptions::default();
+        f(&mut r);
+        r
+    }
+
+    fn err_names(r: RawOptions, name: &str) {
+        let e = Options::validate(r).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidOption);
+        assert!(e.message.contains(name), "{} should name {name}", e.message);
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let o = Options::validate(RawOptions::default()).unwrap();
+        assert_eq!(o.defaults.ttl, 60_000.0);
+        assert_eq!(o.defaults.hard_ttl, 600_000.0);
+        assert_eq!(o.defaults.jitter, 0.1);
+        assert_eq!(o.defaults.beta, 1.0);
+        assert_eq!(o.defaults.negative_ttl, 5_000.0);
+        assert_eq!(o.lock_ttl, 10_000.0);
+        assert_eq!(o.error_backoff, 5_000.0);
+        assert_eq!(o.l1_max_entries, Some(10_000));
+        assert_eq!(o.namespace, "sc");
+    }
+
+    #[test]
+    fn hard_ttl_defaults_to_ten_times_ttl() {
+        let o = Options::validate(raw(|r| r.ttls.ttl = Some(1_000.0))).unwrap();
+        assert_eq!(o.defaults.hard_ttl, 10_000.0);
+    }
+
+    #[test]
+    fn bad_numbers_name_their_option() {
+        err_names(raw(|r| r.ttls.ttl = Some(-1.0)), "ttl");
+        err_names(raw(|r| r.ttls.ttl = Some(f64::NAN)), "ttl");
+        err_names(raw(|r| r.ttls.ttl = Some(f64::INFINITY)), "ttl");
+        err_names(
+            raw(|r| {
+                r.ttls.ttl = Some(100.0);
+                r.ttls.hard_ttl = Some(50.0);
+            }),
+            "hardTtl",
+        );
+        err_names(raw(|r| r.ttls.jitter = Some(1.0)), "jitter");
+        err_names(raw(|r| r.ttls.jitter = Some(-0.1)), "jitter");
+        err_names(raw(|r| r.ttls.beta = Some(-1.0)), "beta");
+        err_names(raw(|r| r.ttls.negative_ttl = Some(-5.0)), "negativeTtl");
+        err_names(raw(|r| r.lock_ttl = Some(0.0)), "lockTtl");
+        err_names(raw(|r| r.error_backoff = Some(f64::NAN)), "errorBackoff");
+        err_names(raw(|r| r.l1 = Some(Some(1.5))), "l1.maxEntries");
+        err_names(raw(|r| r.namespace = Some(String::new())), "namespace");
+    }
+
+    #[test]
+    fn redis_urls_are_checked() {
+        for ok in [
+            "redis://127.0.0.1:6379/0",
+            "redis://localhost",
+            "redis://:secret@127.0.0.1:6380",
+            "rediss://user:pw@[::1]:6379/2",
+            "unix:///tmp/redis.sock",
+        ] {
+            assert!(
+                Options::validate(raw(|r| r.redis = Some(ok.into()))).is_ok(),
+                "{ok}"
+            );
+        }
+        for bad in [
+            "",
+            "127.0.0.1:6379",
+            "http://x",
+            "redis://",
+            "redis://h:port",
+            "redis://h:1/x",
+            "redis://h:99999",
+        ] {
+            err_names(raw(|r| r.redis = Some(bad.into())), "redis");
+        }
+    }
+
+    #[test]
+    fn l1_zero_or_false_turns_the_tier_off() {
+        assert_eq!(
+            Options::validate(raw(|r| r.l1 = Some(None)))
+                .unwrap()
+                .l1_max_entries,
+            None
+        );
+        assert_eq!(
+            Options::validate(raw(|r| r.l1 = Some(Some(0.0))))
+                .unwrap()
+                .l1_max_entries,
+            None
+        );
+        assert_eq!(
+            Options::validate(raw(|r| r.l1 = Some(Some(5.0))))
+                .unwrap()
+                .l1_max_entries,
+            Some(5)
+        );
+    }
+
+    #[test]
+    fn call_overrides_resolve_over_defaults() {
+        let o = Options::validate(raw(|r| r.ttls.ttl = Some(1_000.0))).unwrap();
+        let p = o
+            .resolve(&TtlOverrides {
+                ttl: Some(50.0),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!((p.ttl, p.hard_ttl), (50.0, 500.0));
+        let p = o
+            .resolve(&TtlOverrides {
+                beta: Some(0.0),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!((p.ttl, p.hard_ttl, p.beta), (1_000.0, 10_000.0, 0.0));
+        assert!(o
+            .resolve(&TtlOverrides {
+                ttl: Some(100.0),
+                hard_ttl: Some(10.0),
+                ..Default::default()
+            })
+            .is_err());
+
+        let explicit = Options::validate(raw(|r| {
+            r.ttls.ttl = Some(1_000.0);
+            r.ttls.hard_ttl = Some(5_000.0);
+        }))
+        .unwrap();
+        let p = explicit
+            .resolve(&TtlOverrides {
+                ttl: Some(100.0),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(p.hard_ttl, 5_000.0);
+        let p = explicit
+            .resolve(&TtlOverrides {
+                ttl: Some(9_000.0),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(p.hard_ttl, 9_000.0);
+    }
+}

@@ -1,0 +1,166 @@
+//! Request coalescing: at most one load in flight per key in this process.
+//!
+//! The registry decides who leads and who joins, and remembers which flight is current for each
+//! key. The shared result itself lives with the embedder (in Node, the leader's JS promise, which
+//! every joiner awaits), so a leader's failure or abort reaches every waiter as the same error.
+//! A flight that was superseded (by `set`, `delete` or `close`) may finish, but `finish` tells its
+//! leader not to write its now-outdated result.
+
+use std::collections::HashMap;
+
+/// Identifies one flight; never reused within a registry.
+pub type FlightId = u64;
+
+/// Why a flight runs: a caller is waiting (cold miss, forceRefresh) or a refresh in the background.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlightKind {
+    Load,
+    Refresh,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flight {
+    pub id: FlightId,
+    pub kind: FlightKind,
+    /// Callers that joined instead of leading.
+    pub joined: u64,
+}
+
+/// What a caller does about a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Run the load and report its end with [`Singleflight::finish`].
+    Lead(FlightId),
+    /// Await the result of the flight already running.
+    Join(FlightId),
+}
+
+#[derive(Debug, Default)]
+pub struct Singleflight {
+    /// The current flight of each key with one running.
+    flights: HashMap<Box<str>, Flight>,
+    next_id: FlightId,
+}
+
+impl Singleflight {
+    /// Joins the key's flight if one runs, else starts one of `kind` with the caller as leader.
+    pub fn lead_or_join(&mut self, key: &str, kind: FlightKind) -> Role {
+        if let Some(f) = self.flights.get_mut(key) {
+            f.joined += 1;
+            return Role::Join(f.id);
+        }
+        Role::Lead(self.start(key, kind))
+    }
+
+    /// Starts a flight unless one runs; `None` when one does (its leader will refresh the key).
+    pub fn lead(&mut self, key: &str, kind: FlightKind) -> Option<FlightId> {
+        if self.flights.contains_key(key) {
+            return None;
+        }
+        Some(self.start(key, kind))
+    }
+
+    fn start(&mut self, key: &str, kind: FlightKind) -> FlightId {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.flights.insert(
+            key.into(),
+            Flight {
+                id,
+                kind,
+                joined: 0,
+            },
+        );
+        id
+    }
+
+    pub fn current(&self, key: &str) -> Option<&Flight> {
+        self.flights.get(key)
+    }
+
+    /// Ends flight `id` of `key`. True when it was still the key's current flight, i.e. its
+    /// result is the newest thing known about the key and may be written.
+    pub fn finish(&mut self, key: &str, id: FlightId) -> bool {
+        match self.flights.get(key) {
+            Some(f) if f.id == id => {
+                self.flights.remove(key);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Detaches the key's flight: it runs on for its callers, but its result will not be written.
+    pub fn supersede(&mut self, key: &str) {
+        self.flights.remove(key);
+    }
+
+    pub fn clear(&mut self) {
+        self.flights.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.flights.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.flights.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_leads_the_rest_join() {
+        let mut sf = Singleflight::default();
+        let Role::Lead(id) = sf.lead_or_join("k", FlightKind::Load) else {
+            panic!()
+        };
+        for _ in 0..499 {
+            assert_eq!(sf.lead_or_join("k", FlightKind::Load), Role::Join(id));
+        }
+        assert_eq!(sf.current("k").unwrap().joined, 499);
+        assert!(sf.finish("k", id));
+        assert!(sf.is_empty());
+    }
+
+    #[test]
+    fn keys_fly_independently() {
+        let mut sf = Singleflight::default();
+        let a = sf.lead_or_join("a", FlightKind::Load);
+        let b = sf.lead_or_join("b", FlightKind::Load);
+        assert!(matches!((a, b), (Role::Lead(x), Role::Lead(y)) if x != y));
+        assert_eq!(sf.len(), 2);
+    }
+
+    #[test]
+    fn superseded_flight_may_not_write() {
+        let mut sf = Singleflight::default();
+        let Role::Lead(old) = sf.lead_or_join("k", FlightKind::Refresh) else {
+            panic!()
+        };
+        sf.supersede("k");
+        let Role::Lead(new) = sf.lead_or_join("k", FlightKind::Load) else {
+            panic!()
+        };
+        assert_ne!(old, new);
+        assert!(
+            !sf.finish("k", old),
+            "the old flight must not write over the new one"
+        );
+        assert!(sf.finish("k", new));
+        assert!(sf.is_empty());
+    }
+
+    #[test]
+    fn lead_refuses_while_a_flight_runs() {
+        let mut sf = Singleflight::default();
+        let id = sf.lead("k", FlightKind::Refresh).unwrap();
+        assert_eq!(sf.lead("k", FlightKind::Refresh), None);
+        assert_eq!(sf.lead_or_join("k", FlightKind::Load), Role::Join(id));
+        assert!(sf.finish("k", id));
+        assert!(sf.lead("k", FlightKind::Refresh).is_some());
+    }
+}

@@ -1,0 +1,3 @@
+//! Storage tiers.
+
+pub mod memory;
