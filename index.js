@@ -44,10 +44,18 @@ const engine = {
   getEntry: fromNative(native.getEntry),
   inspectEntry: fromNative(native.inspectEntry),
 }
-const { peek, beginRefresh, complete, fail, stats, closeEngine, debugCounts, engineId } = native
+const { peek, beginRefresh, complete, fail, stats, closeEngine, debugCounts, engineId, noteLoaderCall } = native
+const { redisGate, redisFetch, adopt, abandon, storeWritten, redisFailed, redisDelete, takeRedisReports, hasRedis } = native
 
 const STEP_SERVE = 0
 const STEP_LEAD = 1
+// Redis answers (src/node/mod.rs).
+const GATE_FOUND = 0
+const GATE_SKIP = 2
+// What a flight is for.
+const COLD = 0
+const REFRESH = 1
+const FORCE = 2
 const noop = () => {}
 
 function invalidArgument(message) {
@@ -122,6 +130,8 @@ class StampedeCache {
   /** Aborted by close(): every loader's ctx.signal. */
   #abort = new AbortController()
   #closed = false
+  /** Redis configured: loads go through the Redis tier (lock, bus, shared envelopes). */
+  #redis = false
   #waitUntil
   #onError
 
@@ -135,6 +145,7 @@ class StampedeCache {
     if (onError !== undefined && typeof onError !== 'function') throw invalidOption('onError', 'must be a function')
     this.#token = engine.create(options)
     this.#id = engineId(this.#token)
+    this.#redis = hasRedis(this.#id)
     this.#waitUntil = waitUntil
     this.#onError = onError
   }
@@ -182,7 +193,8 @@ class StampedeCache {
     }
     let load
     if (step.kind === STEP_LEAD) {
-      load = this.#lead(k, step.n, loader, policy, force ? this.#currentValue(k) : undefined)
+      const stale = force ? this.#currentValue(k) : undefined
+      load = this.#lead(k, step.n, loader, policy, stale, force ? FORCE : COLD, waitUntil)
     } else {
       load = this.#flights.get(step.n)
     }
@@ -195,46 +207,104 @@ class StampedeCache {
     return slot >= 0 ? this.#values[slot] : undefined
   }
 
-  #lead(k, flight, loader, policy, stale) {
+  #lead(k, flight, loader, policy, stale, purpose, waitUntil) {
     // The loader runs a microtask later, once the flight is registered, so a loader that reads
     // the same key joins its own flight instead of finding an unknown one.
-    const load = Promise.resolve().then(() => this.#runLoader(k, flight, loader, policy, stale))
+    const load = Promise.resolve().then(() => this.#runFlight(k, flight, loader, policy, stale, purpose, waitUntil))
     this.#flights.set(flight, load)
     return load
   }
 
-  async #runLoader(k, flight, loader, policy, stale) {
+  // One flight: ask Redis first (if configured), then call the loader if still needed.
+  async #runFlight(k, flight, loader, policy, stale, purpose, waitUntil) {
+    let token = null
+    if (this.#redis && purpose !== FORCE) {
+      const gate = await redisGate(this.#id, k, purpose === REFRESH)
+      this.#drainRedisReports()
+      if (gate.kind === GATE_FOUND) {
+        this.#flights.delete(flight)
+        const value = this.#adopt(k, flight, gate)
+        // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
+        if (purpose === COLD && gate.freshUntil <= Date.now() && gate.retryAfter <= Date.now()) {
+          this.#refresh(k, loader, policy, waitUntil, value)
+        }
+        return value
+      }
+      if (gate.kind === GATE_SKIP) {
+        // Another process holds the refresh and will announce its result.
+        this.#flights.delete(flight)
+        abandon(this.#id, k, flight)
+        return stale
+      }
+      token = gate.token ?? null
+    }
+    return this.#runLoader(k, flight, loader, policy, stale, token)
+  }
+
+  // Takes an envelope read from Redis into the in-process tier; returns its value.
+  #adopt(k, flight, answer) {
+    const value = answer.json === undefined || answer.json === null ? undefined : JSON.parse(answer.json)
+    const slot = adopt(this.#id, k, flight, answer.freshUntil, answer.hardUntil, answer.computeMs, answer.negative, answer.retryAfter)
+    if (slot >= 0) this.#values[slot] = value
+    return value
+  }
+
+  async #runLoader(k, flight, loader, policy, stale, token) {
+    noteLoaderCall(this.#id, k, flight)
     const started = performance.now()
     let value
     try {
       value = await loader({ key: k, stale, signal: this.#abort.signal })
     } catch (err) {
-      this.#flights.delete(flight)
-      fail(this.#id, k, flight)
+      await this.#loadFailed(k, flight, token)
       throw err
     }
     const computeMs = performance.now() - started
     let stored = value
+    let json
     if (value !== null && value !== undefined) {
       try {
         stored = toJsonValue(value)
+        json = JSON.stringify(stored)
       } catch (err) {
-        this.#flights.delete(flight)
-        fail(this.#id, k, flight)
+        await this.#loadFailed(k, flight, token)
         throw err
       }
     }
     this.#flights.delete(flight)
-    const slot = complete(this.#id, k, flight, computeMs, stored === null || stored === undefined, policy)
+    const negative = stored === null || stored === undefined
+    const slot = complete(this.#id, k, flight, computeMs, negative, policy)
     if (slot >= 0) this.#values[slot] = stored
+    if (this.#redis) {
+      // The value is in Redis (and the lock released) before any caller sees it.
+      if (!(await storeWritten(this.#id, k, stored === undefined ? undefined : (json ?? 'null'), token))) {
+        this.#drainRedisReports()
+      }
+    }
     return stored
+  }
+
+  async #loadFailed(k, flight, token) {
+    this.#flights.delete(flight)
+    const retryAfter = fail(this.#id, k, flight)
+    if (this.#redis && (token !== null || retryAfter > 0)) {
+      await redisFailed(this.#id, k, token, retryAfter)
+      this.#drainRedisReports()
+    }
+  }
+
+  #drainRedisReports() {
+    for (const r of takeRedisReports(this.#id)) {
+      const err = new StampedeCacheError('ERR_REDIS', r.message)
+      this.#report(err, `redis:${r.op}`, r.key ?? undefined)
+    }
   }
 
   // Starts the background refresh the engine asked for and hands it to waitUntil at once.
   #refresh(k, loader, policy, waitUntil, stale) {
     const flight = beginRefresh(this.#id, k)
     if (flight < 0) return
-    const load = this.#lead(k, flight, loader, policy, stale)
+    const load = this.#lead(k, flight, loader, policy, stale, REFRESH, undefined)
     const done = load.then(noop, (err) => this.#report(err, 'refresh', k))
     this.#background.add(done)
     done.then(() => this.#background.delete(done))
@@ -259,8 +329,13 @@ class StampedeCache {
 
   async get(key) {
     if (this.#closed) throw closedError()
-    const slot = engine.getEntry(this.#id, engine.encodeKey(key))
-    return slot >= 0 ? this.#values[slot] : undefined
+    const k = engine.encodeKey(key)
+    const slot = engine.getEntry(this.#id, k)
+    if (slot >= 0) return this.#values[slot]
+    if (!this.#redis) return undefined
+    const answer = await redisFetch(this.#id, k)
+    this.#drainRedisReports()
+    return answer.kind === GATE_FOUND ? this.#adopt(k, -1, answer) : undefined
   }
 
   async set(key, value, options) {
@@ -274,18 +349,38 @@ class StampedeCache {
     const stored = value === null || value === undefined ? value : toJsonValue(value)
     const slot = engine.setEntry(this.#id, k, stored === null || stored === undefined, policy)
     if (slot >= 0) this.#values[slot] = stored
+    if (this.#redis) {
+      const json = stored === undefined ? undefined : JSON.stringify(stored)
+      if (!(await storeWritten(this.#id, k, json, null))) this.#drainRedisReports()
+    }
   }
 
   async delete(key) {
     if (this.#closed) throw closedError()
-    const [slot, removed] = engine.deleteEntry(this.#id, engine.encodeKey(key))
+    const k = engine.encodeKey(key)
+    const [slot, removed] = engine.deleteEntry(this.#id, k)
     if (slot >= 0) this.#values[slot] = undefined
-    return removed === 1
+    if (!this.#redis) return removed === 1
+    const removedRemote = await redisDelete(this.#id, k)
+    this.#drainRedisReports()
+    return removed === 1 || removedRemote === true
   }
 
   async inspect(key) {
     if (this.#closed) throw closedError()
-    return engine.inspectEntry(this.#id, engine.encodeKey(key)) ?? undefined
+    const k = engine.encodeKey(key)
+    const local = engine.inspectEntry(this.#id, k)
+    if (local || !this.#redis) return local ?? undefined
+    const answer = await redisFetch(this.#id, k)
+    this.#drainRedisReports()
+    if (answer.kind !== GATE_FOUND) return undefined
+    const now = Date.now()
+    return {
+      state: answer.negative ? 'negative' : answer.freshUntil > now ? 'fresh' : 'stale',
+      freshUntil: answer.freshUntil,
+      hardUntil: answer.hardUntil,
+      computeMs: answer.computeMs,
+    }
   }
 
   stats() {
@@ -306,8 +401,8 @@ class StampedeCache {
 
   /** For tests: loads in flight (engine and facade) and entries held. Not part of the API. */
   _debugCounts() {
-    const [engineFlights, entries] = debugCounts(this.#id)
-    return { engineFlights, facadeFlights: this.#flights.size, background: this.#background.size, entries }
+    const [engineFlights, entries, lockWaiters, unsentWrites] = debugCounts(this.#id)
+    return { engineFlights, facadeFlights: this.#flights.size, background: this.#background.size, entries, lockWaiters, unsentWrites }
   }
 }
 

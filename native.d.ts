@@ -16,12 +16,24 @@ export declare class ExternalObject<T> {
  */
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
+/** Another process holds the refresh: end `flight` and hold local refreshes back meanwhile. */
+export declare function abandon(id: number, key: string, flight: number): void
+
+/**
+ * Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
+ * The slot for the value; -1 when the tier keeps nothing; -2 when superseded or expired.
+ */
+export declare function adopt(id: number, key: string, flight: number, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number): number
+
 /** Registers the background refresh a hit asked for: its flight id, or -1 if one already runs. */
 export declare function beginRefresh(id: number, key: string): number
 
 export declare function closeEngine(id: number): void
 
-/** The loader of `flight` returned; the slot to keep the value at, or -1 when nothing is kept. */
+/**
+ * The loader of `flight` returned; the slot to keep the value at, -1 when the in-process tier
+ * keeps nothing, -2 when the flight was superseded (its result is written nowhere).
+ */
 export declare function complete(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy?: Array<number> | undefined | null): number
 
 /**
@@ -33,7 +45,7 @@ export declare function createEngine(options?: object | undefined | null): Exter
 /** The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or -1. */
 export declare function currentSlot(id: number, key: string): number
 
-/** Internal counts for tests: `[flights in progress, entries]`. */
+/** Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes]`. */
 export declare function debugCounts(id: number): Array<number>
 
 /** `[freedSlot or -1, 1 if a live entry was removed else 0]`. */
@@ -57,11 +69,16 @@ export interface EntryInfo {
   computeMs: number
 }
 
-/** The loader of `flight` failed. */
-export declare function fail(id: number, key: string, flight: number): void
+/**
+ * The loader of `flight` failed. For a background refresh, returns its retry-after (epoch
+ * ms) to record in Redis; else 0.
+ */
+export declare function fail(id: number, key: string, flight: number): number
 
 /** The slot of a fresh, stale or negative entry (never loads), or -1. */
 export declare function getEntry(id: number, key: string): number
+
+export declare function hasRedis(id: number): boolean
 
 export declare function inspectEntry(id: number, key: string): EntryInfo | null
 
@@ -73,12 +90,52 @@ export interface LookupStep {
   n: number
 }
 
+/** The loader of `flight` is about to run. */
+export declare function noteLoaderCall(id: number, key: string, flight: number): void
+
+/**
+ * A Redis answer. `found`: the envelope's times and the value as JSON (`json` absent for a
+ * cached `undefined`). `lead`: call the loader, holding the lock if `token` is set.
+ */
+export interface RedisAnswer {
+  kind: number
+  token?: string
+  json?: string
+  freshUntil: number
+  hardUntil: number
+  computeMs: number
+  negative: boolean
+  retryAfter: number
+}
+
+/** Deletes the key in Redis and announces it: true/false, or null when Redis was unavailable. */
+export declare function redisDelete(id: number, key: string): Promise<boolean | undefined | null>
+
+/**
+ * A load holding `token` failed: release the lock (a cold load announces it, so waiters take
+ * over at once); a failed refresh first records `retry_after` in the Redis envelope.
+ */
+export declare function redisFailed(id: number, key: string, token: string | undefined | null, retryAfter: number): Promise<undefined>
+
+/** Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. */
+export declare function redisFetch(id: number, key: string): Promise<RedisAnswer>
+
+/** Asks Redis before a load (`refresh`: a background refresh): found / lead / skip. */
+export declare function redisGate(id: number, key: string, refresh: boolean): Promise<RedisAnswer>
+
+export interface RedisReport {
+  op: string
+  key?: string
+  message: string
+}
+
 /**
  * Validates a call's options (`getOrLoad` or `set`) and returns the policy its entry is written
  * with: `[ttl, hardTtl, negativeTtl, jitter, beta]`.
  */
 export declare function resolvePolicy(id: number, options: object, forSet: boolean): Array<number>
 
+/** Writes a value given to `set`: its slot, or -1 when the in-process tier keeps nothing. */
 export declare function setEntry(id: number, key: string, negative: boolean, policy?: Array<number> | undefined | null): number
 
 /** Counters since construction (still readable after `close`). */
@@ -97,3 +154,13 @@ export interface Stats {
   lockWaits: number
   redisErrors: number
 }
+
+/**
+ * Sends what `complete`/`set_entry` just wrote to Redis, releasing `token`'s lock; with
+ * nothing written (superseded, zero TTL) only releases the lock (announcing, so waiters look
+ * again). Resolves false when Redis was unavailable.
+ */
+export declare function storeWritten(id: number, key: string, valueJson?: string | undefined | null, token?: string | undefined | null): Promise<boolean>
+
+/** Redis failures waiting for `onError` (already rate-limited). */
+export declare function takeRedisReports(id: number): Array<RedisReport>

@@ -835,6 +835,8 @@ function __napiStampBindingTarget(exportsObject, target) {
 // linked import resolves to `undefined`.
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
+module.exports.abandon = nativeBinding.abandon
+module.exports.adopt = nativeBinding.adopt
 module.exports.beginRefresh = nativeBinding.beginRefresh
 module.exports.closeEngine = nativeBinding.closeEngine
 module.exports.complete = nativeBinding.complete
@@ -847,8 +849,16 @@ module.exports.engineDefaults = nativeBinding.engineDefaults
 module.exports.engineId = nativeBinding.engineId
 module.exports.fail = nativeBinding.fail
 module.exports.getEntry = nativeBinding.getEntry
+module.exports.hasRedis = nativeBinding.hasRedis
 module.exports.inspectEntry = nativeBinding.inspectEntry
 module.exports.lookup = nativeBinding.lookup
+module.exports.noteLoaderCall = nativeBinding.noteLoaderCall
+module.exports.redisDelete = nativeBinding.redisDelete
+module.exports.redisFailed = nativeBinding.redisFailed
+module.exports.redisFetch = nativeBinding.redisFetch
+module.exports.redisGate = nativeBinding.redisGate
 module.exports.resolvePolicy = nativeBinding.resolvePolicy
 module.exports.setEntry = nativeBinding.setEntry
 module.exports.stats = nativeBinding.stats
+module.exports.storeWritten = nativeBinding.storeWritten
+module.exports.takeRedisReports = nativeBinding.takeRedisReports

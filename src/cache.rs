@@ -5,12 +5,15 @@
 //! Everything here runs on one thread (in Node, the JS thread), so a fresh hit is one synchronous
 //! call: a hash lookup, a time read, one random draw for XFetch, no allocation.
 
+use std::sync::Arc;
+
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Envelope, State};
 use crate::error::{Error, ErrorCode, Result};
+use crate::inbox::Inbox;
 use crate::jitter;
 use crate::policy::{EntryPolicy, Options};
 use crate::singleflight::{FlightId, FlightKind, Role, Singleflight};
@@ -54,6 +57,13 @@ pub enum Step {
     Join(FlightId),
 }
 
+/// An entry just written: its envelope, and the slot its value goes to (`None`: tier off).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Written {
+    pub slot: Option<Slot>,
+    pub envelope: Envelope,
+}
+
 /// What `inspect` reports.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EntryInfo {
@@ -84,7 +94,10 @@ pub struct Cache<C: Clock = SystemClock> {
     options: Options,
     store: MemoryStore,
     flights: Singleflight,
-    pub stats: Stats,
+    /// Shared with background work on other threads (Redis), which counts there too.
+    pub stats: Arc<Stats>,
+    /// Invalidations from other threads, applied at the start of each call.
+    inbox: Arc<Inbox>,
     clock: C,
     /// Draws for XFetch and jitter; a fast non-cryptographic generator is all they need.
     rng: SmallRng,
@@ -103,10 +116,29 @@ impl<C: Clock> Cache<C> {
             store: MemoryStore::new(options.l1_max_entries),
             options,
             flights: Singleflight::default(),
-            stats: Stats::default(),
+            stats: Arc::new(Stats::default()),
+            inbox: Arc::new(Inbox::default()),
             clock,
             rng,
             closed: false,
+        }
+    }
+
+    pub fn inbox(&self) -> &Arc<Inbox> {
+        &self.inbox
+    }
+
+    /// Drops what other processes replaced. Cheap when nothing is pending.
+    #[inline]
+    fn apply_inbox(&mut self) {
+        if self.inbox.has_pending() {
+            let d = self.inbox.take();
+            if d.clear_all {
+                self.store.clear();
+            }
+            for key in d.keys {
+                self.store.remove(&key);
+            }
         }
     }
 
@@ -133,6 +165,7 @@ impl<C: Clock> Cache<C> {
     /// `beta` is the XFetch beta of this read (the constructor's unless the call gave one).
     #[inline]
     pub fn peek(&mut self, key: &str, beta: f64) -> Option<Hit> {
+        self.apply_inbox();
         let entry = self.store.get(key)?;
         let env = entry.envelope;
         let slot = entry.slot;
@@ -163,6 +196,7 @@ impl<C: Clock> Cache<C> {
                     && self.may_refresh(key, &env, now);
                 Hit::Fresh { slot, refresh }
             }
+            State::Stale if !self.inbox.trusts_stale() => return None,
             State::Stale => {
                 let refresh = self.may_refresh(key, &env, now);
                 Hit::Stale { slot, refresh }
@@ -185,23 +219,18 @@ impl<C: Clock> Cache<C> {
     /// `force` (forceRefresh) skips any entry but still joins a running flight.
     pub fn lookup(&mut self, key: &str, beta: f64, force: bool) -> Result<Step> {
         self.ensure_open()?;
+        self.apply_inbox();
         if !force {
             if let Some(hit) = self.peek(key, beta) {
                 return Ok(Step::Serve(hit));
             }
         }
         self.stats.misses.incr();
-        Ok(match self.flights.lead_or_join(key, FlightKind::Load) {
-            Role::Lead(id) => {
-                self.stats.loads.incr();
-                Role::Lead(id)
-            }
-            Role::Join(id) => {
-                self.stats.coalesced.incr();
-                Role::Join(id)
-            }
+        let role = self.flights.lead_or_join(key, FlightKind::Load);
+        if let Role::Join(_) = role {
+            self.stats.coalesced.incr();
         }
-        .into())
+        Ok(role.into())
     }
 
     /// Starts the background refresh a [`Hit`] asked for; `None` if one already runs.
@@ -209,14 +238,23 @@ impl<C: Clock> Cache<C> {
         if self.closed {
             return None;
         }
-        let id = self.flights.lead(key, FlightKind::Refresh)?;
-        self.stats.loads.incr();
-        self.stats.refreshes.incr();
-        Some(id)
+        self.flights.lead(key, FlightKind::Refresh)
     }
 
-    /// The loader of flight `id` returned. Writes the entry unless the flight was superseded,
-    /// and returns the slot the embedder keeps the value at (`None`: nothing kept).
+    /// The loader is about to run for flight `id` (not every flight calls it: another process
+    /// may have the value). Counts `loads`, and `refreshes` for a background refresh.
+    pub fn note_loader_call(&mut self, key: &str, id: FlightId) {
+        self.stats.loads.incr();
+        if let Some(f) = self.flights.current(key) {
+            if f.id == id && f.kind == FlightKind::Refresh {
+                self.stats.refreshes.incr();
+            }
+        }
+    }
+
+    /// The loader of flight `id` returned. Writes the entry unless the flight was superseded
+    /// (then `None`: write it nowhere). The written envelope goes to Redis too; its `slot` is
+    /// where the embedder keeps the value (`None`: the in-process tier keeps nothing).
     pub fn complete(
         &mut self,
         key: &str,
@@ -224,36 +262,81 @@ impl<C: Clock> Cache<C> {
         compute_ms: f64,
         negative: bool,
         policy: &EntryPolicy,
-    ) -> Option<Slot> {
+    ) -> Option<Written> {
+        self.apply_inbox();
         if !self.flights.finish(key, id) || self.closed {
             return None;
         }
         self.write(key, compute_ms, negative, policy)
     }
 
-    /// The loader of flight `id` failed (or its value could not be serialized). Nothing is
-    /// cached; a failed refresh leaves the stale value served and holds further refreshes back
-    /// for `errorBackoff`.
-    pub fn fail(&mut self, key: &str, id: FlightId) {
-        let Some(flight) = self.flights.current(key).copied() else {
-            return;
-        };
-        if flight.id != id {
-            return;
+    /// Takes an envelope found in Redis into the in-process tier, ending flight `id` if given.
+    /// `None` when the flight was superseded or the envelope has already expired.
+    pub fn adopt(
+        &mut self,
+        key: &str,
+        id: Option<FlightId>,
+        envelope: Envelope,
+    ) -> Option<Option<Slot>> {
+        self.apply_inbox();
+        if let Some(id) = id {
+            if !self.flights.finish(key, id) {
+                return None;
+            }
         }
-        self.flights.finish(key, id);
-        if flight.kind == FlightKind::Refresh {
-            self.stats.refresh_errors.incr();
-            let retry_after = self.clock.now_ms() + self.options.error_backoff;
+        if self.closed || envelope.state(self.clock.now_ms()) == State::Expired {
+            return None;
+        }
+        Some(self.store.insert(key, envelope))
+    }
+
+    /// Ends flight `id` without writing (another process holds the refresh), and holds local
+    /// refresh attempts of the key back for `hold_ms`: that process will publish its result.
+    pub fn abandon(&mut self, key: &str, id: FlightId, hold_ms: f64) {
+        if self.flights.finish(key, id) {
+            let until = self.clock.now_ms() + hold_ms;
             if let Some(e) = self.store.get(key) {
-                e.envelope.retry_after = retry_after;
+                e.envelope.retry_after = e.envelope.retry_after.max(until);
             }
         }
     }
 
-    /// Writes a value given by `set`; any flight of the key is superseded.
-    pub fn set(&mut self, key: &str, negative: bool, policy: &EntryPolicy) -> Result<Option<Slot>> {
+    /// Drops the key from the in-process tier only (its Redis entry changed elsewhere).
+    pub fn forget(&mut self, key: &str) -> Option<Slot> {
+        self.store.remove(key).map(|e| e.slot)
+    }
+
+    /// The loader of flight `id` failed (or its value could not be serialized). Nothing is
+    /// cached; a failed refresh leaves the stale value served and holds further refreshes back
+    /// for `errorBackoff`.
+    /// Returns the refresh's retry-after (epoch ms), for the Redis envelope; `None` otherwise.
+    pub fn fail(&mut self, key: &str, id: FlightId) -> Option<f64> {
+        let flight = self.flights.current(key).copied()?;
+        if flight.id != id {
+            return None;
+        }
+        self.flights.finish(key, id);
+        if flight.kind != FlightKind::Refresh {
+            return None;
+        }
+        self.stats.refresh_errors.incr();
+        let retry_after = self.clock.now_ms() + self.options.error_backoff;
+        if let Some(e) = self.store.get(key) {
+            e.envelope.retry_after = retry_after;
+        }
+        Some(retry_after)
+    }
+
+    /// Writes a value given by `set`; any flight of the key is superseded. `None`: nothing is
+    /// cached (a zero TTL).
+    pub fn set(
+        &mut self,
+        key: &str,
+        negative: bool,
+        policy: &EntryPolicy,
+    ) -> Result<Option<Written>> {
         self.ensure_open()?;
+        self.apply_inbox();
         self.flights.supersede(key);
         Ok(self.write(key, 0.0, negative, policy))
     }
@@ -264,7 +347,7 @@ impl<C: Clock> Cache<C> {
         compute_ms: f64,
         negative: bool,
         p: &EntryPolicy,
-    ) -> Option<Slot> {
+    ) -> Option<Written> {
         let factor = if p.jitter > 0.0 {
             jitter::factor(p.jitter, self.rng.random::<f64>())
         } else {
@@ -281,14 +364,18 @@ impl<C: Clock> Cache<C> {
             return None;
         }
         let now = self.clock.now_ms();
-        self.store
-            .insert(key, Envelope::new(now, ttl, hard_ttl, compute_ms, negative))
+        let envelope = Envelope::new(now, ttl, hard_ttl, compute_ms, negative);
+        Some(Written {
+            slot: self.store.insert(key, envelope),
+            envelope,
+        })
     }
 
     /// Removes the key and supersedes its flight. Returns the freed slot and whether a live
     /// (not yet expired) entry was removed.
     pub fn delete(&mut self, key: &str) -> Result<(Option<Slot>, bool)> {
         self.ensure_open()?;
+        self.apply_inbox();
         self.flights.supersede(key);
         let now = self.clock.now_ms();
         Ok(match self.store.remove(key) {
@@ -307,8 +394,9 @@ impl<C: Clock> Cache<C> {
         Ok(hit.map(Hit::slot))
     }
 
-    pub fn inspect(&self, key: &str) -> Result<Option<EntryInfo>> {
+    pub fn inspect(&mut self, key: &str) -> Result<Option<EntryInfo>> {
         self.ensure_open()?;
+        self.apply_inbox();
         let Some(e) = self.store.peek(key) else {
             return Ok(None);
         };
@@ -328,7 +416,8 @@ impl<C: Clock> Cache<C> {
     }
 
     /// The slot of a live (not expired) entry, LRU order and stats untouched.
-    pub fn live_slot(&self, key: &str) -> Option<Slot> {
+    pub fn live_slot(&mut self, key: &str) -> Option<Slot> {
+        self.apply_inbox();
         let e = self.store.peek(key)?;
         (e.envelope.state(self.clock.now_ms()) != State::Expired).then_some(e.slot)
     }
@@ -383,7 +472,11 @@ mod tests {
         let Step::Lead(id) = c.lookup(key, policy.beta, false).unwrap() else {
             panic!("expected to lead")
         };
-        c.complete(key, id, compute_ms, false, &policy).unwrap()
+        c.note_loader_call(key, id);
+        c.complete(key, id, compute_ms, false, &policy)
+            .unwrap()
+            .slot
+            .unwrap()
     }
 
     #[test]
@@ -396,7 +489,8 @@ mod tests {
             assert_eq!(c.lookup("k", 1.0, false).unwrap(), Step::Join(id));
         }
         let p = c.options().defaults;
-        let slot = c.complete("k", id, 3.0, false, &p).unwrap();
+        c.note_loader_call("k", id);
+        let slot = c.complete("k", id, 3.0, false, &p).unwrap().slot.unwrap();
         assert_eq!(
             c.peek("k", 1.0),
             Some(Hit::Fresh {
@@ -422,6 +516,7 @@ mod tests {
             })
         );
         let id = c.begin_refresh("k").unwrap();
+        c.note_loader_call("k", id);
         // While the refresh runs, readers are served stale and start nothing.
         assert_eq!(
             c.peek("k", 1.0),
@@ -432,7 +527,10 @@ mod tests {
         );
         assert_eq!(c.begin_refresh("k"), None);
         let p = c.options().defaults;
-        assert_eq!(c.complete("k", id, 10.0, false, &p), Some(slot));
+        assert_eq!(
+            c.complete("k", id, 10.0, false, &p).unwrap().slot,
+            Some(slot)
+        );
         assert!(matches!(c.peek("k", 1.0), Some(Hit::Fresh { .. })));
         let s = c.stats.snapshot();
         assert_eq!((s.loads, s.refreshes, s.stale_hits), (2, 1, 2));
@@ -523,7 +621,7 @@ mod tests {
         let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
             panic!()
         };
-        let slot = c.complete("k", id, 1.0, true, &p).unwrap();
+        let slot = c.complete("k", id, 1.0, true, &p).unwrap().slot.unwrap();
         assert_eq!(c.peek("k", 1.0), Some(Hit::Negative { slot }));
         assert_eq!(c.inspect("k").unwrap().unwrap().state, EntryState::Negative);
         clock.advance(500.0);
@@ -556,7 +654,7 @@ mod tests {
             None,
             "a load started before delete must not write"
         );
-        let slot = c.set("k", false, &p).unwrap().unwrap();
+        let slot = c.set("k", false, &p).unwrap().unwrap().slot.unwrap();
         let (freed, removed) = c.delete("k").unwrap();
         assert_eq!((freed, removed), (Some(slot), true));
     }
@@ -627,5 +725,96 @@ mod tests {
         let info = c.inspect("k").unwrap().unwrap();
         assert_eq!(info.fresh_until - c.now(), 50.0);
         assert_eq!(info.hard_until - c.now(), 500.0);
+    }
+}
+
+#[cfg(test)]
+mod inbox_tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::policy::RawOptions;
+
+    fn cache() -> (Cache<ManualClock>, ManualClock) {
+        let mut raw = RawOptions::default();
+        raw.ttls.jitter = Some(0.0);
+        raw.ttls.ttl = Some(1_000.0);
+        let clock = ManualClock::new(0.0);
+        (
+            Cache::with_clock(
+                Options::validate(raw).unwrap(),
+                clock.clone(),
+                SmallRng::seed_from_u64(3),
+            ),
+            clock,
+        )
+    }
+
+    fn fill(c: &mut Cache<ManualClock>, key: &str) {
+        let p = c.options().defaults;
+        let Step::Lead(id) = c.lookup(key, 1.0, false).unwrap() else {
+            panic!()
+        };
+        c.complete(key, id, 1.0, false, &p).unwrap();
+    }
+
+    #[test]
+    fn invalidations_from_elsewhere_drop_entries_before_the_next_read() {
+        let (mut c, _) = cache();
+        fill(&mut c, "a");
+        fill(&mut c, "b");
+        c.inbox().invalidate("a");
+        assert_eq!(c.peek("a", 1.0), None);
+        assert!(c.peek("b", 1.0).is_some());
+        c.inbox().invalidate_all();
+        assert_eq!(c.peek("b", 1.0), None);
+    }
+
+    #[test]
+    fn untrusted_stale_copies_are_not_served() {
+        let (mut c, clock) = cache();
+        fill(&mut c, "a");
+        clock.advance(1_500.0);
+        c.inbox().set_trust_stale(false);
+        assert_eq!(c.peek("a", 1.0), None);
+        c.inbox().set_trust_stale(true);
+        assert!(matches!(c.peek("a", 1.0), Some(Hit::Stale { .. })));
+    }
+
+    #[test]
+    fn adopted_envelopes_keep_their_times() {
+        let (mut c, clock) = cache();
+        let env = Envelope::new(clock.now_ms(), 200.0, 400.0, 7.0, false);
+        let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
+            panic!()
+        };
+        let slot = c.adopt("k", Some(id), env).unwrap().unwrap();
+        assert_eq!(
+            c.peek("k", 0.0),
+            Some(Hit::Fresh {
+                slot,
+                refresh: false
+            })
+        );
+        let info = c.inspect("k").unwrap().unwrap();
+        assert_eq!(
+            (info.fresh_until, info.hard_until, info.compute_ms),
+            (200.0, 400.0, 7.0)
+        );
+        assert_eq!(c.flights_in_progress(), 0);
+        let expired = Envelope::new(clock.now_ms() - 1_000.0, 10.0, 20.0, 0.0, false);
+        assert_eq!(c.adopt("x", None, expired), None);
+    }
+
+    #[test]
+    fn abandoned_refresh_holds_local_retries() {
+        let (mut c, clock) = cache();
+        fill(&mut c, "k");
+        clock.advance(1_100.0);
+        assert!(c.peek("k", 1.0).unwrap().wants_refresh());
+        let id = c.begin_refresh("k").unwrap();
+        c.abandon("k", id, 500.0);
+        assert!(!c.peek("k", 1.0).unwrap().wants_refresh());
+        clock.advance(500.0);
+        assert!(c.peek("k", 1.0).unwrap().wants_refresh());
     }
 }

@@ -25,7 +25,8 @@ impl Clock for SystemClock {
     #[inline]
     fn now_ms(&self) -> f64 {
         match SystemTime::now().duration_since(UNIX_EPOCH) {
-            Ok(d) => d.as_secs_f64() * 1000.0,
+            // Whole milliseconds, like Date.now(): envelopes and inspect() read naturally.
+            Ok(d) => d.as_millis() as f64,
             Err(_) => 0.0,
         }
     }

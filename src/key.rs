@@ -53,6 +53,22 @@ pub fn encode_parts<S: AsRef<str>>(parts: &[S]) -> Result<String> {
     Ok(out)
 }
 
+/// The Redis key holding `key`'s envelope. The braces make `key` the Redis Cluster hash tag,
+/// so the value and its lock share a slot (and one Lua script may touch both).
+pub fn redis_value_key(namespace: &str, key: &str) -> String {
+    format!("{namespace}:v:{{{key}}}")
+}
+
+/// The Redis key of `key`'s refresh lock.
+pub fn redis_lock_key(namespace: &str, key: &str) -> String {
+    format!("{namespace}:lock:{{{key}}}")
+}
+
+/// The pub/sub channel on which the caches of one namespace announce changed keys.
+pub fn bus_channel(namespace: &str) -> String {
+    format!("{namespace}:bus")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +91,13 @@ mod tests {
         assert_ne!(x, y);
         assert_ne!(x, z);
         assert_ne!(y, z);
+    }
+
+    #[test]
+    fn redis_keys_are_readable_and_share_a_slot() {
+        assert_eq!(redis_value_key("sc", "user:42"), "sc:v:{user:42}");
+        assert_eq!(redis_lock_key("sc", "user:42"), "sc:lock:{user:42}");
+        assert_eq!(bus_channel("app"), "app:bus");
     }
 
     #[test]

@@ -7,13 +7,17 @@ pub mod cache;
 pub mod clock;
 pub mod envelope;
 pub mod error;
+pub mod inbox;
 pub mod jitter;
 pub mod key;
+pub mod lock;
 pub mod policy;
 pub mod singleflight;
 pub mod stats;
 pub mod store;
 pub mod xfetch;
 
-#[cfg(feature = "node")]
+// Not in `cargo test` builds: napi-derive registers exports only outside tests, and the binding
+// is tested from JavaScript (__test__/).
+#[cfg(all(feature = "node", not(test)))]
 mod node;

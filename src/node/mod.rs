@@ -13,10 +13,16 @@ use napi::bindgen_prelude::*;
 use napi::{sys, ValueType};
 use napi_derive::napi;
 
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
 use crate::cache::{Cache, Hit, Step};
+use crate::envelope::Envelope;
 use crate::error::{Error as CoreError, ErrorCode};
 use crate::key;
 use crate::policy::{self, EntryPolicy, Options, RawOptions, TtlOverrides};
+use crate::store::redis::{Fetched, Gate, RedisTier, Remote};
 
 impl AsRef<str> for ErrorCode {
     fn as_ref(&self) -> &str {
@@ -36,7 +42,37 @@ fn napi_fail(code: ErrorCode, e: napi::Error) -> JsErr {
     napi::Error::new(code, e.reason)
 }
 
-type Engine = Rc<RefCell<Cache>>;
+/// One cache instance: the engine, its Redis tier if configured, and the envelopes written by
+/// `complete`/`set_entry` that `store_written` sends to Redis next (same JS turn).
+pub struct EngineState {
+    cache: Cache,
+    redis: Option<Arc<RedisTier>>,
+    written: HashMap<String, Envelope>,
+}
+
+impl Deref for EngineState {
+    type Target = Cache;
+    fn deref(&self) -> &Cache {
+        &self.cache
+    }
+}
+
+impl DerefMut for EngineState {
+    fn deref_mut(&mut self) -> &mut Cache {
+        &mut self.cache
+    }
+}
+
+impl Drop for EngineState {
+    fn drop(&mut self) {
+        // A cache collected without close() still stops its bus task.
+        if let Some(r) = &self.redis {
+            r.close();
+        }
+    }
+}
+
+type Engine = Rc<RefCell<EngineState>>;
 
 thread_local! {
     /// Engines of this thread's JS environment, by id; `None` once finalized.
@@ -48,7 +84,10 @@ fn engine(id: u32) -> Option<Engine> {
 }
 
 /// Runs `f` on engine `id`; a finalized engine behaves as closed.
-fn with_engine<R>(id: u32, f: impl FnOnce(&mut Cache) -> Result<R, CoreError>) -> Result<R, JsErr> {
+fn with_engine<R>(
+    id: u32,
+    f: impl FnOnce(&mut EngineState) -> Result<R, CoreError>,
+) -> Result<R, JsErr> {
     let Some(e) = engine(id) else {
         return Err(js_err(CoreError::new(
             ErrorCode::Closed,
@@ -204,7 +243,33 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
         }
     }
     let options = Options::validate(raw).map_err(js_err)?;
-    let cache = Rc::new(RefCell::new(Cache::new(options)));
+    let cache = Cache::new(options);
+    let redis = match cache.options().redis.as_deref() {
+        None => None,
+        Some(url) => {
+            let tier = RedisTier::new(
+                url,
+                &cache.options().namespace,
+                cache.stats.clone(),
+                cache.inbox().clone(),
+            )
+            .map_err(|why| {
+                js_err(CoreError::invalid_option(
+                    "redis",
+                    format!("is not usable: {why}"),
+                ))
+            })?;
+            let connecting = tier.clone();
+            napi::bindgen_prelude::spawn(async move { connecting.connect().await });
+            napi::bindgen_prelude::spawn(tier.clone().run_bus());
+            Some(tier)
+        }
+    };
+    let cache = Rc::new(RefCell::new(EngineState {
+        cache,
+        redis,
+        written: HashMap::new(),
+    }));
     let id = ENGINES.with_borrow_mut(|v| {
         v.push(Some(cache));
         (v.len() - 1) as u32
@@ -420,7 +485,7 @@ pub fn resolve_policy(id: u32, options: Object, for_set: bool) -> Result<Vec<f64
         .map(|p| vec![p.ttl, p.hard_ttl, p.negative_ttl, p.jitter, p.beta])
 }
 
-fn policy_of(c: &Cache, p: Option<&[f64]>) -> EntryPolicy {
+fn policy_of(c: &EngineState, p: Option<&[f64]>) -> EntryPolicy {
     match p {
         Some([ttl, hard_ttl, negative_ttl, jitter, beta, ..]) => EntryPolicy {
             ttl: *ttl,
@@ -476,7 +541,8 @@ pub fn begin_refresh(id: u32, key: String) -> f64 {
     with_engine(id, |c| Ok(c.begin_refresh(&key).map_or(-1.0, |f| f as f64))).unwrap_or(-1.0)
 }
 
-/// The loader of `flight` returned; the slot to keep the value at, or -1 when nothing is kept.
+/// The loader of `flight` returned; the slot to keep the value at, -1 when the in-process tier
+/// keeps nothing, -2 when the flight was superseded (its result is written nowhere).
 #[napi]
 pub fn complete(
     id: u32,
@@ -486,23 +552,43 @@ pub fn complete(
     negative: bool,
     policy: Option<Vec<f64>>,
 ) -> i32 {
-    with_engine(id, |c| {
-        let p = policy_of(c, policy.as_deref());
-        Ok(c.complete(&key, flight as u64, compute_ms, negative, &p)
-            .map_or(-1, |s| s as i32))
+    with_engine(id, |e| {
+        let p = policy_of(e, policy.as_deref());
+        Ok(
+            match e
+                .cache
+                .complete(&key, flight as u64, compute_ms, negative, &p)
+            {
+                None => -2,
+                Some(w) => {
+                    if e.redis.is_some() {
+                        e.written.insert(key, w.envelope);
+                    }
+                    w.slot.map_or(-1, |s| s as i32)
+                }
+            },
+        )
     })
-    .unwrap_or(-1)
+    .unwrap_or(-2)
 }
 
-/// The loader of `flight` failed.
+/// The loader of `flight` is about to run.
 #[napi]
-pub fn fail(id: u32, key: String, flight: f64) {
-    let _ = with_engine(id, |c| {
-        c.fail(&key, flight as u64);
+pub fn note_loader_call(id: u32, key: String, flight: f64) {
+    let _ = with_engine(id, |e| {
+        e.note_loader_call(&key, flight as u64);
         Ok(())
     });
 }
 
+/// The loader of `flight` failed. For a background refresh, returns its retry-after (epoch
+/// ms) to record in Redis; else 0.
+#[napi]
+pub fn fail(id: u32, key: String, flight: f64) -> f64 {
+    with_engine(id, |c| Ok(c.fail(&key, flight as u64).unwrap_or(0.0))).unwrap_or(0.0)
+}
+
+/// Writes a value given to `set`: its slot, or -1 when the in-process tier keeps nothing.
 #[napi]
 pub fn set_entry(
     id: u32,
@@ -510,9 +596,21 @@ pub fn set_entry(
     negative: bool,
     policy: Option<Vec<f64>>,
 ) -> Result<i32, JsErr> {
-    with_engine(id, |c| {
-        let p = policy_of(c, policy.as_deref());
-        Ok(c.set(&key, negative, &p)?.map_or(-1, |s| s as i32))
+    with_engine(id, |e| {
+        let p = policy_of(e, policy.as_deref());
+        let written = e.cache.set(&key, negative, &p)?;
+        let slot = written.and_then(|w| w.slot).map_or(-1, |s| s as i32);
+        if e.redis.is_some() {
+            match written {
+                Some(w) => {
+                    e.written.insert(key, w.envelope);
+                }
+                None => {
+                    e.written.remove(&key);
+                }
+            }
+        }
+        Ok(slot)
     })
 }
 
@@ -590,25 +688,282 @@ pub fn stats(id: u32) -> Stats {
 #[napi]
 pub fn close_engine(id: u32) {
     if let Some(e) = engine(id) {
-        e.borrow_mut().close();
+        let mut e = e.borrow_mut();
+        e.cache.close();
+        e.written.clear();
+        if let Some(r) = &e.redis {
+            r.close();
+        }
     }
 }
 
-/// Internal counts for tests: `[flights in progress, entries]`.
+/// Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes]`.
 #[napi]
 pub fn debug_counts(id: u32) -> Vec<u32> {
     engine(id)
         .map(|e| {
             let c = e.borrow();
-            vec![c.flights_in_progress() as u32, c.entries() as u32]
+            let waiting = c.redis.as_ref().map_or(0, |r| r.waiting_keys());
+            vec![
+                c.flights_in_progress() as u32,
+                c.entries() as u32,
+                waiting as u32,
+                c.written.len() as u32,
+            ]
         })
-        .unwrap_or_else(|| vec![0, 0])
+        .unwrap_or_else(|| vec![0, 0, 0, 0])
 }
 
 /// The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or -1.
 #[napi]
 pub fn current_slot(id: u32, key: String) -> i32 {
     engine(id)
-        .and_then(|e| e.borrow().live_slot(&key))
+        .and_then(|e| e.borrow_mut().live_slot(&key))
         .map_or(-1, |s| s as i32)
+}
+
+// ---- Redis: each returns a promise; the tier works on napi's tokio runtime. ----
+
+fn tier_of(id: u32) -> Option<(Arc<RedisTier>, f64)> {
+    let e = engine(id)?;
+    let e = e.borrow();
+    if e.is_closed() {
+        return None;
+    }
+    Some((e.redis.clone()?, e.options().lock_ttl))
+}
+
+/// `kind`: what the facade does next.
+pub const GATE_FOUND: u32 = 0;
+pub const GATE_LEAD: u32 = 1;
+pub const GATE_SKIP: u32 = 2;
+pub const GATE_MISSING: u32 = 3;
+pub const GATE_UNAVAILABLE: u32 = 4;
+
+/// A Redis answer. `found`: the envelope's times and the value as JSON (`json` absent for a
+/// cached `undefined`). `lead`: call the loader, holding the lock if `token` is set.
+#[napi(object)]
+pub struct RedisAnswer {
+    pub kind: u32,
+    pub token: Option<String>,
+    pub json: Option<String>,
+    pub fresh_until: f64,
+    pub hard_until: f64,
+    pub compute_ms: f64,
+    pub negative: bool,
+    pub retry_after: f64,
+}
+
+impl RedisAnswer {
+    fn kind(kind: u32) -> Self {
+        RedisAnswer {
+            kind,
+            token: None,
+            json: None,
+            fresh_until: 0.0,
+            hard_until: 0.0,
+            compute_ms: 0.0,
+            negative: false,
+            retry_after: 0.0,
+        }
+    }
+
+    fn found(r: Remote) -> Self {
+        let e = r.envelope;
+        RedisAnswer {
+            kind: GATE_FOUND,
+            token: None,
+            json: r.value_json,
+            fresh_until: e.fresh_until,
+            hard_until: e.hard_until,
+            compute_ms: e.compute_ms,
+            negative: e.negative,
+            retry_after: e.retry_after,
+        }
+    }
+}
+
+/// Asks Redis before a load (`refresh`: a background refresh): found / lead / skip.
+#[napi]
+pub fn redis_gate(
+    env: &Env,
+    id: u32,
+    key: String,
+    refresh: bool,
+) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
+    let tier = tier_of(id);
+    env.spawn_future(async move {
+        let Some((tier, lock_ttl)) = tier else {
+            return Ok(RedisAnswer::kind(GATE_LEAD));
+        };
+        let gate = if refresh {
+            tier.refresh_gate(&key, lock_ttl as u64).await
+        } else {
+            tier.cold_gate(&key, lock_ttl as u64).await
+        };
+        Ok(match gate {
+            Gate::Found(r) => RedisAnswer::found(r),
+            Gate::Lead(token) => RedisAnswer {
+                token,
+                ..RedisAnswer::kind(GATE_LEAD)
+            },
+            Gate::Skip => RedisAnswer::kind(GATE_SKIP),
+        })
+    })
+}
+
+/// Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable.
+#[napi]
+pub fn redis_fetch(env: &Env, id: u32, key: String) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
+    let tier = tier_of(id);
+    env.spawn_future(async move {
+        let Some((tier, _)) = tier else {
+            return Ok(RedisAnswer::kind(GATE_UNAVAILABLE));
+        };
+        Ok(match tier.fetch(&key).await {
+            Fetched::Found(r) => RedisAnswer::found(r),
+            Fetched::Missing => RedisAnswer::kind(GATE_MISSING),
+            Fetched::Unavailable => RedisAnswer::kind(GATE_UNAVAILABLE),
+        })
+    })
+}
+
+/// Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
+/// The slot for the value; -1 when the tier keeps nothing; -2 when superseded or expired.
+#[napi]
+pub fn adopt(
+    id: u32,
+    key: String,
+    flight: f64,
+    fresh_until: f64,
+    hard_until: f64,
+    compute_ms: f64,
+    negative: bool,
+    retry_after: f64,
+) -> i32 {
+    let envelope = Envelope {
+        fresh_until,
+        hard_until,
+        compute_ms,
+        negative,
+        retry_after,
+    };
+    let flight = (flight >= 0.0).then_some(flight as u64);
+    with_engine(id, |e| {
+        Ok(match e.adopt(&key, flight, envelope) {
+            None => -2,
+            Some(slot) => slot.map_or(-1, |s| s as i32),
+        })
+    })
+    .unwrap_or(-2)
+}
+
+/// Another process holds the refresh: end `flight` and hold local refreshes back meanwhile.
+#[napi]
+pub fn abandon(id: u32, key: String, flight: f64) {
+    let _ = with_engine(id, |e| {
+        // Until the holder announces its result, or at most a second, or its lock's life.
+        let hold = e.options().lock_ttl.min(1_000.0);
+        e.abandon(&key, flight as u64, hold);
+        Ok(())
+    });
+}
+
+/// Sends what `complete`/`set_entry` just wrote to Redis, releasing `token`'s lock; with
+/// nothing written (superseded, zero TTL) only releases the lock (announcing, so waiters look
+/// again). Resolves false when Redis was unavailable.
+#[napi]
+pub fn store_written(
+    env: &Env,
+    id: u32,
+    key: String,
+    value_json: Option<String>,
+    token: Option<String>,
+) -> napi::Result<PromiseRaw<'_, bool>> {
+    let job = engine(id).and_then(|e| {
+        let mut e = e.borrow_mut();
+        let written = e.written.remove(&key);
+        e.redis.clone().map(|r| (r, written))
+    });
+    env.spawn_future(async move {
+        let Some((tier, written)) = job else {
+            return Ok(false);
+        };
+        Ok(match written {
+            Some(envelope) => {
+                tier.store(&key, &envelope, value_json.as_deref(), token.as_deref())
+                    .await
+            }
+            None => {
+                if let Some(token) = token {
+                    tier.release(&key, &token, true).await;
+                }
+                true
+            }
+        })
+    })
+}
+
+/// A load holding `token` failed: release the lock (a cold load announces it, so waiters take
+/// over at once); a failed refresh first records `retry_after` in the Redis envelope.
+#[napi]
+pub fn redis_failed(
+    env: &Env,
+    id: u32,
+    key: String,
+    token: Option<String>,
+    retry_after: f64,
+) -> napi::Result<PromiseRaw<'_, ()>> {
+    let tier = engine(id).and_then(|e| e.borrow().redis.clone());
+    env.spawn_future(async move {
+        if let Some(tier) = tier {
+            if retry_after > 0.0 {
+                tier.record_failure(&key, token.as_deref(), retry_after)
+                    .await;
+            } else if let Some(token) = token {
+                tier.release(&key, &token, true).await;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Deletes the key in Redis and announces it: true/false, or null when Redis was unavailable.
+#[napi]
+pub fn redis_delete(env: &Env, id: u32, key: String) -> napi::Result<PromiseRaw<'_, Option<bool>>> {
+    let tier = engine(id).and_then(|e| e.borrow().redis.clone());
+    env.spawn_future(async move {
+        Ok(match tier {
+            Some(tier) => tier.delete(&key).await,
+            None => None,
+        })
+    })
+}
+
+#[napi(object)]
+pub struct RedisReport {
+    pub op: String,
+    pub key: Option<String>,
+    pub message: String,
+}
+
+/// Redis failures waiting for `onError` (already rate-limited).
+#[napi]
+pub fn take_redis_reports(id: u32) -> Vec<RedisReport> {
+    let Some(tier) = engine(id).and_then(|e| e.borrow().redis.clone()) else {
+        return Vec::new();
+    };
+    tier.take_reports()
+        .into_iter()
+        .map(|r| RedisReport {
+            op: r.op.to_string(),
+            key: r.key,
+            message: r.message,
+        })
+        .collect()
+}
+
+#[napi]
+pub fn has_redis(id: u32) -> bool {
+    engine(id).is_some_and(|e| e.borrow().redis.is_some())
 }

@@ -1,3 +1,4 @@
 //! Storage tiers.
 
 pub mod memory;
+pub mod redis;
