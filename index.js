@@ -34,9 +34,26 @@ function fromNative(fn) {
   }
 }
 
+const nativeEncodeKey = fromNative(native.encodeKey)
+
+// A string with a lone surrogate has no UTF-8 form: converting it would alias another key
+// ('a\uD800' and 'a\uFFFD'), so such keys are refused.
+function encodeKey(key) {
+  if (typeof key === 'string') {
+    if (!key.isWellFormed()) throw new StampedeCacheError('ERR_INVALID_KEY', 'a key must not contain lone surrogates')
+  } else if (Array.isArray(key)) {
+    for (const part of key) {
+      if (typeof part === 'string' && !part.isWellFormed()) {
+        throw new StampedeCacheError('ERR_INVALID_KEY', 'a key part must not contain lone surrogates')
+      }
+    }
+  }
+  return nativeEncodeKey(key)
+}
+
 const engine = {
   create: fromNative(native.createEngine),
-  encodeKey: fromNative(native.encodeKey),
+  encodeKey,
   resolvePolicy: fromNative(native.resolvePolicy),
   lookup: fromNative(native.lookup),
   setEntry: fromNative(native.setEntry),

@@ -226,7 +226,11 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
                 ValueType::Boolean if !unsafe { l1.cast::<bool>() }.unwrap_or(true) => {
                     raw.l1 = Some(None)
                 }
-                ValueType::Object => {
+                ValueType::Object
+                    if !l1
+                        .is_array()
+                        .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))? =>
+                {
                     let l1obj = unsafe { l1.cast::<Object>() }
                         .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?;
                     known_names(&l1obj, &["maxEntries"], "l1")?;
@@ -302,8 +306,10 @@ pub fn engine_defaults(id: u32) -> Result<Vec<f64>, JsErr> {
 }
 
 const MISS: i32 = -1;
-/// Longest key + 1: a string that fills the buffer is over the limit, so it was never stored.
-const KEY_BUF: usize = key::MAX_KEY_BYTES + 2;
+/// N-API copies at most `KEY_BUF - 1` bytes and cuts at a character boundary (up to 3 bytes
+/// short), so a copy of at most MAX_KEY_BYTES bytes is the whole string: a longer string would
+/// have filled at least `KEY_BUF - 4` = MAX_KEY_BYTES + 1 bytes.
+const KEY_BUF: usize = key::MAX_KEY_BYTES + 5;
 
 /// The hot path: a usable entry for a string key under the default policy, as
 /// `slot * 2 + refresh` (refresh = 1 asks the facade to start a background refresh), or -1.
@@ -355,9 +361,10 @@ unsafe extern "C" fn peek_raw(
 
 #[inline]
 fn peek_key(id: u32, key: &[u8]) -> i32 {
-    // Empty or longer than the limit (the buffer is one byte longer): never stored, so a miss;
-    // the slow path reports the invalid key.
-    if key.is_empty() || key.len() > key::MAX_KEY_BYTES {
+    // Empty or longer than the limit (maybe truncated): never stored, so a miss; the slow path
+    // reports the invalid key. U+FFFD may stand for a lone surrogate that UTF-8 cannot carry,
+    // which would alias another key: the slow path decides those too.
+    if key.is_empty() || key.len() > key::MAX_KEY_BYTES || has_replacement_char(key) {
         return MISS;
     }
     let Ok(key) = std::str::from_utf8(key) else {
@@ -371,6 +378,12 @@ fn peek_key(id: u32, key: &[u8]) -> i32 {
         let beta = cache.options().defaults.beta;
         cache.peek(key, beta).map_or(MISS, encode_hit)
     })
+}
+
+/// U+FFFD is EF BF BD in UTF-8.
+#[inline]
+fn has_replacement_char(key: &[u8]) -> bool {
+    key.contains(&0xEF) && key.windows(3).any(|w| w == [0xEF, 0xBF, 0xBD])
 }
 
 /// Adds the raw-callback functions to the module's exports.
