@@ -117,4 +117,12 @@ export class StampedeCache {
   settle(): Promise<void>
   /** Ends background work; later calls reject with `ERR_CLOSED`. */
   close(): Promise<void>
+  /**
+   * Runs `fn` with `waitUntil` as the hook for every background refresh started inside it (by any
+   * cache), unless a call gives its own: per-call option, then this scope, then the constructor's.
+   */
+  withWaitUntil<R>(waitUntil: (p: Promise<unknown>) => void, fn: () => R): R
 }
+
+/** The same as `cache.withWaitUntil`, for code that has no cache at hand. */
+export function withWaitUntil<R>(waitUntil: (p: Promise<unknown>) => void, fn: () => R): R

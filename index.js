@@ -8,7 +8,11 @@
 // The facade also does what only JS can: call loaders, await promises, hand refreshes to
 // `waitUntil`, and honour AbortSignals.
 
+const { AsyncLocalStorage } = require('node:async_hooks')
 const native = require('./native.js')
+
+/** The request-scoped waitUntil set by withWaitUntil(), for every cache used in that scope. */
+const requestScope = new AsyncLocalStorage()
 
 /** An error raised by stampede-cache itself; `code` is stable (see README, "Errors"). */
 class StampedeCacheError extends Error {
@@ -325,7 +329,8 @@ class StampedeCache {
     const done = load.then(noop, (err) => this.#report(err, 'refresh', k))
     this.#background.add(done)
     done.then(() => this.#background.delete(done))
-    const hook = waitUntil ?? this.#waitUntil
+    // Per-call option, then the request's scope, then the constructor's.
+    const hook = waitUntil ?? requestScope.getStore() ?? this.#waitUntil
     if (hook !== undefined) {
       try {
         hook(done)
@@ -404,6 +409,14 @@ class StampedeCache {
     return stats(this.#id)
   }
 
+  /**
+   * Runs `fn` with `waitUntil` as the hook for every background refresh started inside it (by
+   * any cache), unless a call gives its own. For frameworks that hand out `waitUntil` per request.
+   */
+  withWaitUntil(waitUntil, fn) {
+    return withWaitUntil(waitUntil, fn)
+  }
+
   async settle() {
     await Promise.all([...this.#background])
   }
@@ -423,4 +436,10 @@ class StampedeCache {
   }
 }
 
-module.exports = { StampedeCache, StampedeCacheError }
+function withWaitUntil(waitUntil, fn) {
+  if (typeof waitUntil !== 'function') throw invalidArgument('withWaitUntil needs a waitUntil function')
+  if (typeof fn !== 'function') throw invalidArgument('withWaitUntil needs a function to run')
+  return requestScope.run(waitUntil, fn)
+}
+
+module.exports = { StampedeCache, StampedeCacheError, withWaitUntil }
