@@ -7,7 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -26,7 +26,7 @@ use crate::stats::Stats;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// A command not answered within this counts as a Redis error.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
-/// After a failure, Redis is skipped this long before one call probes it again.
+/// After a failure, Redis is skipped this long before a background probe tries it again.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// The bus pings this often when no message arrives, to notice a Redis that stopped answering.
 pub const BUS_PING_INTERVAL: Duration = Duration::from_secs(1);
@@ -106,6 +106,8 @@ enum Health {
 }
 
 pub struct RedisTier {
+    /// Itself, for the background probe it spawns.
+    me: Weak<RedisTier>,
     client: redis::Client,
     /// The command connection, made once (concurrent first calls share one attempt);
     /// ConnectionManager reconnects by itself after errors.
@@ -144,7 +146,8 @@ impl RedisTier {
     ) -> Result<Arc<Self>, String> {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
         let (shutdown, _) = watch::channel(false);
-        Ok(Arc::new(RedisTier {
+        Ok(Arc::new_cyclic(|me| RedisTier {
+            me: me.clone(),
             client,
             conn: OnceCell::new(),
             namespace: namespace.to_string(),
@@ -216,7 +219,8 @@ impl RedisTier {
         }
     }
 
-    /// May a command go to Redis now? Up: yes. Down: only one probe once `retry_at` has passed.
+    /// May a command go to Redis now? Only while it is up. While it is down, the first call
+    /// after `retry_at` starts the background probe and, like every other, skips Redis.
     fn admit(&self) -> bool {
         if self.closed() {
             return false;
@@ -227,10 +231,31 @@ impl RedisTier {
             Health::Down { retry_at, probing } => {
                 if !*probing && Instant::now() >= *retry_at {
                     *probing = true;
-                    true
-                } else {
-                    false
+                    if let Some(me) = self.me.upgrade() {
+                        tokio::spawn(async move { me.probe().await });
+                    }
                 }
+                false
+            }
+        }
+    }
+
+    /// Pings Redis; up again on an answer, else the next probe waits PROBE_INTERVAL.
+    async fn probe(&self) {
+        let answered = async {
+            let mut conn = self.connection().await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        };
+        match tokio::time::timeout(COMMAND_TIMEOUT, answered).await {
+            Ok(Ok(_)) => self.succeeded(),
+            outcome => {
+                let why = match outcome {
+                    Ok(Err(e)) => format!("Redis is still unavailable: {e}"),
+                    _ => format!(
+                        "Redis is still unavailable: PING timed out after {COMMAND_TIMEOUT:?}"
+                    ),
+                };
+                self.failed("probe", None, why);
             }
         }
     }
