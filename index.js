@@ -265,7 +265,17 @@ class StampedeCache {
   // Takes an envelope read from Redis into the in-process tier; returns its value.
   #adopt(k, flight, answer) {
     const value = answer.json === undefined || answer.json === null ? undefined : JSON.parse(answer.json)
-    const slot = adopt(this.#id, k, flight, answer.freshUntil, answer.hardUntil, answer.computeMs, answer.negative, answer.retryAfter)
+    const slot = adopt(
+      this.#id,
+      k,
+      flight,
+      answer.freshUntil,
+      answer.hardUntil,
+      answer.computeMs,
+      answer.negative,
+      answer.retryAfter,
+      answer.stamp,
+    )
     if (slot >= 0) this.#values[slot] = value
     return value
   }

@@ -23,7 +23,7 @@ export declare function abandon(id: number, key: string, flight: number): void
  * Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
  * The slot for the value; -1 when the tier keeps nothing; -2 when superseded or expired.
  */
-export declare function adopt(id: number, key: string, flight: number, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number): number
+export declare function adopt(id: number, key: string, flight: number, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number): number
 
 /** Registers the background refresh a hit asked for: its flight id, or -1 if one already runs. */
 export declare function beginRefresh(id: number, key: string): number
@@ -106,6 +106,8 @@ export interface RedisAnswer {
   computeMs: number
   negative: boolean
   retryAfter: number
+  /** The key's invalidation stamp before the read (hand it back to `adopt`); -1 for none. */
+  stamp: number
 }
 
 /** Deletes the key in Redis and announces it: true/false, or null when Redis was unavailable. */

@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Envelope, State};
 use crate::error::{Error, ErrorCode, Result};
-use crate::inbox::Inbox;
+use crate::inbox::{Inbox, Stamp};
 use crate::jitter;
 use crate::policy::{EntryPolicy, Options};
 use crate::singleflight::{FlightId, FlightKind, Role, Singleflight};
@@ -271,12 +271,15 @@ impl<C: Clock> Cache<C> {
     }
 
     /// Takes an envelope found in Redis into the in-process tier, ending flight `id` if given.
-    /// `None` when the flight was superseded or the envelope has already expired.
+    /// `stamp` is the key's invalidation stamp taken before the read was sent: if the key was
+    /// invalidated since, the read may predate a write elsewhere and is not kept. `None` when
+    /// not kept (superseded, invalidated since, or already expired).
     pub fn adopt(
         &mut self,
         key: &str,
         id: Option<FlightId>,
         envelope: Envelope,
+        stamp: Option<Stamp>,
     ) -> Option<Option<Slot>> {
         self.apply_inbox();
         if let Some(id) = id {
@@ -285,6 +288,9 @@ impl<C: Clock> Cache<C> {
             }
         }
         if self.closed || envelope.state(self.clock.now_ms()) == State::Expired {
+            return None;
+        }
+        if stamp.is_some_and(|s| s != self.inbox.stamp(key)) {
             return None;
         }
         Some(self.store.insert(key, envelope))
@@ -413,6 +419,11 @@ impl<C: Clock> Cache<C> {
             hard_until: env.hard_until,
             compute_ms: env.compute_ms,
         }))
+    }
+
+    /// The in-process copy's freshUntil, if any (a refresh compares it with Redis's copy).
+    pub fn fresh_until(&self, key: &str) -> Option<f64> {
+        self.store.peek(key).map(|e| e.envelope.fresh_until)
     }
 
     /// The slot of a live (not expired) entry, LRU order and stats untouched.
@@ -686,8 +697,8 @@ mod tests {
             let info = c.inspect(&key).unwrap().unwrap();
             let ttl = info.fresh_until - c.now();
             assert!((8_000.0..12_000.0).contains(&ttl), "{ttl}");
-            // ttl and hardTtl are scaled by the same factor.
-            assert!(((info.hard_until - c.now()) / ttl - 10.0).abs() < 1e-9);
+            // ttl and hardTtl are scaled by the same factor (up to rounding to whole ms).
+            assert!(((info.hard_until - c.now()) / ttl - 10.0).abs() < 1e-3);
             until.push(ttl);
         }
         let spread = until.iter().cloned().fold(f64::MIN, f64::max)
@@ -787,7 +798,7 @@ mod inbox_tests {
         let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
             panic!()
         };
-        let slot = c.adopt("k", Some(id), env).unwrap().unwrap();
+        let slot = c.adopt("k", Some(id), env, None).unwrap().unwrap();
         assert_eq!(
             c.peek("k", 0.0),
             Some(Hit::Fresh {
@@ -802,7 +813,19 @@ mod inbox_tests {
         );
         assert_eq!(c.flights_in_progress(), 0);
         let expired = Envelope::new(clock.now_ms() - 1_000.0, 10.0, 20.0, 0.0, false);
-        assert_eq!(c.adopt("x", None, expired), None);
+        assert_eq!(c.adopt("x", None, expired, None), None);
+    }
+
+    #[test]
+    fn a_read_older_than_an_invalidation_is_not_kept() {
+        let (mut c, clock) = cache();
+        let stamp = c.inbox().stamp("k");
+        c.inbox().invalidate("k"); // a write elsewhere, announced while our read was on its way
+        let env = Envelope::new(clock.now_ms(), 200.0, 400.0, 1.0, false);
+        assert_eq!(c.adopt("k", None, env, Some(stamp)), None);
+        assert_eq!(c.peek("k", 0.0), None);
+        let fresh_stamp = c.inbox().stamp("k");
+        assert!(c.adopt("k", None, env, Some(fresh_stamp)).is_some());
     }
 
     #[test]

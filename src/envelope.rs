@@ -34,10 +34,11 @@ pub struct Envelope {
 
 impl Envelope {
     /// An entry written at `now` that stays fresh for `ttl` ms and lives `hard_ttl` ms in all.
+    /// Both ends are whole milliseconds (jittered TTLs are not), like `Date.now()`.
     pub fn new(now: f64, ttl: f64, hard_ttl: f64, compute_ms: f64, negative: bool) -> Self {
         Envelope {
-            fresh_until: now + ttl,
-            hard_until: now + hard_ttl.max(ttl),
+            fresh_until: (now + ttl).round(),
+            hard_until: (now + hard_ttl.max(ttl)).round(),
             compute_ms: compute_ms.max(0.0),
             negative,
             retry_after: 0.0,

@@ -3,8 +3,20 @@
 //! thread; applied by the cache on its own thread at its next call, so the hot path pays one
 //! relaxed atomic load while nothing is pending.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
+
+/// Buckets of invalidation stamps: a key's bucket changes whenever the key (or another key
+/// hashing to the same bucket) is invalidated. A collision only costs a read not being cached.
+const STAMP_BUCKETS: usize = 1024;
+
+/// What a Redis read saw of the invalidations of its key when it was sent; `adopt` compares it
+/// with the current one, so a read answered before an invalidation but delivered after it is
+/// not cached over it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp(pub u64);
 
 #[derive(Debug)]
 pub struct Inbox {
@@ -17,6 +29,12 @@ pub struct Inbox {
     /// False while invalidations may be missed (bus down, Redis up): stale in-process copies
     /// are then re-checked against Redis instead of served.
     trust_stale: AtomicBool,
+    /// Per bucket of keys, the sequence number of its last invalidation.
+    stamps: Box<[AtomicU64]>,
+    /// Counts key invalidations.
+    sequence: AtomicU64,
+    /// Counts clear-alls (they change every key's stamp).
+    epoch: AtomicU64,
 }
 
 impl Default for Inbox {
@@ -26,6 +44,9 @@ impl Default for Inbox {
             keys: Mutex::new(Vec::new()),
             clear_all: AtomicBool::new(false),
             trust_stale: AtomicBool::new(true),
+            stamps: (0..STAMP_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            sequence: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
         }
     }
 }
@@ -39,6 +60,8 @@ pub struct Delivery {
 
 impl Inbox {
     pub fn invalidate(&self, key: &str) {
+        let seq = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
+        self.stamps[bucket(key)].store(seq, Ordering::Release);
         self.keys
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -47,8 +70,18 @@ impl Inbox {
     }
 
     pub fn invalidate_all(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         self.clear_all.store(true, Ordering::Relaxed);
         self.pending.store(true, Ordering::Release);
+    }
+
+    /// The key's invalidation stamp now; take it before sending a Redis read of the key.
+    pub fn stamp(&self, key: &str) -> Stamp {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let seq = self.stamps[bucket(key)].load(Ordering::Acquire);
+        // 20 bits of epoch over 32 of sequence: enough to tell "changed" from "unchanged", and
+        // under 2^53, so the stamp survives a trip through a JS number.
+        Stamp((epoch & 0xF_FFFF) << 32 | (seq & 0xFFFF_FFFF))
     }
 
     #[inline]
@@ -74,6 +107,12 @@ impl Inbox {
     pub fn trusts_stale(&self) -> bool {
         self.trust_stale.load(Ordering::Relaxed)
     }
+}
+
+fn bucket(key: &str) -> usize {
+    let mut h = DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() as usize) % STAMP_BUCKETS
 }
 
 #[cfg(test)]
@@ -105,5 +144,21 @@ mod tests {
         assert_eq!(inbox.take(), Delivery::default());
         inbox.invalidate_all();
         assert!(inbox.take().clear_all);
+    }
+
+    #[test]
+    fn stamps_change_with_their_keys_invalidation_or_a_clear_all() {
+        let inbox = Inbox::default();
+        let a = inbox.stamp("a");
+        assert_eq!(inbox.stamp("a"), a);
+        inbox.invalidate("a");
+        let a2 = inbox.stamp("a");
+        assert_ne!(a2, a);
+        inbox.invalidate_all();
+        assert_ne!(inbox.stamp("a"), a2);
+        // Taking deliveries does not change stamps: they describe history, not the queue.
+        let a3 = inbox.stamp("a");
+        inbox.take();
+        assert_eq!(inbox.stamp("a"), a3);
     }
 }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use crate::cache::{Cache, Hit, Step};
 use crate::envelope::Envelope;
 use crate::error::{Error as CoreError, ErrorCode};
+use crate::inbox::Stamp;
 use crate::key;
 use crate::policy::{self, EntryPolicy, Options, RawOptions, TtlOverrides};
 use crate::store::redis::{Fetched, Gate, RedisTier, Remote};
@@ -737,13 +738,15 @@ pub fn current_slot(id: u32, key: String) -> i32 {
 
 // ---- Redis: each returns a promise; the tier works on napi's tokio runtime. ----
 
-fn tier_of(id: u32) -> Option<(Arc<RedisTier>, f64)> {
+/// The tier, lockTtl, and the in-process copy's freshUntil (0 if none) of a live cache.
+fn tier_of(id: u32, key: &str) -> Option<(Arc<RedisTier>, f64, f64)> {
     let e = engine(id)?;
     let e = e.borrow();
     if e.is_closed() {
         return None;
     }
-    Some((e.redis.clone()?, e.options().lock_ttl))
+    let local_fresh_until = e.fresh_until(key).unwrap_or(0.0);
+    Some((e.redis.clone()?, e.options().lock_ttl, local_fresh_until))
 }
 
 /// `kind`: what the facade does next.
@@ -765,6 +768,8 @@ pub struct RedisAnswer {
     pub compute_ms: f64,
     pub negative: bool,
     pub retry_after: f64,
+    /// The key's invalidation stamp before the read (hand it back to `adopt`); -1 for none.
+    pub stamp: f64,
 }
 
 impl RedisAnswer {
@@ -778,6 +783,7 @@ impl RedisAnswer {
             compute_ms: 0.0,
             negative: false,
             retry_after: 0.0,
+            stamp: -1.0,
         }
     }
 
@@ -792,6 +798,7 @@ impl RedisAnswer {
             compute_ms: e.compute_ms,
             negative: e.negative,
             retry_after: e.retry_after,
+            stamp: r.stamp.0 as f64,
         }
     }
 }
@@ -804,13 +811,14 @@ pub fn redis_gate(
     key: String,
     refresh: bool,
 ) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
-    let tier = tier_of(id);
+    let tier = tier_of(id, &key);
     env.spawn_future(async move {
-        let Some((tier, lock_ttl)) = tier else {
+        let Some((tier, lock_ttl, local_fresh_until)) = tier else {
             return Ok(RedisAnswer::kind(GATE_LEAD));
         };
         let gate = if refresh {
-            tier.refresh_gate(&key, lock_ttl as u64).await
+            tier.refresh_gate(&key, lock_ttl as u64, local_fresh_until)
+                .await
         } else {
             tier.cold_gate(&key, lock_ttl as u64).await
         };
@@ -828,9 +836,9 @@ pub fn redis_gate(
 /// Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable.
 #[napi]
 pub fn redis_fetch(env: &Env, id: u32, key: String) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
-    let tier = tier_of(id);
+    let tier = tier_of(id, &key);
     env.spawn_future(async move {
-        let Some((tier, _)) = tier else {
+        let Some((tier, _, _)) = tier else {
             return Ok(RedisAnswer::kind(GATE_UNAVAILABLE));
         };
         Ok(match tier.fetch(&key).await {
@@ -853,7 +861,9 @@ pub fn adopt(
     compute_ms: f64,
     negative: bool,
     retry_after: f64,
+    stamp: f64,
 ) -> i32 {
+    let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
     let envelope = Envelope {
         fresh_until,
         hard_until,
@@ -863,7 +873,7 @@ pub fn adopt(
     };
     let flight = (flight >= 0.0).then_some(flight as u64);
     with_engine(id, |e| {
-        Ok(match e.adopt(&key, flight, envelope) {
+        Ok(match e.adopt(&key, flight, envelope, stamp) {
             None => -2,
             Some(slot) => slot.map_or(-1, |s| s as i32),
         })

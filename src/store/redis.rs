@@ -17,7 +17,7 @@ use tokio::sync::{watch, Notify, OnceCell};
 
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Envelope, State};
-use crate::inbox::Inbox;
+use crate::inbox::{Inbox, Stamp};
 use crate::key;
 use crate::lock;
 use crate::stats::Stats;
@@ -61,6 +61,8 @@ pub struct Remote {
     pub envelope: Envelope,
     /// The value as JSON; `None` for a cached `undefined`.
     pub value_json: Option<String>,
+    /// The key's invalidation stamp before the read was sent (see `Cache::adopt`).
+    pub stamp: Stamp,
 }
 
 /// What a load should do after asking Redis.
@@ -120,6 +122,9 @@ pub struct RedisTier {
     inbox: Arc<Inbox>,
     health: Mutex<Health>,
     bus_up: AtomicBool,
+    /// Set once the first subscription attempt has ended (either way): the first commands wait
+    /// for it, so nothing is cached before the bus could announce changes to it.
+    bus_attempted: watch::Sender<bool>,
     /// Lock waiters by key, woken when the bus announces the key.
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     /// Failures not yet handed to `onError`, with when each kind was last reported.
@@ -146,6 +151,7 @@ impl RedisTier {
     ) -> Result<Arc<Self>, String> {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
         let (shutdown, _) = watch::channel(false);
+        let (bus_attempted, _) = watch::channel(false);
         Ok(Arc::new_cyclic(|me| RedisTier {
             me: me.clone(),
             client,
@@ -158,6 +164,7 @@ impl RedisTier {
             // Up until proven otherwise: the first calls wait for the first connection.
             health: Mutex::new(Health::Up),
             bus_up: AtomicBool::new(false),
+            bus_attempted,
             waiters: Mutex::new(HashMap::new()),
             reports: Mutex::new(ReportLog::default()),
             shutdown,
@@ -202,6 +209,11 @@ impl RedisTier {
     }
 
     async fn connection(&self) -> RedisResult<ConnectionManager> {
+        let started = Instant::now();
+        if !*self.bus_attempted.borrow() {
+            let mut attempted = self.bus_attempted.subscribe();
+            let _ = tokio::time::timeout(CONNECT_TIMEOUT, until_true(&mut attempted)).await;
+        }
         let connect = self.conn.get_or_try_init(|| async {
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
@@ -210,7 +222,10 @@ impl RedisTier {
                 .set_max_delay(PROBE_INTERVAL);
             ConnectionManager::new_with_config(self.client.clone(), config).await
         });
-        match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        let left = CONNECT_TIMEOUT
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(50));
+        match tokio::time::timeout(left, connect).await {
             Ok(result) => result.cloned(),
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -221,8 +236,10 @@ impl RedisTier {
 
     /// May a command go to Redis now? Only while it is up. While it is down, the first call
     /// after `retry_at` starts the background probe and, like every other, skips Redis.
-    fn admit(&self) -> bool {
-        if self.closed() {
+    fn admit(&self, op: &'static str) -> bool {
+        // A closed cache still releases the locks its last loads hold, so other processes do
+        // not wait out lockTtl.
+        if self.closed() && op != "unlock" {
             return false;
         }
         let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
@@ -333,7 +350,7 @@ impl RedisTier {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        if !self.admit() {
+        if !self.admit(op) {
             return Err(Unavailable);
         }
         let conn = match self.connection().await {
@@ -367,6 +384,7 @@ impl RedisTier {
     /// type, bytes that are not UTF-8) is a miss.
     pub async fn fetch(&self, key: &str) -> Fetched {
         let vkey = self.value_key(key);
+        let stamp = self.inbox.stamp(key);
         let raw = self
             .run("get", key, |mut c| async move {
                 match redis::cmd("GET")
@@ -388,6 +406,7 @@ impl RedisTier {
                     Some(d) if d.envelope.state(now) != State::Expired => Fetched::Found(Remote {
                         envelope: d.envelope,
                         value_json: d.value_json.map(str::to_string),
+                        stamp,
                     }),
                     _ => Fetched::Missing,
                 }
@@ -397,11 +416,16 @@ impl RedisTier {
 
     /// A cold load's way through Redis: the value if another process has it; else take the
     /// lock and load (re-checking Redis first); else wait, woken by the bus, for the holder's
-    /// value, taking the lock over if it expires, and load without it once lockTtl has passed.
+    /// value. A lock that expires is taken over by one waiter (one extra load, at worst); the
+    /// others wait for that holder in turn. Only when no value has come within lockTtl and the
+    /// lock cannot be had (three lock lives at most) does a waiter load without it.
     pub async fn cold_gate(&self, key: &str, lock_ttl_ms: u64) -> Gate {
         let lkey = self.lock_key(key);
         let token = lock::new_token();
-        let deadline = Instant::now() + Duration::from_millis(lock_ttl_ms);
+        let lock_ttl = Duration::from_millis(lock_ttl_ms);
+        let started = Instant::now();
+        let give_up = started + 3 * lock_ttl;
+        let mut deadline = started + lock_ttl;
         let mut waited = false;
         loop {
             // Registered before looking, so an announcement between the look and the wait
@@ -441,23 +465,28 @@ impl RedisTier {
                 waited = true;
                 self.stats.lock_waits.incr();
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Gate::Lead(None);
-            }
             let lock_left = self
                 .run("lock", key, |mut c| {
                     let lkey = lkey.clone();
                     async move { lock::remaining_ms(&mut c, &lkey).await }
                 })
                 .await;
-            let mut wait = deadline - now;
-            match lock_left {
+            let lock_left = match lock_left {
                 Err(Unavailable) => return Gate::Lead(None),
                 // Released in between: look again at once.
                 Ok(None) => continue,
-                Ok(Some(ms)) => wait = wait.min(Duration::from_millis(ms + 1)),
+                Ok(Some(ms)) => Duration::from_millis(ms + 1),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                // The holder we waited for is gone and another process holds the lock now:
+                // wait for that one (it loads), but never past `give_up`.
+                if now >= give_up {
+                    return Gate::Lead(None);
+                }
+                deadline = (now + lock_left).min(give_up);
             }
+            let mut wait = (deadline - now).min(lock_left);
             if !self.bus_up() {
                 wait = wait.min(POLL_WITHOUT_BUS);
             }
@@ -466,8 +495,10 @@ impl RedisTier {
     }
 
     /// A background refresh's way through Redis: only the lock holder refreshes; it re-checks
-    /// first, in case another process has just refreshed or recorded a failure (error backoff).
-    pub async fn refresh_gate(&self, key: &str, lock_ttl_ms: u64) -> Gate {
+    /// first, in case another process has just refreshed (the Redis copy is newer than ours,
+    /// `local_fresh_until`) or recorded a failure (error backoff). An XFetch refresh starts
+    /// while the entry is still fresh, so freshness alone does not mean someone refreshed.
+    pub async fn refresh_gate(&self, key: &str, lock_ttl_ms: u64, local_fresh_until: f64) -> Gate {
         let lkey = self.lock_key(key);
         let token = lock::new_token();
         let acquired = self
@@ -484,7 +515,7 @@ impl RedisTier {
                 let now = SystemClock.now_ms();
                 match self.fetch(key).await {
                     Fetched::Found(r)
-                        if r.envelope.state(now) == State::Fresh
+                        if r.envelope.fresh_until > local_fresh_until
                             || !r.envelope.refresh_allowed(now) =>
                     {
                         self.release(key, &token, false).await;
@@ -645,6 +676,7 @@ impl RedisTier {
     pub async fn run_bus(self: Arc<Self>) {
         let mut shutdown = self.shutdown.subscribe();
         let mut backoff = Duration::from_millis(50);
+        let mut first = true;
         while !self.closed() {
             let subscribed = tokio::time::timeout(CONNECT_TIMEOUT, async {
                 let mut pubsub = self.client.get_async_pubsub().await?;
@@ -652,15 +684,23 @@ impl RedisTier {
                 RedisResult::Ok(pubsub)
             })
             .await;
+            // Calls waiting for the first attempt go on now, whatever its outcome.
+            let first_succeeded = first && matches!(subscribed, Ok(Ok(_)));
+            first = false;
+            self.bus_attempted.send_replace(true);
             match subscribed {
                 Ok(Ok(pubsub)) => {
                     backoff = Duration::from_millis(50);
-                    self.inbox.invalidate_all();
+                    // Copies made before this subscription may have missed announcements,
+                    // unless it is the first one, which every Redis command waited for.
+                    if !first_succeeded {
+                        self.inbox.invalidate_all();
+                    }
                     self.set_bus_up(true);
                     let (mut sink, mut stream) = pubsub.split();
                     loop {
                         tokio::select! {
-                            _ = until_closed(&mut shutdown) => {
+                            _ = until_true(&mut shutdown) => {
                                 self.set_bus_up(false);
                                 return;
                             }
@@ -694,7 +734,7 @@ impl RedisTier {
                 }
             }
             tokio::select! {
-                _ = until_closed(&mut shutdown) => return,
+                _ = until_true(&mut shutdown) => return,
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -702,10 +742,10 @@ impl RedisTier {
     }
 }
 
-/// Resolves once `close` was called.
-async fn until_closed(rx: &mut watch::Receiver<bool>) {
+/// Resolves once the flag is set (`close` called, first subscription attempted, ...).
+async fn until_true(rx: &mut watch::Receiver<bool>) {
     // The guard `wait_for` returns is dropped here, not held across the caller's awaits.
-    let _closed = rx.wait_for(|closed| *closed).await.is_ok();
+    let _set = rx.wait_for(|set| *set).await.is_ok();
 }
 
 /// A registered lock waiter; the last one of a key removes the key's entry.
