@@ -116,49 +116,35 @@ impl Drop for EngineToken {
     }
 }
 
-/// Reads an optional number option; anything but a number (or undefined) is an invalid option.
-fn number_option(obj: &Object, name: &str, label: &str) -> Result<Option<f64>, JsErr> {
-    let Some(v) = obj
-        .get::<Unknown>(name)
-        .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
-    else {
+/// Reads an optional option of JS type `expected` (`what` names it in the error); undefined is
+/// absent, any other type is an invalid option named `label`.
+fn typed_option<T: FromNapiValue>(
+    obj: &Object,
+    name: &str,
+    label: &str,
+    expected: ValueType,
+    what: &str,
+) -> Result<Option<T>, JsErr> {
+    let fail = |e| napi_fail(ErrorCode::InvalidOption, e);
+    let Some(v) = obj.get::<Unknown>(name).map_err(fail)? else {
         return Ok(None);
     };
-    match v
-        .get_type()
-        .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
-    {
+    match v.get_type().map_err(fail)? {
         ValueType::Undefined => Ok(None),
-        ValueType::Number => Ok(Some(
-            unsafe { v.cast::<f64>() }.map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?,
-        )),
+        t if t == expected => Ok(Some(unsafe { v.cast::<T>() }.map_err(fail)?)),
         other => Err(js_err(CoreError::invalid_option(
             label,
-            format!("must be a number, got {}", type_name(other)),
+            format!("must be {what}, got {}", type_name(other)),
         ))),
     }
 }
 
+fn number_option(obj: &Object, name: &str, label: &str) -> Result<Option<f64>, JsErr> {
+    typed_option(obj, name, label, ValueType::Number, "a number")
+}
+
 fn string_option(obj: &Object, name: &str) -> Result<Option<String>, JsErr> {
-    let Some(v) = obj
-        .get::<Unknown>(name)
-        .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
-    else {
-        return Ok(None);
-    };
-    match v
-        .get_type()
-        .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
-    {
-        ValueType::Undefined => Ok(None),
-        ValueType::String => Ok(Some(
-            unsafe { v.cast::<String>() }.map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?,
-        )),
-        other => Err(js_err(CoreError::invalid_option(
-            name,
-            format!("must be a string, got {}", type_name(other)),
-        ))),
-    }
+    typed_option(obj, name, name, ValueType::String, "a string")
 }
 
 fn type_name(t: ValueType) -> &'static str {

@@ -414,6 +414,20 @@ impl RedisTier {
         }
     }
 
+    /// SET NX PX on the key's lock; true when `token` now holds it.
+    async fn try_lock(
+        &self,
+        key: &str,
+        lkey: &str,
+        token: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, Unavailable> {
+        self.run("lock", key, |mut c| async move {
+            lock::acquire(&mut c, lkey, token, ttl_ms).await
+        })
+        .await
+    }
+
     /// A cold load's way through Redis: the value if another process has it; else take the
     /// lock and load (re-checking Redis first); else wait, woken by the bus, for the holder's
     /// value. A lock that expires is taken over by one waiter (one extra load, at worst); the
@@ -440,13 +454,7 @@ impl RedisTier {
                 Fetched::Unavailable => return Gate::Lead(None),
                 Fetched::Missing => {}
             }
-            let acquired = self
-                .run("lock", key, |mut c| {
-                    let (lkey, token) = (lkey.clone(), token.clone());
-                    async move { lock::acquire(&mut c, &lkey, &token, lock_ttl_ms).await }
-                })
-                .await;
-            match acquired {
+            match self.try_lock(key, &lkey, &token, lock_ttl_ms).await {
                 Err(Unavailable) => return Gate::Lead(None),
                 Ok(true) => {
                     self.stats.lock_wins.incr();
@@ -501,13 +509,7 @@ impl RedisTier {
     pub async fn refresh_gate(&self, key: &str, lock_ttl_ms: u64, local_fresh_until: f64) -> Gate {
         let lkey = self.lock_key(key);
         let token = lock::new_token();
-        let acquired = self
-            .run("lock", key, |mut c| {
-                let (lkey, token) = (lkey.clone(), token.clone());
-                async move { lock::acquire(&mut c, &lkey, &token, lock_ttl_ms).await }
-            })
-            .await;
-        match acquired {
+        match self.try_lock(key, &lkey, &token, lock_ttl_ms).await {
             Err(Unavailable) => Gate::Lead(None),
             Ok(false) => Gate::Skip,
             Ok(true) => {
