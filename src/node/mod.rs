@@ -309,11 +309,15 @@ unsafe extern "C" fn peek_raw(
     env: sys::napi_env,
     info: sys::napi_callback_info,
 ) -> sys::napi_value {
-    let mut argc = 2usize;
-    let mut argv = [std::ptr::null_mut(); 2];
+    let mut argc = 1usize;
+    let mut argv = [std::ptr::null_mut(); 1];
+    let mut data = std::ptr::null_mut();
     let mut out = std::ptr::null_mut();
+    // Not zeroed: N-API writes the bytes it reports, and only those are read.
+    let mut buf = std::mem::MaybeUninit::<[u8; KEY_BUF]>::uninit();
     // SAFETY: called by Node on the JS thread with a valid env and callback info; every
-    // out-pointer is a live local, and `buf`'s length is passed with it.
+    // out-pointer is a live local, and `buf`'s length is passed with it. `data` is the engine
+    // id this function was made for (see `peek_function`), stored in the pointer itself.
     unsafe {
         let mut code = MISS;
         if sys::napi_get_cb_info(
@@ -322,23 +326,22 @@ unsafe extern "C" fn peek_raw(
             &mut argc,
             argv.as_mut_ptr(),
             std::ptr::null_mut(),
-            std::ptr::null_mut(),
+            &mut data,
         ) == sys::Status::napi_ok
-            && argc == 2
+            && argc == 1
         {
-            let mut id = 0u32;
-            let mut buf = [0u8; KEY_BUF];
             let mut len = 0usize;
-            if sys::napi_get_value_uint32(env, argv[0], &mut id) == sys::Status::napi_ok
-                && sys::napi_get_value_string_utf8(
-                    env,
-                    argv[1],
-                    buf.as_mut_ptr().cast(),
-                    KEY_BUF,
-                    &mut len,
-                ) == sys::Status::napi_ok
+            if sys::napi_get_value_string_utf8(
+                env,
+                argv[0],
+                buf.as_mut_ptr().cast(),
+                KEY_BUF,
+                &mut len,
+            ) == sys::Status::napi_ok
             {
-                code = peek_key(id, &buf[..len]);
+                let written =
+                    std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), len.min(KEY_BUF));
+                code = peek_key(data as usize as u32, written);
             }
         }
         sys::napi_create_int32(env, code, &mut out);
@@ -373,29 +376,24 @@ fn has_replacement_char(key: &[u8]) -> bool {
     key.contains(&0xEF) && key.windows(3).any(|w| w == [0xEF, 0xBF, 0xBD])
 }
 
-/// Adds the raw-callback functions to the module's exports.
-#[napi(module_exports)]
-pub fn register_raw_functions(exports: Object, env: Env) -> napi::Result<()> {
+/// The hot-path function of engine `id`: `peek(key)` -> `slot * 2 + refresh`, or -1. A function
+/// per engine carries the id in its callback data, so a hit reads one argument instead of two.
+#[napi]
+pub fn peek_function(env: &Env, id: u32) -> napi::Result<Unknown<'_>> {
     let mut f = std::ptr::null_mut();
-    // SAFETY: env and exports come from Node's module initialisation on the JS thread.
+    // SAFETY: on the JS thread with a live env; the id travels as the data pointer's value and
+    // is never dereferenced.
     unsafe {
-        let name = c"peek";
         napi::check_status!(sys::napi_create_function(
             env.raw(),
-            name.as_ptr(),
+            c"peek".as_ptr(),
             4,
             Some(peek_raw),
-            std::ptr::null_mut(),
+            id as usize as *mut std::ffi::c_void,
             &mut f
         ))?;
-        napi::check_status!(sys::napi_set_named_property(
-            env.raw(),
-            exports.raw(),
-            name.as_ptr(),
-            f
-        ))?;
+        Ok(Unknown::from_raw_unchecked(env.raw(), f))
     }
-    Ok(())
 }
 
 fn encode_hit(hit: Hit) -> i32 {
