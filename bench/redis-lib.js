@@ -27,6 +27,37 @@ function ping(port) {
   })
 }
 
+/** Sends one command (RESP) to 127.0.0.1:port; resolves with a simple or bulk string reply. */
+function command(port, ...args) {
+  return new Promise((resolve, reject) => {
+    const sock = net.connect(port, '127.0.0.1')
+    let buf = Buffer.alloc(0)
+    sock.once('error', reject)
+    sock.once('connect', () => {
+      sock.write(`*${args.length}\r\n` + args.map((a) => `$${Buffer.byteLength(String(a))}\r\n${a}\r\n`).join(''))
+    })
+    sock.on('data', (d) => {
+      buf = Buffer.concat([buf, d])
+      const eol = buf.indexOf('\r\n')
+      if (eol < 0) return
+      const head = buf.subarray(0, eol).toString()
+      if (head[0] === '-') {
+        sock.destroy()
+        reject(new Error(head.slice(1)))
+      } else if (head[0] === '$') {
+        const len = Number(head.slice(1))
+        if (len < 0 || buf.length >= eol + 2 + len) {
+          sock.destroy()
+          resolve(len < 0 ? null : buf.subarray(eol + 2, eol + 2 + len).toString())
+        }
+      } else {
+        sock.destroy()
+        resolve(head.slice(1))
+      }
+    })
+  })
+}
+
 async function startRedis() {
   const port = await freePort()
   const proc = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
@@ -37,7 +68,15 @@ async function startRedis() {
   }
   process.once('exit', stop)
   for (let i = 0; i < 100; i++) {
-    if (await ping(port)) return { port, url: `redis://127.0.0.1:${port}`, stop }
+    if (await ping(port)) {
+      return {
+        port,
+        url: `redis://127.0.0.1:${port}`,
+        stop,
+        flushAll: () => command(port, 'FLUSHALL'),
+        command: (...args) => command(port, ...args),
+      }
+    }
     await new Promise((r) => setTimeout(r, 50))
   }
   stop()
@@ -50,4 +89,4 @@ function percentile(xs, p) {
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]
 }
 
-module.exports = { startRedis, freePort, percentile }
+module.exports = { startRedis, freePort, percentile, command }
