@@ -101,11 +101,11 @@ test('1. 4 processes x 200 concurrent cold reads: one loader call in total, one 
   assert.equal(typeof raw, 'string', 'the value key exists in Redis')
   const env = JSON.parse(raw)
   assert.equal(env.sc, 1)
-  for (const f of ['f', 'h', 'c', 'r']) assert.equal(typeof env[f], 'number', `envelope field ${f}`)
-  assert.deepEqual(env.v, value, 'the envelope holds the value every process returned')
-  assert.equal(env.n, undefined, 'not negative')
-  assert.ok(Math.abs(env.h - env.f - (hardTtl - ttl)) < 5, `h - f = hardTtl - ttl (jitter 0): ${env.h - env.f}`)
-  assert.ok(env.c >= 400, `computeMs records the 500 ms load: ${env.c}`)
+  for (const f of ['freshUntil', 'hardUntil', 'computeMs', 'retryAfter']) assert.equal(typeof env[f], 'number', `envelope field ${f}`)
+  assert.deepEqual(env.value, value, 'the envelope holds the value every process returned')
+  assert.equal(env.negative, undefined, 'not negative')
+  assert.ok(Math.abs(env.hardUntil - env.freshUntil - (hardTtl - ttl)) < 5, `hardUntil - freshUntil = hardTtl - ttl (jitter 0): ${env.hardUntil - env.freshUntil}`)
+  assert.ok(env.computeMs >= 400, `computeMs records the 500 ms load: ${env.computeMs}`)
   assert.ok(pttl > hardTtl - 10_000 && pttl <= hardTtl, `PTTL ~ hardTtl: ${pttl}`)
   assert.equal(lock, 0, 'the lock was released')
 
@@ -201,7 +201,7 @@ test('3. lock holder SIGKILLed mid-load: the waiter loads only after the lock ex
   const snap = await assertIdle(B, 'B', 1)
   assert.ok(snap.stats.lockWaits >= 1, 'B counted a lock wait')
   assert.equal(await redis.cmd('EXISTS', lk), 0, "B released its lock")
-  assert.deepEqual(JSON.parse(await redis.cmd('GET', vkey(key))).v, b.results[0].value, "B's value is in Redis")
+  assert.deepEqual(JSON.parse(await redis.cmd('GET', vkey(key))).value, b.results[0].value, "B's value is in Redis")
   note(t, `B's loader started ${bLoads[0].start - expiresNoEarlierThan} ms after A's lock expiry bound`)
 })
 
@@ -347,15 +347,15 @@ test('6. garbage and wrong-type value keys are misses: loaded, replaced by an en
   const now = Date.now()
   const cases = [
     ['g:hello', (k) => ['SET', k, 'hello']],
-    ['g:other-json', (k) => ['SET', k, '{"v":1}']],
-    ['g:bad-f', (k) => ['SET', k, '{"sc":1,"f":"x"}']],
+    ['g:other-json', (k) => ['SET', k, '{"value":1}']],
+    ['g:bad-f', (k) => ['SET', k, '{"sc":1,"freshUntil":"x"}']],
     ['g:empty', (k) => ['SET', k, '']],
     ['g:json-null', (k) => ['SET', k, 'null']],
     ['g:not-utf8', (k) => ['SET', k, Buffer.from([0xff, 0xfe, 0x00, 0x80, 0x7b])]],
-    ['g:sc2', (k) => ['SET', k, JSON.stringify({ sc: 2, f: now + 1e6, h: now + 2e6, c: 0, r: 0, v: 'other-version' })]],
-    ['g:h-before-f', (k) => ['SET', k, JSON.stringify({ sc: 1, f: now + 2e6, h: now + 1e6, c: 0, r: 0, v: 'insane' })]],
-    ['g:no-v', (k) => ['SET', k, JSON.stringify({ sc: 1, f: now + 1e6, h: now + 2e6, c: 0, r: 0 })]],
-    ['g:expired', (k) => ['SET', k, JSON.stringify({ sc: 1, f: 5, h: 10, c: 0, r: 0, v: 'ancient' })]],
+    ['g:sc2', (k) => ['SET', k, JSON.stringify({ sc: 2, freshUntil: now + 1e6, hardUntil: now + 2e6, computeMs: 0, retryAfter: 0, value: 'other-version' })]],
+    ['g:h-before-f', (k) => ['SET', k, JSON.stringify({ sc: 1, freshUntil: now + 2e6, hardUntil: now + 1e6, computeMs: 0, retryAfter: 0, value: 'insane' })]],
+    ['g:no-v', (k) => ['SET', k, JSON.stringify({ sc: 1, freshUntil: now + 1e6, hardUntil: now + 2e6, computeMs: 0, retryAfter: 0 })]],
+    ['g:expired', (k) => ['SET', k, JSON.stringify({ sc: 1, freshUntil: 5, hardUntil: 10, computeMs: 0, retryAfter: 0, value: 'ancient' })]],
     ['g:list', (k) => ['LPUSH', k, 'a', 'b']],
     ['g:hash', (k) => ['HSET', k, 'f', 'v']],
     ['g:set', (k) => ['SADD', k, 'm']],
@@ -374,7 +374,7 @@ test('6. garbage and wrong-type value keys are misses: loaded, replaced by an en
     assert.equal(await redis.cmd('TYPE', vkey(key)), 'string', `${key}: replaced by a string`)
     const env = JSON.parse(await redis.cmd('GET', vkey(key)))
     assert.equal(env.sc, 1, `${key}: now an envelope`)
-    assert.deepEqual(env.v, { loaded: key })
+    assert.deepEqual(env.value, { loaded: key })
   }
   const snap = await assertIdle(W, 'W', cases.length)
   assert.equal(snap.stats.redisErrors, 0, 'no redisErrors for garbage or WRONGTYPE')
@@ -422,7 +422,7 @@ test("7. a load that outlives its lock never deletes another holder's lock (cold
   assert.equal(cases[1].result.results[0].ok, false)
   assert.equal(cases[2].result.results[0].value, 'old')
   assert.equal(cases[3].result.results[0].value, 'old')
-  assert.deepEqual(JSON.parse(await redis.cmd('GET', vkey('L:cold-ok'))).v, 'slow', 'the value is still written')
+  assert.deepEqual(JSON.parse(await redis.cmd('GET', vkey('L:cold-ok'))).value, 'slow', 'the value is still written')
   await assertIdle(W, 'W')
 })
 
@@ -573,13 +573,13 @@ test('11. shared error backoff: after a failed refresh in A, B does not refresh 
 
   const env = JSON.parse(await redis.cmd('GET', vkey(key)))
   const now = Date.now()
-  assert.ok(env.r > now, `the envelope's retryAfter is in the future: r=${env.r} now=${now}`)
-  assert.ok(env.r <= now + errorBackoff + 100, `retryAfter ~ errorBackoff: ${env.r - now} ms ahead`)
-  assert.equal(env.v, 's1', 'the stale value is kept')
+  assert.ok(env.retryAfter > now, `the envelope's retryAfter is in the future: retryAfter=${env.retryAfter} now=${now}`)
+  assert.ok(env.retryAfter <= now + errorBackoff + 100, `retryAfter ~ errorBackoff: ${env.retryAfter - now} ms ahead`)
+  assert.equal(env.value, 's1', 'the stale value is kept')
 
   for (const [name, B] of [['B1', B1], ['B2', B2], ['A', A]]) {
     const r = await B.request('read', { key, n: 20, loader: { value: `${name}-new` } })
-    assert.ok(r.startedAt < env.r - 200, `precondition: ${name} read inside the backoff window`)
+    assert.ok(r.startedAt < env.retryAfter - 200, `precondition: ${name} read inside the backoff window`)
     assertAllOk(r, name)
     assert.deepEqual(new Set(valuesOf([r])), new Set(['"s1"']), `${name} serves the stale value`)
     await B.request('settle')
@@ -588,7 +588,7 @@ test('11. shared error backoff: after a failed refresh in A, B does not refresh 
   }
 
   // Positive control: once retryAfter has passed, a read refreshes.
-  await sleep(Math.max(0, env.r - Date.now() + 200))
+  await sleep(Math.max(0, env.retryAfter - Date.now() + 200))
   const late = await B2.request('read', { key, loader: { value: 'B2-new' } })
   assert.equal(late.results[0].value, 's1', 'still served stale while refreshing')
   await B2.request('settle')
@@ -615,11 +615,11 @@ test('12. negative caching through Redis: null/undefined loaded in A are served 
   const [rawN, pttlN, rawU] = await redis.pipeline([['GET', vkey('neg:null')], ['PTTL', vkey('neg:null')], ['GET', vkey('neg:undef')]])
   const envN = JSON.parse(rawN)
   const envU = JSON.parse(rawU)
-  assert.equal(envN.n, 1, 'negative envelope')
-  assert.equal(envN.v, null)
-  assert.equal(envN.u, undefined)
-  assert.equal(envU.n, 1)
-  assert.equal(envU.u, 1, 'undefined is marked')
+  assert.equal(envN.negative, true, 'negative envelope')
+  assert.equal(envN.value, null)
+  assert.equal(envN.undefined, undefined)
+  assert.equal(envU.negative, true)
+  assert.equal(envU.undefined, true, 'undefined is marked')
   assert.ok(pttlN > 0 && pttlN <= negativeTtl, `a negative entry lives negativeTtl in Redis: PTTL ${pttlN}`)
 
   const bn = await B.request('read', { key: 'neg:null', n: 3, loader: { value: 'B' } })

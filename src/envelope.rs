@@ -72,21 +72,22 @@ impl Envelope {
     pub fn encode(&self, value_json: Option<&str>) -> String {
         let value = value_json.unwrap_or("null");
         let mut out = String::with_capacity(value.len() + 96);
-        out.push_str("{\"sc\":1,\"f\":");
+        out.push_str("{\"sc\":1,\"freshUntil\":");
         push_number(&mut out, self.fresh_until);
-        out.push_str(",\"h\":");
+        out.push_str(",\"hardUntil\":");
         push_number(&mut out, self.hard_until);
-        out.push_str(",\"c\":");
+        out.push_str(",\"computeMs\":");
         push_number(&mut out, self.compute_ms);
-        out.push_str(",\"r\":");
+        out.push_str(",\"retryAfter\":");
         push_number(&mut out, self.retry_after);
         if self.negative {
-            out.push_str(",\"n\":1");
+            out.push_str(",\"negative\":true");
         }
         if value_json.is_none() {
-            out.push_str(",\"u\":1");
+            out.push_str(",\"undefined\":true");
         }
-        out.push_str(",\"v\":");
+        // The value goes last, as given: never re-serialized.
+        out.push_str(",\"value\":");
         out.push_str(value);
         out.push('}');
         out
@@ -96,43 +97,44 @@ impl Envelope {
     /// nonsense numbers) is `None`: a miss, never an error.
     pub fn decode(text: &str) -> Option<Decoded<'_>> {
         #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
         struct Wire<'a> {
             sc: u32,
-            f: f64,
-            h: f64,
-            c: f64,
+            fresh_until: f64,
+            hard_until: f64,
+            compute_ms: f64,
             #[serde(default)]
-            r: f64,
+            retry_after: f64,
             #[serde(default)]
-            n: u8,
+            negative: bool,
             #[serde(default)]
-            u: u8,
+            undefined: bool,
             #[serde(borrow)]
-            v: &'a RawValue,
+            value: &'a RawValue,
         }
         let wire: Wire<'_> = serde_json::from_str(text).ok()?;
         let sane = wire.sc == 1
-            && wire.f.is_finite()
-            && wire.h.is_finite()
-            && wire.c.is_finite()
-            && wire.r.is_finite()
-            && wire.h >= wire.f
-            && wire.c >= 0.0;
+            && wire.fresh_until.is_finite()
+            && wire.hard_until.is_finite()
+            && wire.compute_ms.is_finite()
+            && wire.retry_after.is_finite()
+            && wire.hard_until >= wire.fresh_until
+            && wire.compute_ms >= 0.0;
         if !sane {
             return None;
         }
         Some(Decoded {
             envelope: Envelope {
-                fresh_until: wire.f,
-                hard_until: wire.h,
-                compute_ms: wire.c,
-                negative: wire.n == 1,
-                retry_after: wire.r,
+                fresh_until: wire.fresh_until,
+                hard_until: wire.hard_until,
+                compute_ms: wire.compute_ms,
+                negative: wire.negative,
+                retry_after: wire.retry_after,
             },
-            value_json: if wire.u == 1 {
+            value_json: if wire.undefined {
                 None
             } else {
-                Some(wire.v.get())
+                Some(wire.value.get())
             },
         })
     }
@@ -216,12 +218,13 @@ mod tests {
             "42",
             "null",
             "[1,2]",
-            r#"{"v":1}"#,
-            r#"{"sc":2,"f":1,"h":2,"c":0,"v":1}"#,
-            r#"{"sc":1,"f":5,"h":2,"c":0,"v":1}"#,
-            r#"{"sc":1,"f":1,"h":2,"c":-1,"v":1}"#,
-            r#"{"sc":1,"f":"x","h":2,"c":0,"v":1}"#,
-            r#"{"sc":1,"f":1,"h":2,"c":0,"v":}"#,
+            r#"{"value":1}"#,
+            r#"{"sc":2,"freshUntil":1,"hardUntil":2,"computeMs":0,"value":1}"#,
+            r#"{"sc":1,"freshUntil":5,"hardUntil":2,"computeMs":0,"value":1}"#,
+            r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":-1,"value":1}"#,
+            r#"{"sc":1,"freshUntil":"x","hardUntil":2,"computeMs":0,"value":1}"#,
+            r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0,"value":}"#,
+            r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0}"#,
         ] {
             assert!(Envelope::decode(text).is_none(), "{text}");
         }
