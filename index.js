@@ -65,7 +65,7 @@ const engine = {
   getEntry: fromNative(native.getEntry),
   inspectEntry: fromNative(native.inspectEntry),
 }
-const { peekFunction, beginRefresh, complete, fail, stats, closeEngine, debugCounts, engineId, noteLoaderCall } = native
+const { peek, beginRefresh, complete, fail, stats, closeEngine, debugCounts, engineId, noteLoaderCall } = native
 const { redisGate, redisFetch, adopt, abandon, storeWritten, redisFailed, redisDelete, takeRedisReports, hasRedis } = native
 
 const STEP_SERVE = 0
@@ -140,8 +140,6 @@ function withSignal(promise, signal) {
 class StampedeCache {
   /** Engine id in this thread's engine table. */
   #id
-  /** The hot path: key -> slot * 2 + (1 if a refresh is due), or -1. */
-  #peek
   /** Keeps the engine alive exactly as long as this object. */
   #token
   /** Values by slot; the engine says which slot holds which key's value. */
@@ -168,7 +166,6 @@ class StampedeCache {
     if (onError !== undefined && typeof onError !== 'function') throw invalidOption('onError', 'must be a function')
     this.#token = engine.create(options)
     this.#id = engineId(this.#token)
-    this.#peek = peekFunction(this.#id)
     this.#redis = hasRedis(this.#id)
     this.#waitUntil = waitUntil
     this.#onError = onError
@@ -180,7 +177,7 @@ class StampedeCache {
     }
     if (options === undefined && typeof key === 'string') {
       // The hot path: slot * 2 + (1 if a background refresh is due), or -1.
-      const r = this.#peek(key)
+      const r = peek(this.#id, key)
       if (r >= 0) {
         const value = this.#values[r >> 1]
         if (r & 1) this.#refresh(key, loader, null, undefined, value)

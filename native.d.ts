@@ -94,12 +94,6 @@ export interface LookupStep {
 export declare function noteLoaderCall(id: number, key: string, flight: number): void
 
 /**
- * The hot-path function of engine `id`: `peek(key)` -> `slot * 2 + refresh`, or -1. A function
- * per engine carries the id in its callback data, so a hit reads one argument instead of two.
- */
-export declare function peekFunction(id: number): unknown
-
-/**
  * A Redis answer. `found`: the envelope's times and the value as JSON (`json` absent for a
  * cached `undefined`). `lead`: call the loader, holding the lock if `token` is set.
  */

@@ -853,7 +853,6 @@ module.exports.hasRedis = nativeBinding.hasRedis
 module.exports.inspectEntry = nativeBinding.inspectEntry
 module.exports.lookup = nativeBinding.lookup
 module.exports.noteLoaderCall = nativeBinding.noteLoaderCall
-module.exports.peekFunction = nativeBinding.peekFunction
 module.exports.redisDelete = nativeBinding.redisDelete
 module.exports.redisFailed = nativeBinding.redisFailed
 module.exports.redisFetch = nativeBinding.redisFetch
