@@ -215,3 +215,46 @@ async fn an_unreachable_redis_degrades_at_once_after_the_first_failure() {
     assert!(stats.snapshot().redis_errors >= 1);
     assert!(!t.take_reports().is_empty());
 }
+
+async fn connected_clients(c: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_drops_the_bus_and_the_command_connection() {
+    let server = RedisServer::start();
+    let mut admin = server.conn().await;
+    let baseline = connected_clients(&mut admin).await;
+    let (t, _) = tier(&server.url);
+    assert_eq!(t.fetch("k").await, Fetched::Missing);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while connected_clients(&mut admin).await < baseline + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "bus and command connections never both opened"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    t.close();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while connected_clients(&mut admin).await > baseline {
+        assert!(
+            Instant::now() < deadline,
+            "connections left open after close"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        t.fetch("k").await,
+        Fetched::Unavailable,
+        "closed: no more commands"
+    );
+}

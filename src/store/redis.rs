@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, RedisResult, Script};
-use tokio::sync::{watch, Notify, OnceCell};
+use tokio::sync::{watch, Notify};
 
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Envelope, State};
@@ -113,7 +113,9 @@ pub struct RedisTier {
     client: redis::Client,
     /// The command connection, made once (concurrent first calls share one attempt);
     /// ConnectionManager reconnects by itself after errors.
-    conn: OnceCell<ConnectionManager>,
+    conn: Mutex<Option<ConnectionManager>>,
+    /// Held while making the connection, so concurrent first calls share one attempt.
+    connecting: tokio::sync::Mutex<()>,
     namespace: String,
     channel: String,
     /// Names this cache instance on the bus, so it ignores its own announcements.
@@ -155,7 +157,8 @@ impl RedisTier {
         Ok(Arc::new_cyclic(|me| RedisTier {
             me: me.clone(),
             client,
-            conn: OnceCell::new(),
+            conn: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
             namespace: namespace.to_string(),
             channel: key::bus_channel(namespace),
             origin: lock::new_token(),
@@ -187,9 +190,11 @@ impl RedisTier {
         }
     }
 
-    /// Stops the bus; later commands are refused.
+    /// Stops the bus and drops the command connection; later commands are refused, but for
+    /// releasing the locks the last loads hold.
     pub fn close(&self) {
         self.shutdown.send_replace(true);
+        self.conn.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     fn closed(&self) -> bool {
@@ -208,30 +213,52 @@ impl RedisTier {
         format!("{} {key}", self.origin)
     }
 
+    fn current_connection(&self) -> Option<ConnectionManager> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The command connection, made on first use within CONNECT_TIMEOUT (concurrent first
+    /// calls share one attempt); ConnectionManager reconnects by itself after errors. After
+    /// `close`, a connection made for a last lock release is used once and not kept.
     async fn connection(&self) -> RedisResult<ConnectionManager> {
+        if let Some(c) = self.current_connection() {
+            return Ok(c);
+        }
         let started = Instant::now();
+        let timed_out = || {
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "timed out connecting to Redis",
+            ))
+        };
         if !*self.bus_attempted.borrow() {
             let mut attempted = self.bus_attempted.subscribe();
             let _ = tokio::time::timeout(CONNECT_TIMEOUT, until_true(&mut attempted)).await;
         }
-        let connect = self.conn.get_or_try_init(|| async {
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                .set_response_timeout(Some(COMMAND_TIMEOUT))
-                .set_number_of_retries(1)
-                .set_max_delay(PROBE_INTERVAL);
-            ConnectionManager::new_with_config(self.client.clone(), config).await
-        });
-        let left = CONNECT_TIMEOUT
-            .saturating_sub(started.elapsed())
-            .max(Duration::from_millis(50));
-        match tokio::time::timeout(left, connect).await {
-            Ok(result) => result.cloned(),
-            Err(_) => Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "timed out connecting to Redis",
-            ))),
+        let left = || {
+            CONNECT_TIMEOUT
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(50))
+        };
+        let _connecting = tokio::time::timeout(left(), self.connecting.lock())
+            .await
+            .map_err(|_| timed_out())?;
+        if let Some(c) = self.current_connection() {
+            return Ok(c);
         }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(COMMAND_TIMEOUT))
+            .set_number_of_retries(1)
+            .set_max_delay(PROBE_INTERVAL);
+        let made = ConnectionManager::new_with_config(self.client.clone(), config);
+        let conn = tokio::time::timeout(left(), made)
+            .await
+            .map_err(|_| timed_out())??;
+        if !self.closed() {
+            *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
+        }
+        Ok(conn)
     }
 
     /// May a command go to Redis now? Only while it is up. While it is down, the first call
