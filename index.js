@@ -105,8 +105,10 @@ function isAbortSignal(s) {
 }
 
 // JSON semantics, as every tier stores JSON: what a hit returns equals
-// JSON.parse(JSON.stringify(value)). Returns the copy to cache and hand out.
-function toJsonValue(value) {
+// JSON.parse(JSON.stringify(value)). Returns the JSON text (for Redis) and the copy to cache and
+// hand out; null and undefined (not-found markers) stay as they are.
+function toStored(value) {
+  if (value === null || value === undefined) return { json: value === null ? 'null' : undefined, stored: value }
   let json
   try {
     json = JSON.stringify(value)
@@ -116,7 +118,7 @@ function toJsonValue(value) {
   if (json === undefined) {
     throw new StampedeCacheError('ERR_VALUE_NOT_SERIALIZABLE', `the value cannot be stored as JSON (a ${typeof value} at the top)`)
   }
-  return JSON.parse(json)
+  return { json, stored: JSON.parse(json) }
 }
 
 // Rejects this caller when its signal aborts; the shared promise goes on for the others.
@@ -291,27 +293,19 @@ class StampedeCache {
       throw err
     }
     const computeMs = performance.now() - started
-    let stored = value
     let json
-    if (value !== null && value !== undefined) {
-      try {
-        stored = toJsonValue(value)
-        json = JSON.stringify(stored)
-      } catch (err) {
-        await this.#loadFailed(k, flight, token)
-        throw err
-      }
+    let stored
+    try {
+      ;({ json, stored } = toStored(value))
+    } catch (err) {
+      await this.#loadFailed(k, flight, token)
+      throw err
     }
     this.#flights.delete(flight)
-    const negative = stored === null || stored === undefined
-    const slot = complete(this.#id, k, flight, computeMs, negative, policy)
+    const slot = complete(this.#id, k, flight, computeMs, stored === null || stored === undefined, policy)
     if (slot >= 0) this.#values[slot] = stored
-    if (this.#redis) {
-      // The value is in Redis (and the lock released) before any caller sees it.
-      if (!(await storeWritten(this.#id, k, stored === undefined ? undefined : (json ?? 'null'), token))) {
-        this.#drainRedisReports()
-      }
-    }
+    // In Redis (and the lock released) before any caller sees it.
+    if (this.#redis && !(await storeWritten(this.#id, k, json, token))) this.#drainRedisReports()
     return stored
   }
 
@@ -378,13 +372,10 @@ class StampedeCache {
       if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
       policy = engine.resolvePolicy(this.#id, options, true)
     }
-    const stored = value === null || value === undefined ? value : toJsonValue(value)
+    const { json, stored } = toStored(value)
     const slot = engine.setEntry(this.#id, k, stored === null || stored === undefined, policy)
     if (slot >= 0) this.#values[slot] = stored
-    if (this.#redis) {
-      const json = stored === undefined ? undefined : JSON.stringify(stored)
-      if (!(await storeWritten(this.#id, k, json, null))) this.#drainRedisReports()
-    }
+    if (this.#redis && !(await storeWritten(this.#id, k, json, null))) this.#drainRedisReports()
   }
 
   async delete(key) {
