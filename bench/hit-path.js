@@ -6,17 +6,8 @@
 //   node bench/hit-path.js [--json]
 
 const { StampedeCache } = require('..')
+const { valueOfSize } = require('./lib/values')
 
-function valueOfSize(bytes) {
-  const items = []
-  let size = 2
-  for (let i = 0; size < bytes; i++) {
-    const item = { id: i, name: `item-${i}`, price: i * 1.5, tags: ['a', 'b'] }
-    size += JSON.stringify(item).length + 1
-    items.push(item)
-  }
-  return { items }
-}
 
 async function timeLoop(n, fn) {
   const t0 = process.hrtime.bigint()

@@ -5,6 +5,7 @@
 // { t: 'result', result } (or { t: 'error', error }). Loads go to the parent's simulated database
 // over IPC (bench/lib/db.js), so every process of a scenario shares one database.
 const { createPeer } = require('../lib/peers')
+const { valueOfSize } = require('../lib/values')
 const { dbQuery } = require('../lib/db')
 const { mulberry32 } = require('../../examples/demo/simulated-db')
 
@@ -216,13 +217,3 @@ const roles = {
   },
 }
 
-function valueOfSize(bytes) {
-  const items = []
-  let size = 2
-  for (let i = 0; size < bytes; i++) {
-    const item = { id: i, name: `item-${i}`, price: i * 1.5, tags: ['a', 'b'] }
-    size += JSON.stringify(item).length + 1
-    items.push(item)
-  }
-  return { items }
-}
