@@ -54,12 +54,6 @@ export declare function deleteEntry(id: number, key: string): Array<number>
 /** Validates a key and returns its string form (array keys encoded, see `key.rs`). */
 export declare function encodeKey(key: unknown): string
 
-/**
- * What the constructor options resolved to, for the facade and `inspect`-style debugging:
- * `[ttl, hardTtl, negativeTtl, jitter, beta, lockTtl, errorBackoff]`.
- */
-export declare function engineDefaults(id: number): Array<number>
-
 export declare function engineId(token: ExternalObject<EngineToken>): number
 
 export interface EntryInfo {

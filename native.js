@@ -845,7 +845,6 @@ module.exports.currentSlot = nativeBinding.currentSlot
 module.exports.debugCounts = nativeBinding.debugCounts
 module.exports.deleteEntry = nativeBinding.deleteEntry
 module.exports.encodeKey = nativeBinding.encodeKey
-module.exports.engineDefaults = nativeBinding.engineDefaults
 module.exports.engineId = nativeBinding.engineId
 module.exports.fail = nativeBinding.fail
 module.exports.getEntry = nativeBinding.getEntry

@@ -273,25 +273,6 @@ pub fn engine_id(token: &External<EngineToken>) -> u32 {
     token.0
 }
 
-/// What the constructor options resolved to, for the facade and `inspect`-style debugging:
-/// `[ttl, hardTtl, negativeTtl, jitter, beta, lockTtl, errorBackoff]`.
-#[napi]
-pub fn engine_defaults(id: u32) -> Result<Vec<f64>, JsErr> {
-    with_engine(id, |c| {
-        let o = c.options();
-        let d = o.defaults;
-        Ok(vec![
-            d.ttl,
-            d.hard_ttl,
-            d.negative_ttl,
-            d.jitter,
-            d.beta,
-            o.lock_ttl,
-            o.error_backoff,
-        ])
-    })
-}
-
 const MISS: i32 = -1;
 /// N-API copies at most `KEY_BUF - 1` bytes and cuts at a character boundary (up to 3 bytes
 /// short), so a copy of at most MAX_KEY_BYTES bytes is the whole string: a longer string would
