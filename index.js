@@ -375,7 +375,10 @@ class StampedeCache {
     const { json, stored } = toStored(value)
     const slot = engine.setEntry(this.#id, k, stored === null || stored === undefined, policy)
     if (slot >= 0) this.#values[slot] = stored
-    if (this.#redis && !(await storeWritten(this.#id, k, json, null))) this.#drainRedisReports()
+    if (!this.#redis) return
+    // A zero TTL caches nothing: an older copy in Redis must not come back either.
+    const sent = slot === -2 ? (await redisDelete(this.#id, k)) !== null : await storeWritten(this.#id, k, json, null)
+    if (!sent) this.#drainRedisReports()
   }
 
   async delete(key) {

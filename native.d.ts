@@ -131,7 +131,10 @@ export interface RedisReport {
  */
 export declare function resolvePolicy(id: number, options: object, forSet: boolean): Array<number>
 
-/** Writes a value given to `set`: its slot, or -1 when the in-process tier keeps nothing. */
+/**
+ * Writes a value given to `set`: its slot, -1 when the in-process tier keeps nothing, -2 when a
+ * zero TTL caches nothing at all.
+ */
 export declare function setEntry(id: number, key: string, negative: boolean, policy?: Array<number> | undefined | null): number
 
 /** Counters since construction (still readable after `close`). */
@@ -153,7 +156,7 @@ export interface Stats {
 
 /**
  * Sends what `complete`/`set_entry` just wrote to Redis, releasing `token`'s lock; with
- * nothing written (superseded, zero TTL) only releases the lock (announcing, so waiters look
+ * nothing written (a superseded flight) only releases the lock (announcing, so waiters look
  * again). Resolves false when Redis was unavailable.
  */
 export declare function storeWritten(id: number, key: string, valueJson?: string | undefined | null, token?: string | undefined | null): Promise<boolean>

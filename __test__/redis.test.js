@@ -720,3 +720,17 @@ test('16. a cold load resolves only once its value is in Redis', { timeout: TEST
   }
   await assertIdle(W, 'W', 3)
 })
+
+test('17. set with a zero ttl removes the older copy from Redis too', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { redis, namespace, vkey } = await setup(t)
+  const { StampedeCache } = require('..')
+  const a = new StampedeCache({ redis: redis.url, namespace, jitter: 0 })
+  const b = new StampedeCache({ redis: redis.url, namespace, jitter: 0 })
+  t.after(() => Promise.all([a.close(), b.close()]))
+  await a.set('k', 'old')
+  assert.equal(await b.get('k'), 'old')
+  await a.set('k', 'new', { ttl: 0, hardTtl: 0 })
+  assert.equal(await redis.cmd('EXISTS', vkey('k')), 0, 'nothing left in Redis')
+  assert.equal(await a.get('k'), undefined)
+  await waitFor(async () => (await b.get('k')) === undefined, { timeout: 2_000, interval: 10, what: "b to drop 'old'" })
+})

@@ -573,7 +573,8 @@ pub fn fail(id: u32, key: String, flight: f64) -> f64 {
     with_engine(id, |c| Ok(c.fail(&key, flight as u64).unwrap_or(0.0))).unwrap_or(0.0)
 }
 
-/// Writes a value given to `set`: its slot, or -1 when the in-process tier keeps nothing.
+/// Writes a value given to `set`: its slot, -1 when the in-process tier keeps nothing, -2 when a
+/// zero TTL caches nothing at all.
 #[napi]
 pub fn set_entry(
     id: u32,
@@ -583,19 +584,16 @@ pub fn set_entry(
 ) -> Result<i32, JsErr> {
     with_engine(id, |e| {
         let p = policy_of(e, policy.as_deref());
-        let written = e.cache.set(&key, negative, &p)?;
-        let slot = written.and_then(|w| w.slot).map_or(-1, |s| s as i32);
-        if e.redis.is_some() {
-            match written {
-                Some(w) => {
+        Ok(match e.cache.set(&key, negative, &p)? {
+            // A zero TTL keeps nothing here; the facade deletes any older copy in Redis.
+            None => -2,
+            Some(w) => {
+                if e.redis.is_some() {
                     e.written.insert(key, w.envelope);
                 }
-                None => {
-                    e.written.remove(&key);
-                }
+                w.slot.map_or(-1, |s| s as i32)
             }
-        }
-        Ok(slot)
+        })
     })
 }
 
@@ -864,7 +862,7 @@ pub fn abandon(id: u32, key: String, flight: f64) {
 }
 
 /// Sends what `complete`/`set_entry` just wrote to Redis, releasing `token`'s lock; with
-/// nothing written (superseded, zero TTL) only releases the lock (announcing, so waiters look
+/// nothing written (a superseded flight) only releases the lock (announcing, so waiters look
 /// again). Resolves false when Redis was unavailable.
 #[napi]
 pub fn store_written(
