@@ -316,11 +316,12 @@ class CacheWorker {
   #pending = new Map()
   #nextId = 1
 
-  constructor(name, options) {
+  /** `script`: another worker script speaking the same IPC protocol (default fixtures/redis-worker.js). */
+  constructor(name, options, { script = WORKER_SCRIPT } = {}) {
     this.name = name
     this.options = options
     this.child = track(
-      fork(WORKER_SCRIPT, [JSON.stringify(options)], {
+      fork(script, [JSON.stringify(options)], {
         stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
         serialization: 'json',
       }),
@@ -349,8 +350,8 @@ class CacheWorker {
     this.child.on('message', (msg) => this.#onMessage(msg))
   }
 
-  static async spawn(name, options) {
-    const w = new CacheWorker(name, options)
+  static async spawn(name, options, spawnOptions) {
+    const w = new CacheWorker(name, options, spawnOptions)
     await w.hello
     return w
   }
