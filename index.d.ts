@@ -1,65 +1,225 @@
 /**
  * stampede-cache: stops cache stampedes. One load per key per process (coalescing), stale values
  * served at once while one worker refreshes (stale-while-revalidate), XFetch early refresh, TTL
- * jitter, negative caching and stale-if-error, in a Rust core.
+ * jitter, negative caching and stale-if-error, in a Rust core; a Redis tier shares entries, the
+ * refresh lock and invalidations across processes.
+ *
+ * Loading the package throws an `Error` with `code === 'ERR_NATIVE_BINDING'` when this platform
+ * has no usable native binary (see the README, "Supported platforms").
  */
 
 /** A non-empty string, or an array of strings and finite numbers (joined unambiguously). At most 1,024 bytes. */
 export type Key = string | readonly (string | number)[]
 
+// ---------------------------------------------------------------------------------------------
+// What a cached value reads back as. Every tier stores JSON, so a hit returns what
+// `JSON.parse(JSON.stringify(value))` gives: a Date is a string, functions, symbols and undefined
+// members are gone (undefined in an array is null), `toJSON` is honoured, a Map or Set is `{}`.
+
+/** Members JSON.stringify leaves out of an object (and writes as null in an array). */
+type Dropped = undefined | void | symbol | ((...args: any[]) => unknown)
+
+/** JSON.stringify throws on these (ERR_VALUE_NOT_SERIALIZABLE): nothing comes back. */
+type Unserializable = bigint
+
+type IsAny<T> = 0 extends 1 & T ? true : false
+
+/** Flattens an intersection of object types into one, for readable hovers. */
+type Simplify<T> = { [K in keyof T]: T[K] } & {}
+
+type JsonKey<K> = K extends number ? `${K}` : K
+
+/**
+ * Optional properties (absent is allowed). An index signature is not: `T` is assignable to a record
+ * over its own index type.
+ */
+type IsOptionalKey<T, K extends keyof T> = T extends Record<K, T[K]> ? false : true
+
+/** Keys that stay required: always present, never undefined nor a function. */
+type RequiredJsonKeys<T> = {
+  [K in keyof T]-?: K extends symbol
+    ? never
+    : [Exclude<T[K], Dropped>] extends [never]
+      ? never
+      : IsOptionalKey<T, K> extends true
+        ? never
+        : [T[K]] extends [Exclude<T[K], Dropped>]
+          ? K
+          : never
+}[keyof T]
+
+/** Keys that may be absent after the round trip: optional, or possibly undefined or a function. */
+type OptionalJsonKeys<T> = {
+  [K in keyof T]-?: K extends symbol
+    ? never
+    : [Exclude<T[K], Dropped>] extends [never]
+      ? never
+      : K extends RequiredJsonKeys<T>
+        ? never
+        : K
+}[keyof T]
+
+type JsonifyObject<T> = Simplify<
+  { [K in RequiredJsonKeys<T> as JsonKey<K>]: JsonifyValue<T[K]> } & {
+    [K in OptionalJsonKeys<T> as JsonKey<K>]?: JsonifyValue<Exclude<T[K], Dropped>>
+  }
+>
+
+type JsonifyElement<T> = T extends Dropped ? null : JsonifyValue<T>
+
+type JsonifyArray<T extends readonly unknown[]> = { -readonly [I in keyof T]: JsonifyElement<T[I]> }
+
+/** A typed array serializes as an object of its indices: `{"0":1,"1":2}`. */
+type TypedArray =
+  | Int8Array
+  | Uint8Array
+  | Uint8ClampedArray
+  | Int16Array
+  | Uint16Array
+  | Int32Array
+  | Uint32Array
+  | Float32Array
+  | Float64Array
+
+type JsonifyValue<T> =
+  IsAny<T> extends true
+    ? any
+    : unknown extends T
+      ? unknown
+      : T extends string | number | boolean | null
+        ? T
+        : T extends Unserializable
+          ? never
+          : T extends { toJSON(...args: any[]): infer J }
+            ? JsonifyValue<J>
+            : T extends Dropped
+              ? never
+              : T extends ReadonlyMap<unknown, unknown> | ReadonlySet<unknown> | WeakMap<object, unknown> | WeakSet<object>
+                ? Record<string, never>
+                : T extends TypedArray
+                  ? Record<`${number}`, number>
+                  : T extends readonly unknown[]
+                    ? JsonifyArray<T>
+                    : T extends object
+                      ? JsonifyObject<T>
+                      : never
+
+/**
+ * What a value of type `T` reads back as from the cache: the type of
+ * `JSON.parse(JSON.stringify(value))`. At the top, `undefined` and `null` (a cached not-found) come
+ * back as they are; a function, symbol or BigInt at the top is refused (`never`).
+ *
+ * @example Jsonify<{ at: Date; n?: number; f(): void }>  // { at: string; n?: number }
+ */
+export type Jsonify<T> = IsAny<T> extends true ? any : unknown extends T ? unknown : T extends undefined | void ? undefined : JsonifyValue<T>
+
+// ---------------------------------------------------------------------------------------------
+
+/** TLS for `rediss://` and `valkeys://`: a private CA, client certificates (mutual TLS). System roots by default. */
+export interface RedisTlsOptions {
+  /** PEM certificate(s) of the CA to trust instead of the system roots. */
+  ca?: string | Buffer | undefined
+  /** PEM client certificate, for mutual TLS. */
+  cert?: string | Buffer | undefined
+  /** PEM private key of `cert`. */
+  key?: string | Buffer | undefined
+  /** The name to check the server's certificate against (SNI); default the URL's host. */
+  servername?: string | undefined
+  /** `false` accepts any server certificate. Default `true`. */
+  rejectUnauthorized?: boolean | undefined
+}
+
+/** Where and how to reach Redis, when a URL alone is not enough. */
+export interface RedisOptions {
+  /** `redis://`, `rediss://` (TLS), `valkey://`, `valkeys://` or `unix://`; user, password and db index in the URL. */
+  url?: string | undefined
+  tls?: RedisTlsOptions | undefined
+  /** Redis Cluster: seed node URLs (one is enough); slots, MOVED/ASK and failover are followed. */
+  cluster?: string[] | undefined
+  /** Sentinel: sentinel URLs, with `masterName`; the master is found and followed across failovers. */
+  sentinels?: string[] | undefined
+  /** The Sentinel master group name. */
+  masterName?: string | undefined
+  /** Milliseconds to connect before degrading; default about 1_000. */
+  connectTimeout?: number | undefined
+  /** Milliseconds a command may take before it counts as a Redis error; default about 1_000. */
+  commandTimeout?: number | undefined
+}
+
+/** The second argument of `onError`. */
+export interface ErrorInfo {
+  /** What failed: `'refresh'` (a background refresh's loader), `'waitUntil'` (the hook threw), `'redis:<command>'`. */
+  op: string
+  /** The key concerned (array keys encoded), when there is one. */
+  key?: string | undefined
+}
+
 export interface StampedeCacheOptions {
-  /** `'redis://127.0.0.1:6379/0'`. Absent: in-process only (the embedded default). */
-  redis?: string
+  /**
+   * `'redis://127.0.0.1:6379/0'`, or `RedisOptions`. Absent or `undefined`: in-process only, so
+   * `redis: process.env.REDIS_URL` works with and without the variable.
+   */
+  redis?: string | RedisOptions | undefined
   /** Prefix of every Redis key; default `'sc'`. */
-  namespace?: string
+  namespace?: string | undefined
   /** Milliseconds an entry is fresh (the soft TTL); default 60_000. */
-  ttl?: number
+  ttl?: number | undefined
   /** Milliseconds an entry lives at all, stale included; default 10 * ttl; must be >= ttl. */
-  hardTtl?: number
+  hardTtl?: number | undefined
   /** In [0, 1): each written entry's ttl and hardTtl are scaled by a random factor in [1-jitter, 1+jitter]; default 0.1. */
-  jitter?: number
+  jitter?: number | undefined
   /** XFetch beta >= 0; default 1; 0 turns probabilistic early refresh off. */
-  beta?: number
+  beta?: number | undefined
   /** Milliseconds a null/undefined loader result is cached; default 5_000; 0 caches none. */
-  negativeTtl?: number
+  negativeTtl?: number | undefined
   /** Milliseconds the cross-process refresh lock lives; default 10_000. */
-  lockTtl?: number
+  lockTtl?: number | undefined
   /** Milliseconds after a failed background refresh before that key is refreshed again; default 5_000; 0 = none. */
-  errorBackoff?: number
+  errorBackoff?: number | undefined
   /** The in-process tier; default `{ maxEntries: 10_000 }`, LRU-bounded. `false` keeps nothing in process. */
-  l1?: false | { maxEntries?: number }
+  l1?: false | { maxEntries?: number | undefined } | undefined
+  /**
+   * Milliseconds a load may run; default 30_000; `Infinity`: no limit. Past it the loader's
+   * `ctx.signal` aborts and its waiting callers reject with `ERR_LOAD_TIMEOUT`.
+   */
+  loadTimeout?: number | undefined
   /** Handed every background refresh (Vercel `waitUntil`, Next.js `after`). */
-  waitUntil?: (p: Promise<unknown>) => void
-  /** Background failures: refresh errors, Redis errors. */
-  onError?: (err: Error, info: { op: string; key?: string }) => void
+  waitUntil?: ((p: Promise<unknown>) => void) | undefined
+  /**
+   * Background failures: refresh errors (whatever the loader threw, which need not be an `Error`)
+   * and Redis errors (`StampedeCacheError` with code `ERR_REDIS`).
+   */
+  onError?: ((err: unknown, info: ErrorInfo) => void) | undefined
 }
 
 export interface LoaderContext<T> {
   /** The key as a string (array keys encoded). */
   key: string
-  /** The value being refreshed, if any. */
+  /** The value being refreshed (a background refresh or `forceRefresh`), else `undefined`. */
   stale: T | undefined
-  /** Aborts only when the cache is closed. */
+  /** Aborts when the cache is closed or the load times out (`loadTimeout`). */
   signal: AbortSignal
 }
 
 export interface GetOrLoadOptions {
-  ttl?: number
-  hardTtl?: number
-  negativeTtl?: number
-  beta?: number
-  jitter?: number
+  ttl?: number | undefined
+  hardTtl?: number | undefined
+  negativeTtl?: number | undefined
+  beta?: number | undefined
+  jitter?: number | undefined
+  /** Overrides the constructor's `loadTimeout` for this call. */
+  loadTimeout?: number | undefined
   /** This caller's own cancellation: rejects this caller with an `AbortError`; the shared load goes on. */
-  signal?: AbortSignal
+  signal?: AbortSignal | undefined
   /** Overrides the constructor's `waitUntil` for this call. */
-  waitUntil?: (p: Promise<unknown>) => void
+  waitUntil?: ((p: Promise<unknown>) => void) | undefined
   /** Load now (still coalesced) and replace the entry. */
-  forceRefresh?: boolean
+  forceRefresh?: boolean | undefined
 }
 
 export interface SetOptions {
-  ttl?: number
-  hardTtl?: number
+  ttl?: number | undefined
+  hardTtl?: number | undefined
 }
 
 export interface EntryInfo {
@@ -85,16 +245,28 @@ export interface Stats {
   redisErrors: number
 }
 
+/** Every `code` a `StampedeCacheError` carries. */
+export type StampedeCacheErrorCode =
+  /** A bad constructor or call option; the message names it. */
+  | 'ERR_INVALID_OPTION'
+  /** Not a non-empty string or an array of strings and finite numbers, or over 1,024 bytes. */
+  | 'ERR_INVALID_KEY'
+  /** A loader (or `withWaitUntil` argument) that is not a function. */
+  | 'ERR_INVALID_ARGUMENT'
+  /** A value JSON cannot hold: BigInt, a cycle, a function or symbol at the top. Nothing is cached. */
+  | 'ERR_VALUE_NOT_SERIALIZABLE'
+  /** Any call after `close()`. */
+  | 'ERR_CLOSED'
+  /** The load ran longer than `loadTimeout`. */
+  | 'ERR_LOAD_TIMEOUT'
+  /** A Redis failure, handed to `onError` (reads never fail because of Redis). */
+  | 'ERR_REDIS'
+
 /** An error raised by stampede-cache itself, with a stable `code`. */
 export class StampedeCacheError extends Error {
-  readonly code:
-    | 'ERR_INVALID_OPTION'
-    | 'ERR_INVALID_KEY'
-    | 'ERR_INVALID_ARGUMENT'
-    | 'ERR_VALUE_NOT_SERIALIZABLE'
-    | 'ERR_CLOSED'
-    | (string & {})
-  constructor(code: string, message: string, options?: { cause?: unknown })
+  readonly name: 'StampedeCacheError'
+  readonly code: StampedeCacheErrorCode
+  constructor(code: StampedeCacheErrorCode, message: string, options?: { cause?: unknown })
 }
 
 export class StampedeCache {
@@ -103,10 +275,18 @@ export class StampedeCache {
   /**
    * The cached value, or the loader's. Fresh: at once. Stale: at once, with one background
    * refresh. Missing: one loader call shared by every concurrent caller.
+   *
+   * Resolves with what the loader's value reads back as from JSON (`Jsonify<T>`): the same in
+   * every tier, whether this call loaded it or hit. `T` is inferred from the loader; give it
+   * (`getOrLoad<User>(...)`) to type `ctx.stale` too, which is otherwise `unknown`.
    */
-  getOrLoad<T>(key: Key, loader: (ctx: LoaderContext<T>) => T | Promise<T>, options?: GetOrLoadOptions): Promise<T>
-  /** A fresh or stale value; never loads. */
-  get<T>(key: Key): Promise<T | undefined>
+  getOrLoad<T, Stale = T>(
+    key: Key,
+    loader: (ctx: LoaderContext<Jsonify<Stale>>) => T | PromiseLike<T>,
+    options?: GetOrLoadOptions,
+  ): Promise<Jsonify<T>>
+  /** A fresh or stale value; never loads. `T` is the type of the value that was stored. */
+  get<T = unknown>(key: Key): Promise<Jsonify<T> | undefined>
   set<T>(key: Key, value: T, options?: SetOptions): Promise<void>
   /** True when something was removed. */
   delete(key: Key): Promise<boolean>

@@ -15,9 +15,9 @@ export declare const STAMPEDE_CACHE_OPTIONS: 'STAMPEDE_CACHE_OPTIONS'
 
 interface ModuleScope {
   /** Register the module globally: every module can inject the cache without importing it. Default false. */
-  isGlobal?: boolean
+  isGlobal?: boolean | undefined
   /** The same as `isGlobal`. */
-  global?: boolean
+  global?: boolean | undefined
 }
 
 /** The constructor's options, plus where the module is visible. */
@@ -40,11 +40,11 @@ export interface StampedeCacheDynamicModule {
 
 export interface StampedeCacheModuleAsyncOptions extends ModuleScope {
   /** Modules that export the providers named in `inject`. */
-  imports?: ModuleImport[]
+  imports?: ModuleImport[] | undefined
   /** Makes the constructor's options (may be async) from the providers named in `inject`. */
   useFactory: (...args: any[]) => StampedeCacheOptions | undefined | Promise<StampedeCacheOptions | undefined>
   /** Providers handed to `useFactory`, found in `imports` or a global module. */
-  inject?: Array<InjectionToken | { token: InjectionToken; optional: boolean }>
+  inject?: Array<InjectionToken | { token: InjectionToken; optional: boolean }> | undefined
 }
 
 export declare class StampedeCacheModule {

@@ -48,7 +48,8 @@ function create(): FeedState {
     redis: process.env.REDIS_URL, // absent: in-process only
     ttl: Number(process.env.FEED_TTL_MS ?? 30_000), // fresh this long
     hardTtl: 600_000, // then served stale (while one refresh runs) for up to 10 minutes
-    onError: (err, info) => errors.push(`${info.op}: ${err.message}`),
+    // err is whatever the loader threw (unknown), or a StampedeCacheError for Redis failures.
+    onError: (err, info) => errors.push(`${info.op}: ${err instanceof Error ? err.message : String(err)}`),
   })
   return { cache, source: new FeedSource(), errors }
 }

@@ -1,0 +1,89 @@
+'use strict'
+// The published types, compiled the way a TypeScript user compiles against them: a fresh app whose
+// node_modules/stampede-cache holds what the package publishes (package.json and its `files`),
+// `tsc --noEmit` under strict + exactOptionalPropertyTypes with skipLibCheck off (so index.d.ts and
+// nestjs.d.ts are checked too), as CommonJS and as ESM. fixtures/types/cases.ts holds the cases;
+// fixtures/types/lie.ts is compiled beside it and must give exactly its two marked errors, which
+// proves that a wrong type and an unused @ts-expect-error fail the run.
+const { test } = require('node:test')
+const assert = require('node:assert/strict')
+const fs = require('node:fs')
+const os = require('node:os')
+const path = require('node:path')
+const { execFile } = require('node:child_process')
+
+const root = path.join(__dirname, '..')
+const fixtures = path.join(__dirname, 'fixtures', 'types')
+const tsc = path.join(path.dirname(require.resolve('typescript/package.json', { paths: [root] })), 'bin', 'tsc')
+
+const CONFIGS = {
+  // A classic CommonJS project: module commonjs, the default resolution.
+  commonjs: { type: 'commonjs', compilerOptions: { module: 'commonjs' } },
+  // A CommonJS package compiled with Node's own resolution (package.json "exports", types condition).
+  'nodenext-cjs': { type: 'commonjs', compilerOptions: { module: 'nodenext' } },
+  // An ES module package: import from a CommonJS package with named exports.
+  'nodenext-esm': { type: 'module', compilerOptions: { module: 'nodenext' } },
+}
+
+/** A fresh app with the package as published (its `files`) and @types/node, ready for tsc. */
+function makeApp(t, name, config) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `sc-types-${name}-`))
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }))
+  const pkgDir = path.join(dir, 'node_modules', 'stampede-cache')
+  fs.mkdirSync(pkgDir, { recursive: true })
+  const pkg = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'))
+  for (const file of ['package.json', ...pkg.files]) fs.copyFileSync(path.join(root, file), path.join(pkgDir, file))
+  fs.mkdirSync(path.join(dir, 'node_modules', '@types'))
+  fs.symlinkSync(path.join(root, 'node_modules', '@types', 'node'), path.join(dir, 'node_modules', '@types', 'node'), 'dir')
+  for (const file of ['cases.ts', 'lie.ts']) fs.copyFileSync(path.join(fixtures, file), path.join(dir, file))
+  fs.writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ name: `types-${name}`, private: true, type: config.type }))
+  const tsconfig = {
+    compilerOptions: {
+      strict: true,
+      exactOptionalPropertyTypes: true,
+      target: 'es2022',
+      types: ['node'],
+      skipLibCheck: false,
+      noEmit: true,
+      ...config.compilerOptions,
+    },
+    files: ['cases.ts', 'lie.ts'],
+  }
+  fs.writeFileSync(path.join(dir, 'tsconfig.json'), JSON.stringify(tsconfig, null, 2))
+  return dir
+}
+
+function runTsc(dir) {
+  return new Promise((resolve) => {
+    execFile(process.execPath, [tsc, '-p', dir, '--pretty', 'false'], { cwd: dir, timeout: 240_000 }, (err, stdout, stderr) => {
+      resolve({ code: err ? (err.code ?? err.signal) : 0, output: `${stdout}${stderr}` })
+    })
+  })
+}
+
+// The lines of lie.ts marked LIE, with the error code each must produce.
+function expectedLies() {
+  const lines = fs.readFileSync(path.join(fixtures, 'lie.ts'), 'utf8').split('\n')
+  const out = []
+  lines.forEach((line, i) => {
+    const m = /LIE: (TS\d+)/.exec(line)
+    // An @ts-expect-error comment is reported on its own line; a type error on the marked line.
+    if (m) out.push(`lie.ts:${i + 1}:${m[1]}`)
+  })
+  return out.sort()
+}
+
+for (const [name, config] of Object.entries(CONFIGS)) {
+  test(`types: strict + exactOptionalPropertyTypes, ${name}: every case holds, and only lie.ts's lies are reported`, { timeout: 300_000 }, async (t) => {
+    const dir = makeApp(t, name, config)
+    const { code, output } = await runTsc(dir)
+    const errors = [...output.matchAll(/^(\S+?\.ts)\((\d+),\d+\): error (TS\d+)/gm)].map(([, file, line, ts]) => `${file}:${line}:${ts}`)
+    assert.notEqual(code, 0, 'tsc must fail on lie.ts')
+    assert.deepEqual(
+      errors.filter((e) => !e.startsWith('lie.ts:')),
+      [],
+      `cases.ts and the package's declarations must compile cleanly:\n${output}`,
+    )
+    assert.deepEqual(errors.sort(), expectedLies(), `exactly the marked lies must be reported:\n${output}`)
+  })
+}
