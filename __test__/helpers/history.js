@@ -1,0 +1,631 @@
+'use strict'
+// The randomized history test of issue 8 (Jepsen-style, small), shared by __test__/history.test.js
+// (a few seeds in `npm test`) and scripts/soak.js (many seeds for minutes).
+//
+// One run: a private redis-server, N worker processes (fixtures/history-worker.js) each with its own
+// StampedeCache on it, and a versioned "database" owned by this process (key -> version, served
+// over IPC). Workers run seeded client loops: readers getOrLoad (plain, forceRefresh, with an
+// aborting signal, with a loader slower than loadTimeout) and get, with a loader that reads the
+// database FIRST and returns that snapshot up to 300 ms later; writers take the key's write slot
+// here (we serialize writers of one key, as an application's row lock would: two uncoordinated
+// cache-aside writers race by nature and that is not the cache's bug), bump the version, then
+// delete or set the cache, retrying ERR_REDIS until the call resolves. Meanwhile a seeded fault
+// injector kills normal and pub/sub connections (CLIENT KILL), pauses Redis (SIGSTOP/SIGCONT)
+// and restarts it empty (SIGTERM or SIGKILL).
+//
+// Every operation, loader call, version bump and fault is recorded with its time; after the run
+// checkHistory() looks for (see there): hung calls, rejected reads, impossible values, writes that
+// failed or never resolved, an older value read by the process whose write of a newer one had
+// resolved, and, once the faults stopped and the run settled, any instance or Redis envelope not
+// holding the database's current version. Each violation carries the seed and the key's recent
+// history across processes, so it can be read and replayed (`npm run soak -- --seed S`).
+//
+// Everything random comes from the one seed (mulberry32 streams derived per use). Timing is not
+// reproducible on a loaded machine, so a seed replays the same operations and faults, not the same
+// interleaving: replay a failing seed a few times.
+
+const path = require('node:path')
+const { RedisServer, CacheWorker, waitFor, sleep } = require('./redis-server')
+
+const WORKER_SCRIPT = path.join(__dirname, '..', 'fixtures', 'history-worker.js')
+
+// ---- randomness ------------------------------------------------------------------------------
+
+/** mulberry32: a small, fast 32-bit PRNG; returns a function giving floats in [0, 1). */
+function mulberry32(seed) {
+  let a = seed >>> 0
+  return function next() {
+    a = (a + 0x6d2b79f5) | 0
+    let t = Math.imul(a ^ (a >>> 15), 1 | a)
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+/** A 32-bit seed for one named stream of `seed` (FNV-1a of "seed/label", then a murmur finalizer). */
+function streamSeed(seed, label) {
+  let h = 0x811c9dc5
+  for (const ch of `${seed}/${label}`) {
+    h ^= ch.charCodeAt(0)
+    h = Math.imul(h, 0x01000193)
+  }
+  h ^= h >>> 16
+  h = Math.imul(h, 0x85ebca6b)
+  h ^= h >>> 13
+  h = Math.imul(h, 0xc2b2ae35)
+  h ^= h >>> 16
+  return h >>> 0
+}
+
+function makeRand(seed) {
+  const next = mulberry32(seed)
+  return {
+    next,
+    /** An integer in [lo, hi]. */
+    int: (lo, hi) => lo + Math.floor(next() * (hi - lo + 1)),
+    /** One of `weights`' keys, with probability proportional to its value. */
+    weighted(weights) {
+      const entries = Object.entries(weights)
+      let r = next() * entries.reduce((s, [, w]) => s + w, 0)
+      for (const [k, w] of entries) {
+        r -= w
+        if (r < 0) return k
+      }
+      return entries[entries.length - 1][0]
+    },
+  }
+}
+
+// ---- the database ----------------------------------------------------------------------------
+
+/**
+ * key -> version, starting at 1. Writers of one key are serialized by a FIFO write slot: beginWrite
+ * waits for the slot, then bumps the version (n times) and returns the last one.
+ */
+class Database {
+  constructor(keys) {
+    this.versions = new Map(keys.map((k) => [k, 1]))
+    /** key -> FIFO of { slot, owner, grant }; the head holds the slot. */
+    this.queues = new Map(keys.map((k) => [k, []]))
+    /** Every bump: { t, key, version, by }. */
+    this.bumps = []
+    this.nextSlot = 1
+  }
+
+  read(key) {
+    return this.versions.get(key)
+  }
+
+  beginWrite(key, owner, n) {
+    const q = this.queues.get(key)
+    const slot = this.nextSlot++
+    return new Promise((resolve) => {
+      const grant = () => {
+        let version = this.versions.get(key)
+        for (let i = 0; i < n; i++) {
+          version++
+          this.versions.set(key, version)
+          this.bumps.push({ t: Date.now(), key, version, by: owner })
+        }
+        resolve({ version, slot })
+      }
+      q.push({ slot, owner, grant })
+      if (q.length === 1) grant()
+    })
+  }
+
+  endWrite(key, slot) {
+    const q = this.queues.get(key)
+    const i = q.findIndex((e) => e.slot === slot)
+    if (i < 0) return
+    q.splice(i, 1)
+    if (i === 0 && q.length > 0) q[0].grant()
+  }
+
+  /** A worker died: free the slots it held or waited for, so the others go on. */
+  releaseAll(owner) {
+    for (const [key, q] of this.queues) {
+      for (const e of q.filter((x) => x.owner === owner)) this.endWrite(key, e.slot)
+    }
+  }
+
+  /** The version a key had at time `t` (bumps are stamped before the writer hears of them). */
+  versionAt(key, t) {
+    let v = 1
+    for (const b of this.bumps) if (b.key === key && b.t <= t) v = Math.max(v, b.version)
+    return v
+  }
+}
+
+/** Answers one worker's database requests (messages without `id`: CacheWorker ignores them). */
+function serveDatabase(worker, db) {
+  worker.child.on('message', async (msg) => {
+    if (!msg || msg.type !== 'db') return
+    let reply
+    if (msg.op === 'read') reply = { version: db.read(msg.key) }
+    else if (msg.op === 'beginWrite') reply = await db.beginWrite(msg.key, worker.name, msg.n ?? 1)
+    else if (msg.op === 'endWrite') reply = (db.endWrite(msg.key, msg.slot), {})
+    else return
+    try {
+      if (worker.child.connected) worker.child.send({ type: 'dbReply', rid: msg.rid, ...reply })
+    } catch {
+      // the worker is gone; its exit is reported elsewhere
+    }
+  })
+  worker.exited.then(() => db.releaseAll(worker.name))
+}
+
+// ---- faults ----------------------------------------------------------------------------------
+
+const FAULT_WEIGHTS = { 'kill-normal': 3, 'kill-pubsub': 2, pause: 3, restart: 2 }
+
+/**
+ * Seeded faults until `until`, one at a time, 150-700 ms apart. Leaves Redis running and resumed.
+ * Each fault is recorded as { kind, start, end, ... } in `faults`.
+ */
+async function injectFaults({ redis, rand, until, faults }) {
+  for (;;) {
+    await sleep(rand.int(150, 700))
+    if (Date.now() >= until) break
+    const kind = rand.weighted(FAULT_WEIGHTS)
+    // Drawn whatever the kind, so one seed gives one sequence of faults.
+    const pauseMs = rand.int(200, 1_500)
+    const signal = rand.next() < 0.5 ? 'SIGTERM' : 'SIGKILL'
+    const f = { kind, start: Date.now(), end: null }
+    faults.push(f)
+    try {
+      if (kind === 'kill-normal') f.killed = await redis.cmd('CLIENT', 'KILL', 'TYPE', 'normal')
+      else if (kind === 'kill-pubsub') f.killed = await redis.cmd('CLIENT', 'KILL', 'TYPE', 'pubsub')
+      else if (kind === 'pause') {
+        f.ms = pauseMs
+        redis.pause()
+        await sleep(pauseMs)
+        redis.resume()
+      } else {
+        f.signal = signal
+        await redis.restart(signal)
+      }
+    } catch (err) {
+      f.error = err.message
+      redis.resume()
+      if (!redis.proc) await redis.start()
+    }
+    f.end = Date.now()
+  }
+}
+
+// ---- one run ---------------------------------------------------------------------------------
+
+const DEFAULTS = {
+  workers: 3,
+  /** Client loops per worker. */
+  clients: 3,
+  keys: 5,
+  /** How long the clients issue operations (faults stop with them). */
+  durationMs: 6_000,
+  /** Each worker's ttl is drawn from this range; jitter stays at its default (0.1). */
+  ttl: [300, 800],
+  hardTtl: 3_000,
+  lockTtl: 1_000,
+  loadTimeout: 2_000,
+  faults: true,
+  /** The pub/sub bound of API.md ("Redis": 100 ms), with room for a loaded machine. */
+  busBoundMs: 500,
+  /** Called with progress lines (the soak prints them with --verbose). */
+  log: () => {},
+}
+const JITTER = 0.1
+
+/**
+ * Runs one seeded history and checks it. Resolves with the record: { seed, t0, keys, config,
+ * ops, loads, bumps, faults, finals, redisBefore, redisAfter, reports, violations, ... }.
+ * Never leaves a process behind.
+ */
+async function runHistory(options = {}) {
+  const o = { ...DEFAULTS, ...options }
+  const seed = o.seed >>> 0
+  const rand = makeRand(streamSeed(seed, 'config'))
+  const keys = Array.from({ length: o.keys }, (_, i) => `k${i}`)
+  const cfg = {
+    maxLoadMs: 300,
+    maxGapMs: 40,
+    loadTimeout: o.loadTimeout,
+    // A call that takes longer has hung: a load (loadTimeout) after a lock wait (lockTtl), plus a
+    // few seconds for Redis timeouts, reconnects and a loaded machine.
+    hangBound: o.loadTimeout + o.lockTtl + 4_000,
+    // A write retried for this long without resolving, with the faults over long since, is lost.
+    writeGiveUpMs: 20_000,
+  }
+  const namespace = `hist${seed}p${process.pid}`
+  const db = new Database(keys)
+  const h = {
+    seed,
+    keys,
+    namespace,
+    cfg,
+    startedAt: Date.now(),
+    t0: null,
+    config: [],
+    ops: [],
+    loads: [],
+    faults: [],
+    finals: [],
+    bumps: db.bumps,
+    db: null,
+    redisBefore: null,
+    redisAfter: null,
+    reports: [],
+    workerErrors: [],
+    loadTimeoutSupported: true,
+    violations: [],
+  }
+  const redis = new RedisServer()
+  const workers = []
+  try {
+    await redis.start()
+    for (let i = 0; i < o.workers; i++) {
+      const name = `w${i}`
+      const cache = { redis: redis.url, namespace, ttl: rand.int(o.ttl[0], o.ttl[1]), hardTtl: o.hardTtl, lockTtl: o.lockTtl, loadTimeout: o.loadTimeout }
+      h.config.push({ name, ...cache })
+      const w = new CacheWorker(name, { name, cache }, { script: WORKER_SCRIPT })
+      workers.push(w)
+      serveDatabase(w, db)
+    }
+    await Promise.all(workers.map((w) => w.hello))
+    const maxTtl = Math.max(...h.config.map((c) => c.ttl))
+    o.log(`seed ${seed}: redis :${redis.port}, ${o.workers} workers (ttl ${h.config.map((c) => c.ttl).join('/')} ms), keys ${keys.join(' ')}`)
+
+    h.t0 = Date.now() + 300
+    const runTimeout = o.durationMs + 2 * cfg.hangBound + cfg.writeGiveUpMs + 10_000
+    const runs = workers.map((w, i) =>
+      w.request(
+        'run',
+        {
+          startAt: h.t0,
+          durationMs: o.durationMs,
+          seeds: Array.from({ length: o.clients }, (_, c) => streamSeed(seed, `client ${i}.${c}`)),
+          keys,
+          cfg,
+        },
+        { timeout: runTimeout },
+      ),
+    )
+    // Settles with the injector's error (or null), so a failure waits for the workers' runs.
+    const faulting = o.faults
+      ? sleep(h.t0 - Date.now())
+          .then(() => injectFaults({ redis, rand: makeRand(streamSeed(seed, 'faults')), until: h.t0 + o.durationMs, faults: h.faults }))
+          .then(() => null, (err) => err)
+      : Promise.resolve(null)
+    const results = await Promise.allSettled(runs)
+    const faultError = await faulting
+    if (faultError) throw faultError
+    results.forEach((r, i) => {
+      if (r.status === 'fulfilled') {
+        h.ops.push(...r.value.ops)
+        h.loads.push(...r.value.loads)
+        if (!r.value.loadTimeoutSupported) h.loadTimeoutSupported = false
+      } else {
+        h.workerErrors.push({ proc: workers[i].name, phase: 'run', message: r.reason.message, exit: workers[i].exitInfo })
+      }
+    })
+    h.opsEndedAt = Date.now()
+    o.log(`seed ${seed}: ${h.ops.length} operations, ${h.faults.length} faults; settling`)
+
+    // Settle: Redis answers, background refreshes end, then the bus bound and the longest ttl
+    // (with jitter) pass. No operation and no fault runs from here on.
+    redis.resume()
+    if (!redis.proc) await redis.start()
+    await waitFor(() => redis.cmd('PING').then((r) => r === 'PONG', () => false), { timeout: 15_000, what: 'Redis to answer PING' })
+    const live = workers.filter((w) => !w.exitInfo)
+    const settles = await Promise.allSettled(live.map((w) => w.request('settle', {}, { timeout: cfg.hangBound + 5_000 })))
+    settles.forEach((r, i) => {
+      if (r.status === 'rejected') h.workerErrors.push({ proc: live[i].name, phase: 'settle', message: r.reason.message })
+    })
+    await sleep(o.busBoundMs + Math.ceil(maxTtl * (1 + JITTER)))
+    h.db = Object.fromEntries(db.versions)
+    h.checkedAt = Date.now()
+
+    h.redisBefore = await envelopes(redis, namespace, keys)
+    const finals = await Promise.allSettled(live.map((w) => w.request('final', { keys, cfg }, { timeout: keys.length * cfg.hangBound + 5_000 })))
+    finals.forEach((r, i) => {
+      if (r.status === 'fulfilled') {
+        h.finals.push(...r.value.finals)
+      } else {
+        h.workerErrors.push({ proc: live[i].name, phase: 'final', message: r.reason.message })
+      }
+    })
+    h.redisAfter = await envelopes(redis, namespace, keys)
+    const reports = await Promise.allSettled(live.map((w) => w.request('report', {}, { timeout: 5_000 })))
+    for (const r of reports) if (r.status === 'fulfilled') h.reports.push(r.value)
+    // The full records: loader calls and late settlements that ended after `run` returned. A
+    // worker that cannot answer keeps what its `run` returned.
+    const full = await Promise.allSettled(live.map((w) => w.request('history', {}, { timeout: 5_000 })))
+    full.forEach((r, i) => {
+      if (r.status !== 'fulfilled') return
+      const proc = live[i].name
+      h.ops = [...h.ops.filter((x) => x.proc !== proc), ...r.value.ops.filter((x) => x.client !== 'final')]
+      h.loads = [...h.loads.filter((x) => x.proc !== proc), ...r.value.loads]
+    })
+  } finally {
+    await Promise.all(workers.map((w) => w.kill('SIGKILL')))
+    await redis.dispose()
+  }
+  h.endedAt = Date.now()
+  h.violations = checkHistory(h)
+  return h
+}
+
+/** key -> { raw, v } of each value key in Redis now (v: the version, null for none, 'bad' for unreadable). */
+async function envelopes(redis, namespace, keys) {
+  const replies = await redis.pipeline(keys.map((k) => ['GET', `${namespace}:v:{${k}}`]))
+  const out = {}
+  keys.forEach((k, i) => {
+    const raw = replies[i]
+    let v = null
+    if (typeof raw === 'string') {
+      try {
+        const env = JSON.parse(raw)
+        v = env && env.value && Number.isInteger(env.value.v) ? env.value.v : 'bad'
+      } catch {
+        v = 'bad'
+      }
+    } else if (raw !== null) {
+      v = 'bad'
+    }
+    out[k] = { raw: typeof raw === 'string' ? raw.slice(0, 300) : raw, v }
+  })
+  return out
+}
+
+// ---- the checks ------------------------------------------------------------------------------
+
+const READS = new Set(['getOrLoad', 'forceRefresh', 'abortable', 'slow', 'get'])
+const LOADING_READS = new Set(['getOrLoad', 'forceRefresh', 'abortable', 'slow', 'final-getOrLoad'])
+const WRITES = new Set(['set', 'delete', 'set-set'])
+
+/**
+ * The invariants. Returns [{ kind, key, at, message }]:
+ *  hung                 a cache call did not settle within cfg.hangBound (loadTimeout + lockTtl + 4 s)
+ *  read-rejected        a read rejected, except AbortError of a call whose signal the test aborted
+ *                       and ERR_LOAD_TIMEOUT of a call that met a loader the test made slower than
+ *                       loadTimeout (its own, or one in the same process on the same key during it)
+ *  bad-value            a read returned something no loader or writer produced, a getOrLoad
+ *                       resolved with nothing, or a version the database did not have yet
+ *  write-rejected       set/delete rejected with anything but ERR_REDIS
+ *  write-lost           a write retried on ERR_REDIS for cfg.writeGiveUpMs never resolved
+ *  older-after-own-write  a process whose write of version V had resolved later read an older
+ *                       version (getOrLoad 10). A read that may have joined a load of that process
+ *                       already running when the write resolved, and returned what that load read,
+ *                       is not counted: the contract fences what such a load writes, and this test
+ *                       asks no more.
+ *  final-read           after the run settled, an instance's getOrLoad returned another version
+ *                       than the database's
+ *  final-redis          after the run settled (before or after those reads) a value key held
+ *                       another version than the database's (nothing is fine)
+ *  worker-failed        a worker process died or a command to it failed
+ */
+function checkHistory(h) {
+  const out = []
+  const add = (kind, key, at, message, from) => out.push({ kind, key, at, from, message })
+  const db = new Database([])
+  db.bumps = h.bumps
+  const all = [...h.ops, ...h.finals]
+  const fmt = (t) => rel(h, t)
+
+  for (const e of h.workerErrors) add('worker-failed', null, h.checkedAt ?? Date.now(), `${e.proc} ${e.phase}: ${e.message}${e.exit ? ` (exit ${JSON.stringify(e.exit)})` : ''}`)
+
+  for (const op of all) {
+    const where = `${op.proc} #${op.i} ${op.op}(${op.key}) started ${fmt(op.start)}`
+    if (op.outcome === 'hung') {
+      add('hung', op.key, op.start + h.cfg.hangBound, `${where} did not settle within ${h.cfg.hangBound} ms${op.lateEnd ? ` (settled ${op.lateEnd - op.start} ms after it started)` : ''}`)
+      continue
+    }
+    if (READS.has(op.op) || op.op === 'final-getOrLoad') {
+      if (op.outcome === 'err') {
+        const aborted = op.op === 'abortable' && op.name === 'AbortError'
+        const timedOut = op.code === 'ERR_LOAD_TIMEOUT' && (op.op === 'slow' || slowLoaderDuring(h, op))
+        if (!aborted && !timedOut) add('read-rejected', op.key, op.end, `${where} rejected: ${op.code ?? op.name}: ${op.message}`)
+        continue
+      }
+      if (op.outcome !== 'ok') continue
+      if (op.v === 'bad') add('bad-value', op.key, op.end, `${where} returned ${op.bad}, which no loader or writer produced`)
+      else if (op.v === 'undefined' && LOADING_READS.has(op.op)) add('bad-value', op.key, op.end, `${where} resolved with undefined; the loader never returns that`)
+      else if (typeof op.v === 'number' && op.v > db.versionAt(op.key, op.end)) {
+        add('bad-value', op.key, op.end, `${where} returned v${op.v} at ${fmt(op.end)}, when the database was at v${db.versionAt(op.key, op.end)}`)
+      }
+    } else if (WRITES.has(op.op)) {
+      if (op.outcome === 'err') add('write-rejected', op.key, op.end, `${where} (v${op.version}) rejected with ${op.code ?? op.name}: ${op.message} (only ERR_REDIS may reject a write)`)
+      else if (op.outcome === 'gave-up') add('write-lost', op.key, op.end, `${where} (v${op.version}) was retried for ${op.end - op.slotAt} ms (${op.attempts.length} attempts) and never resolved; last: ${op.code}`)
+    }
+  }
+
+  // Read-your-writes in the writing process.
+  for (const w of all) {
+    if (!WRITES.has(w.op) || w.outcome !== 'ok') continue
+    const tw = w.resolvedAt
+    for (const r of all) {
+      if (r.proc !== w.proc || r.key !== w.key || !(READS.has(r.op) || r.op === 'final-getOrLoad')) continue
+      if (r.outcome !== 'ok' || typeof r.v !== 'number' || r.start <= tw || r.v >= w.version) continue
+      if (LOADING_READS.has(r.op) && joinedEarlierLoad(h, all, r, tw)) continue
+      add(
+        'older-after-own-write',
+        r.key,
+        r.end,
+        `${r.proc} #${r.i} ${r.op}(${r.key}) started ${fmt(r.start)} returned v${r.v}, after the same process's ${w.op} #${w.i} of v${w.version} resolved at ${fmt(tw)}${suspects(h, r.key, r.v, tw).text}`,
+        w.start,
+      )
+    }
+  }
+
+  // After the run settled.
+  if (h.db) {
+    for (const f of h.finals) {
+      if (f.outcome !== 'ok') continue // reported above
+      if (f.v !== h.db[f.key]) {
+        const entry = f.entry ? ` (before the read its entry was ${f.entry.state}, freshUntil ${fmt(f.entry.freshUntil)}, hardUntil ${fmt(f.entry.hardUntil)})` : ' (no entry before the read)'
+        const who = suspects(h, f.key, f.v, null)
+        add('final-read', f.key, f.end, `${f.proc} getOrLoad(${f.key}) after the run returned ${typeof f.v === 'number' ? `v${f.v}` : f.v}; the database holds v${h.db[f.key]}${entry}${who.text}`, who.from)
+      }
+    }
+    for (const [label, snap] of [['before the final reads', h.redisBefore], ['after the final reads', h.redisAfter]]) {
+      if (!snap) continue
+      for (const key of h.keys) {
+        const { v, raw } = snap[key]
+        if (v !== null && v !== h.db[key]) {
+          const what = v === 'bad' ? `something unreadable: ${raw}` : `v${v}`
+          const who = suspects(h, key, v, null)
+          add('final-redis', key, label.startsWith('before') ? h.checkedAt : h.endedAt, `Redis ${h.namespace}:v:{${key}} ${label} holds ${what}; the database holds v${h.db[key]}${who.text}`, who.from)
+        }
+      }
+    }
+  }
+  return out
+}
+
+/**
+ * Where an obsolete v of `key` may have come from: loader calls (any process) that read v and ended
+ * after the database had moved past v (their snapshot was overtaken while they ran; fencing must
+ * keep such a result out of every tier), last first; `since`: only those ending after it.
+ * Returns { text, from: the earliest one's start, for the history window }.
+ */
+function suspects(h, key, v, since) {
+  const none = { text: '', from: undefined }
+  if (typeof v !== 'number') return none
+  const overtaken = h.bumps.find((b) => b.key === key && b.version === v + 1)
+  if (!overtaken) return none
+  const found = h.loads
+    .filter((l) => l.key === key && l.read === v && (l.end ?? Infinity) > overtaken.t && (since === null || (l.end ?? Infinity) > since))
+    .sort((a, b) => (b.end ?? Infinity) - (a.end ?? Infinity))
+    .slice(0, 3)
+  if (found.length === 0) return none
+  const list = found.map((l) => `${l.proc} loader (op #${l.op}) ${span(h, l.start, l.end)}${l.slow ? ' slow' : ''}${l.stale !== undefined ? ' refresh' : ''}`)
+  return {
+    text: `. Loads that read v${v} and outlived it (v${v + 1} at ${rel(h, overtaken.t)}): ${list.join('; ')}`,
+    from: Math.min(...found.map((l) => l.start)),
+  }
+}
+
+/** A loader slower than loadTimeout ran in op's process on op's key while op waited. */
+function slowLoaderDuring(h, op) {
+  return h.loads.some((l) => l.slow && l.proc === op.proc && l.key === op.key && l.start <= op.end && (l.end ?? Infinity) >= op.start)
+}
+
+/**
+ * `r` may have joined a load of its process that was running when the write resolved (at `tw`)
+ * and returned what that load read: a loader call that started before tw and read r.v, or a
+ * getOrLoad call that started before tw and resolved with r.v, still running when r started.
+ */
+function joinedEarlierLoad(h, all, r, tw) {
+  const sameLoad = (x) => x.proc === r.proc && x.key === r.key && x.start < tw
+  if (h.loads.some((l) => sameLoad(l) && l.read === r.v && (l.end ?? Infinity) >= r.start)) return true
+  return all.some((g) => g !== r && LOADING_READS.has(g.op) && sameLoad(g) && g.v === r.v && (g.end ?? Infinity) >= r.start)
+}
+
+// ---- reports ---------------------------------------------------------------------------------
+
+function rel(h, t) {
+  if (t === null || t === undefined) return '?'
+  const ms = t - (h.t0 ?? h.startedAt)
+  return `${ms >= 0 ? '+' : ''}${ms}ms`
+}
+
+function span(h, a, b) {
+  return `[${rel(h, a)}..${b === null || b === undefined ? 'unfinished' : rel(h, b)}]`
+}
+
+function describeOp(h, op) {
+  const head = `${op.proc}.${op.client} #${op.i} ${op.op} ${op.key} ${span(h, op.start, op.end)}`
+  if (WRITES.has(op.op)) {
+    const attempts = (op.attempts ?? []).map((a) => `${a.outcomes.join('+')}${span(h, a.start, a.end)}`).join(', ')
+    const versions = op.op === 'set-set' ? `v${op.version - 1},v${op.version}` : op.op === 'set' ? `v${op.version}` : `(db v${op.version})`
+    return `${head} ${versions} slot at ${rel(h, op.slotAt)} -> ${op.outcome}; attempts: ${attempts}`
+  }
+  let result
+  if (op.outcome === 'ok') result = typeof op.v === 'number' ? `v${op.v}` : op.v === 'bad' ? `BAD ${op.bad}` : op.v
+  else if (op.outcome === 'err') result = `rejected ${op.code ?? op.name}`
+  else result = op.outcome
+  const extra = [
+    op.delay !== undefined ? `its loader would take ${op.delay} ms` : null,
+    op.abortAfter !== undefined ? `abort at ${op.abortAfter} ms` : null,
+    op.entry ? `entry ${op.entry.state}` : null,
+  ].filter(Boolean)
+  return `${head} -> ${result}${extra.length ? ` (${extra.join(', ')})` : ''}`
+}
+
+/**
+ * The history of `key` across processes from `from` (or as far back as `n` events go) to `until`
+ * (+100 ms), at most `n` events: when more, the first quarter and the last three quarters.
+ */
+function historyOf(h, key, until, n = 40, from = null) {
+  const events = []
+  for (const b of h.bumps) if (b.key === key) events.push({ t: b.t, text: `db       ${key} := v${b.version} (writer in ${b.by})` })
+  for (const op of [...h.ops, ...h.finals]) if (op.key === key) events.push({ t: op.start, text: describeOp(h, op) })
+  for (const l of h.loads) {
+    if (l.key !== key) continue
+    const flags = [l.slow ? 'slow' : null, l.stale !== undefined ? `stale v${l.stale}` : null, l.abortedAt ? `signal aborted ${rel(h, l.abortedAt)}` : null].filter(Boolean)
+    events.push({ t: l.start, text: `loader   ${l.proc} (op #${l.op}) ${key} ${span(h, l.start, l.end)} read v${l.read} at ${rel(h, l.readAt)}${flags.length ? ` (${flags.join(', ')})` : ''}` })
+  }
+  for (const f of h.faults) {
+    const what = f.kind === 'pause' ? `pause ${f.ms} ms` : f.kind === 'restart' ? `restart ${f.signal}` : `${f.kind} (${f.killed ?? '?'} clients)`
+    events.push({ t: f.start, text: `FAULT    ${what} ${span(h, f.start, f.end)}${f.error ? ` error: ${f.error}` : ''}` })
+  }
+  for (const r of h.reports) {
+    for (const e of r.errors.samples) if (e.key === key) events.push({ t: e.at, text: `onError  ${r.proc} ${e.op} ${e.code}: ${e.message}` })
+  }
+  const limit = (until ?? Infinity) + 100
+  const start = from === null ? -Infinity : from - 300
+  const all = events.filter((e) => e.t <= limit && e.t >= start).sort((a, b) => a.t - b.t)
+  const line = (e) => `  ${rel(h, e.t).padStart(9)}  ${e.text}`
+  if (all.length <= n) return all.map(line)
+  if (from === null) return all.slice(-n).map(line)
+  const head = Math.floor(n / 4)
+  return [...all.slice(0, head).map(line), `  ... ${all.length - n} events ...`, ...all.slice(-(n - head)).map(line)]
+}
+
+/** One violation, with the seed, how to replay it and the key's history. */
+function formatViolation(h, v, { historyLines = 40 } = {}) {
+  const lines = [`[seed ${h.seed}] ${v.kind}: ${v.message}`, `  replay: npm run soak -- --seed ${h.seed}`]
+  if (v.key) {
+    lines.push(`  history of ${v.key} (ms from the run's start; db = the database; writers hold a per-key slot):`)
+    lines.push(...historyOf(h, v.key, v.at, historyLines, v.from ?? null))
+  }
+  return lines.join('\n')
+}
+
+/** Every violation kind with its count, and the first `max` in full. */
+function formatViolations(h, { max = 4, historyLines = 40 } = {}) {
+  if (h.violations.length === 0) return `[seed ${h.seed}] no violation`
+  const byKind = countBy(h.violations, (v) => v.kind)
+  const head = `[seed ${h.seed}] ${h.violations.length} violation(s): ${Object.entries(byKind).map(([k, n]) => `${k} x${n}`).join(', ')}`
+  // The first of each kind first, so one noisy kind does not hide another.
+  const firsts = Object.keys(byKind).map((k) => h.violations.find((v) => v.kind === k))
+  const rest = h.violations.filter((v) => !firsts.includes(v))
+  const shown = [...firsts, ...rest].slice(0, max)
+  return [head, ...shown.map((v) => formatViolation(h, v, { historyLines })), h.violations.length > max ? `  ... and ${h.violations.length - max} more` : ''].filter(Boolean).join('\n')
+}
+
+function countBy(items, fn) {
+  const out = {}
+  for (const x of items) {
+    const k = fn(x)
+    out[k] = (out[k] ?? 0) + 1
+  }
+  return out
+}
+
+/** One line: operations, faults, loader calls, writes that needed retries, violations. */
+function summarize(h) {
+  const ops = h.ops.length
+  const faults = countBy(h.faults, (f) => f.kind)
+  const retried = h.ops.filter((o) => WRITES.has(o.op) && (o.attempts?.length ?? 0) > 1).length
+  const rejectedWrites = h.ops.filter((o) => WRITES.has(o.op) && (o.attempts ?? []).some((a) => a.outcomes.some((x) => x === 'ERR_REDIS'))).length
+  const redisErrors = h.reports.reduce((s, r) => s + (r.stats?.redisErrors ?? 0), 0)
+  return (
+    `seed ${h.seed}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
+    `${h.loads.length} loader calls, ${h.faults.length} faults (${Object.entries(faults).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'}), ` +
+    `redisErrors ${redisErrors}, ${h.violations.length} violations${h.loadTimeoutSupported ? '' : ' [this build refuses loadTimeout: ran without it]'} ` +
+    `(${((h.endedAt - h.startedAt) / 1000).toFixed(1)} s)`
+  )
+}
+
+module.exports = { mulberry32, streamSeed, makeRand, runHistory, checkHistory, formatViolation, formatViolations, summarize, historyOf, countBy, DEFAULTS }

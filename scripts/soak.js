@@ -1,0 +1,154 @@
+#!/usr/bin/env node
+'use strict'
+// The soak of issue 8's randomized history test: many seeds of __test__/helpers/history.js, each a
+// private redis-server, 3 worker processes, a versioned database and seeded faults (see there).
+//
+//   npm run soak                          seeds from a random start, for 5 minutes
+//   npm run soak -- --seeds 50            50 seeds (no time limit unless --minutes is given too)
+//   npm run soak -- --minutes 20          as many seeds as fit in 20 minutes
+//   npm run soak -- --seed 123 --repeat 5 replay one seed 5 times (a seed fixes the operations and
+//                                         the faults, not the interleaving)
+//   --first S        start at seed S (then S+1, ...) instead of a random one
+//   --duration MS    how long each run's clients and faults go on (default 6000)
+//   --out DIR        write the full history (JSON) of every run with a violation there
+//   --verbose        print each run's progress and every violation kind in full
+//
+// Prints one line per run, the violations found (with seed and the key's history), and a summary
+// (seeds run, operations, faults injected, violations by kind with their seeds). Exits 1 on any
+// violation, 2 on a bad argument.
+
+const fs = require('node:fs')
+const path = require('node:path')
+
+const state = { startedAt: Date.now(), runs: [], interrupted: false }
+
+// Registered before the helpers' own handler (which kills the children and exits), so an
+// interrupted soak still prints what it found.
+process.once('SIGINT', () => {
+  state.interrupted = true
+  printSummary()
+})
+
+const { runHistory, formatViolations, summarize, countBy, DEFAULTS } = require('../__test__/helpers/history')
+
+function usage(message) {
+  if (message) console.error(`soak: ${message}`)
+  console.error('usage: node scripts/soak.js [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--verbose]')
+  process.exit(2)
+}
+
+function parseArgs(argv) {
+  const args = { seeds: null, minutes: null, seed: null, repeat: 1, first: null, duration: DEFAULTS.durationMs, out: null, verbose: false }
+  const number = (name, v, { integer = true, min = 0 } = {}) => {
+    const n = Number(v)
+    if (v === undefined || !Number.isFinite(n) || (integer && !Number.isInteger(n)) || n < min) usage(`--${name} needs a number >= ${min}, got ${v}`)
+    return n
+  }
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]
+    const [flag, inline] = a.includes('=') ? a.split(/=(.*)/s) : [a, undefined]
+    const value = () => (inline !== undefined ? inline : argv[++i])
+    switch (flag) {
+      case '--seeds':
+        args.seeds = number('seeds', value(), { min: 1 })
+        break
+      case '--minutes':
+        args.minutes = number('minutes', value(), { integer: false, min: 0.01 })
+        break
+      case '--seed':
+        args.seed = number('seed', value()) >>> 0
+        break
+      case '--repeat':
+        args.repeat = number('repeat', value(), { min: 1 })
+        break
+      case '--first':
+        args.first = number('first', value()) >>> 0
+        break
+      case '--duration':
+        args.duration = number('duration', value(), { min: 1_000 })
+        break
+      case '--out':
+        args.out = value()
+        if (!args.out) usage('--out needs a directory')
+        break
+      case '--verbose':
+        args.verbose = true
+        break
+      case '--help':
+      case '-h':
+        usage()
+        break
+      default:
+        usage(`unknown argument ${a}`)
+    }
+  }
+  if (args.seed === null && args.seeds === null && args.minutes === null) args.minutes = 5
+  return args
+}
+
+function printSummary() {
+  const runs = state.runs
+  const minutes = (Date.now() - state.startedAt) / 60_000
+  const ops = runs.reduce((s, h) => s + h.ops.length, 0)
+  const faults = runs.flatMap((h) => h.faults)
+  const byKind = {}
+  for (const h of runs) {
+    for (const v of h.violations) {
+      byKind[v.kind] ??= { count: 0, seeds: new Set() }
+      byKind[v.kind].count++
+      byKind[v.kind].seeds.add(h.seed)
+    }
+  }
+  const failing = [...new Set(runs.filter((h) => h.violations.length > 0).map((h) => h.seed))]
+  const noLoadTimeout = runs.some((h) => !h.loadTimeoutSupported)
+  console.log('')
+  console.log(`soak summary${state.interrupted ? ' (interrupted)' : ''}`)
+  console.log(`  runs:       ${runs.length} (${new Set(runs.map((h) => h.seed)).size} seeds) in ${minutes.toFixed(1)} min`)
+  console.log(`  operations: ${ops} (${runs.reduce((s, h) => s + h.loads.length, 0)} loader calls)`)
+  console.log(`  faults:     ${faults.length} (${Object.entries(countBy(faults, (f) => f.kind)).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'})`)
+  if (noLoadTimeout) console.log('  note:       this build refuses the loadTimeout option; runs went without it')
+  if (failing.length === 0) {
+    console.log('  violations: none')
+  } else {
+    console.log(`  violations: ${runs.reduce((s, h) => s + h.violations.length, 0)} in ${failing.length} seed(s)`)
+    for (const [kind, { count, seeds }] of Object.entries(byKind)) {
+      const list = [...seeds]
+      console.log(`    ${kind} x${count} in seeds ${list.slice(0, 20).join(' ')}${list.length > 20 ? ` (+${list.length - 20})` : ''}`)
+    }
+    console.log(`  replay:     npm run soak -- --seed ${failing[0]} --repeat 3`)
+  }
+}
+
+async function main() {
+  const args = parseArgs(process.argv.slice(2))
+  const deadline = args.minutes === null ? Infinity : state.startedAt + args.minutes * 60_000
+  const maxRuns = args.seed !== null ? args.repeat : args.seeds ?? Infinity
+  const first = args.seed ?? args.first ?? Math.floor(Math.random() * 2 ** 31)
+  if (args.out) fs.mkdirSync(args.out, { recursive: true })
+  console.log(
+    args.seed !== null
+      ? `soak: replaying seed ${args.seed} ${args.repeat} time(s)`
+      : `soak: seeds from ${first}${maxRuns !== Infinity ? `, ${maxRuns} of them` : ''}${deadline !== Infinity ? `, for ${args.minutes} min` : ''}`,
+  )
+  for (let i = 0; i < maxRuns && Date.now() < deadline && !state.interrupted; i++) {
+    const seed = args.seed !== null ? args.seed : (first + i) >>> 0
+    const h = await runHistory({ seed, durationMs: args.duration, log: args.verbose ? (line) => console.log(`  ${line}`) : () => {} })
+    state.runs.push(h)
+    console.log(summarize(h))
+    if (h.violations.length > 0) {
+      console.log(formatViolations(h, { max: args.verbose ? 20 : 3, historyLines: args.verbose ? 80 : 40 }))
+      if (args.out) {
+        const file = path.join(args.out, `history-seed${seed}-${state.runs.length}.json`)
+        fs.writeFileSync(file, JSON.stringify(h, null, 1))
+        console.log(`  full history: ${file}`)
+      }
+    }
+  }
+  printSummary()
+  process.exitCode = state.runs.some((h) => h.violations.length > 0) ? 1 : 0
+}
+
+main().catch((err) => {
+  console.error(err)
+  process.exit(1)
+})
