@@ -110,12 +110,14 @@ mod tests {
     fn upper_bound_is_never_behind_the_precise_clock() {
         let c = SystemClock;
         for _ in 0..200_000 {
-            let bound = c.upper_bound_ms();
+            // The precise clock first: time only moves on, so a bound read after it must cover
+            // it (within float rounding of epoch ms). Read the other way round, a preemption
+            // between the two reads (a loaded machine) would fail the test, not the code.
             let now = c.now_ms();
-            // The bound was read first, so it must already cover the later precise reading
-            // (within float rounding of epoch ms).
+            let bound = c.upper_bound_ms();
             assert!(bound + 1e-3 >= now, "bound {bound} < now {now}");
-            assert!(bound - now < 100.0, "bound {bound} is far ahead of {now}");
+            let after = c.now_ms();
+            assert!(bound - after < 100.0, "bound {bound} is far ahead of {after}");
         }
     }
 }
