@@ -65,14 +65,21 @@ const engine = {
   getEntry: fromNative(native.getEntry),
   inspectEntry: fromNative(native.inspectEntry),
 }
-const { peek, beginRefresh, complete, fail, stats, closeEngine, debugCounts, engineId, noteLoaderCall } = native
-const { redisGate, redisFetch, adopt, abandon, storeWritten, redisFailed, redisDelete, takeRedisReports, hasRedis } = native
+const { peek, beginRefresh, complete, fail, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
+const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 
 const STEP_SERVE = 0
 const STEP_LEAD = 1
-// Redis answers (src/node/mod.rs).
+// Redis answers (src/node/redis.rs).
 const GATE_FOUND = 0
 const GATE_SKIP = 2
+const GATE_CLOSED = 5
+// What became of a write-back: 0 means Redis holds something newer (keep nothing).
+const DROPPED = 0
+// redisWrite: Redis could not take the change.
+const REDIS_UNAVAILABLE = -1
+// Index of loadTimeout in a resolved policy (src/node/mod.rs, policy_vec).
+const POLICY_LOAD_TIMEOUT = 5
 // What a flight is for.
 const COLD = 0
 const REFRESH = 1
@@ -89,6 +96,10 @@ function invalidOption(name, why) {
 
 function closedError() {
   return new StampedeCacheError('ERR_CLOSED', 'the cache is closed')
+}
+
+function redisError(op) {
+  return new StampedeCacheError('ERR_REDIS', `Redis could not take the ${op}: it is applied in this process only (see onError for why)`)
 }
 
 function abortError(signal) {
@@ -150,8 +161,12 @@ class StampedeCache {
   #flights = new Map()
   /** Background refreshes not yet ended, for settle(). */
   #background = new Set()
-  /** Aborted by close(): every loader's ctx.signal. */
-  #abort = new AbortController()
+  /** Redis locks held by running loads, by flight: [key, token] (close() releases them). */
+  #held = new Map()
+  /** Per running loader, what aborts its ctx.signal (close() aborts them all). */
+  #loads = new Set()
+  /** The constructor's loadTimeout (ms; Infinity for none). */
+  #loadTimeout
   #closed = false
   /** Redis configured: loads go through the Redis tier (lock, bus, shared envelopes). */
   #redis = false
@@ -169,6 +184,7 @@ class StampedeCache {
     this.#token = engine.create(options)
     this.#id = engineId(this.#token)
     this.#redis = hasRedis(this.#id)
+    this.#loadTimeout = defaultPolicy(this.#id)[POLICY_LOAD_TIMEOUT]
     this.#waitUntil = waitUntil
     this.#onError = onError
   }
@@ -240,9 +256,9 @@ class StampedeCache {
 
   // One flight: ask Redis first (if configured), then call the loader if still needed.
   async #runFlight(k, flight, loader, policy, stale, purpose, waitUntil) {
-    let token = null
-    if (this.#redis && purpose !== FORCE) {
-      const gate = await redisGate(this.#id, k, purpose === REFRESH)
+    let gate = null
+    if (this.#redis) {
+      gate = await redisGate(this.#id, k, purpose)
       this.#drainRedisReports()
       if (gate.kind === GATE_FOUND) {
         this.#flights.delete(flight)
@@ -259,9 +275,13 @@ class StampedeCache {
         abandon(this.#id, k, flight)
         return stale
       }
-      token = gate.token ?? null
+      if (gate.kind === GATE_CLOSED) {
+        this.#flights.delete(flight)
+        throw closedError()
+      }
     }
-    return this.#runLoader(k, flight, loader, policy, stale, token)
+    if (gate?.token) this.#held.set(flight, [k, gate.token])
+    return this.#runLoader(k, flight, loader, policy, stale, purpose, gate)
   }
 
   // Takes an envelope read from Redis into the in-process tier; returns its value.
@@ -282,14 +302,19 @@ class StampedeCache {
     return value
   }
 
-  async #runLoader(k, flight, loader, policy, stale, token) {
+  async #runLoader(k, flight, loader, policy, stale, purpose, gate) {
+    const token = gate?.token ?? null
     noteLoaderCall(this.#id, k, flight)
     const started = performance.now()
     let value
     try {
-      value = await loader({ key: k, stale, signal: this.#abort.signal })
+      value = await this.#callLoader(k, loader, stale, policy)
     } catch (err) {
       await this.#loadFailed(k, flight, token)
+      // A caller that has a value (forceRefresh of a live entry) gets it instead of a timeout.
+      if (err instanceof StampedeCacheError && err.code === 'ERR_LOAD_TIMEOUT' && purpose === FORCE && stale !== undefined) {
+        return stale
+      }
       throw err
     }
     const computeMs = performance.now() - started
@@ -301,16 +326,55 @@ class StampedeCache {
       await this.#loadFailed(k, flight, token)
       throw err
     }
-    this.#flights.delete(flight)
-    const slot = complete(this.#id, k, flight, computeMs, stored === null || stored === undefined, policy)
+    const negative = stored === null || stored === undefined
+    let slot
+    if (this.#redis) {
+      this.#held.delete(flight)
+      // In Redis (or dropped there as older than what Redis holds, and the lock released)
+      // before any caller sees it; the flight stays open meanwhile so callers keep joining it.
+      const outcome = await writeBack(this.#id, k, flight, computeMs, negative, policy, json, token, gate?.fence ?? null, gate?.fencedAt ?? -1, purpose === FORCE)
+      this.#flights.delete(flight)
+      slot = finishWrite(this.#id, k, flight, outcome !== DROPPED, gate?.stamp ?? -1)
+      this.#drainRedisReports()
+    } else {
+      this.#flights.delete(flight)
+      slot = complete(this.#id, k, flight, computeMs, negative, policy)
+    }
     if (slot >= 0) this.#values[slot] = stored
-    // In Redis (and the lock released) before any caller sees it.
-    if (this.#redis && !(await storeWritten(this.#id, k, json, token))) this.#drainRedisReports()
     return stored
+  }
+
+  // Calls the loader with its context; rejects with ERR_LOAD_TIMEOUT (and aborts ctx.signal)
+  // once it has run for loadTimeout. A late result is ignored by the caller of this.
+  #callLoader(k, loader, stale, policy) {
+    const control = new AbortController()
+    this.#loads.add(control)
+    const timeout = policy === null ? this.#loadTimeout : policy[POLICY_LOAD_TIMEOUT]
+    let timer
+    const loaded = new Promise((resolve, reject) => {
+      if (timeout !== Infinity) {
+        timer = setTimeout(() => {
+          const err = new StampedeCacheError('ERR_LOAD_TIMEOUT', `the loader of ${JSON.stringify(k)} ran longer than loadTimeout (${timeout} ms)`)
+          control.abort(err)
+          reject(err)
+        }, timeout)
+        // An idle cache never keeps the process alive; a loader that does work keeps it alive itself.
+        timer.unref()
+      }
+      // A loader may throw synchronously or return a plain value: both become this promise.
+      Promise.resolve()
+        .then(() => loader({ key: k, stale, signal: control.signal }))
+        .then(resolve, reject)
+    })
+    return loaded.finally(() => {
+      clearTimeout(timer)
+      this.#loads.delete(control)
+    })
   }
 
   async #loadFailed(k, flight, token) {
     this.#flights.delete(flight)
+    this.#held.delete(flight)
     const retryAfter = fail(this.#id, k, flight)
     if (this.#redis && (token !== null || retryAfter > 0)) {
       await redisFailed(this.#id, k, token, retryAfter)
@@ -377,8 +441,9 @@ class StampedeCache {
     if (slot >= 0) this.#values[slot] = stored
     if (!this.#redis) return
     // A zero TTL caches nothing: an older copy in Redis must not come back either.
-    const sent = slot === -2 ? (await redisDelete(this.#id, k)) !== null : await storeWritten(this.#id, k, json, null)
-    if (!sent) this.#drainRedisReports()
+    const sent = await redisWrite(this.#id, k, json, slot === -2)
+    this.#drainRedisReports()
+    if (sent === REDIS_UNAVAILABLE) throw redisError('set')
   }
 
   async delete(key) {
@@ -387,9 +452,10 @@ class StampedeCache {
     const [slot, removed] = engine.deleteEntry(this.#id, k)
     if (slot >= 0) this.#values[slot] = undefined
     if (!this.#redis) return removed === 1
-    const removedRemote = await redisDelete(this.#id, k)
+    const removedRemote = await redisWrite(this.#id, k, undefined, true)
     this.#drainRedisReports()
-    return removed === 1 || removedRemote === true
+    if (removedRemote === REDIS_UNAVAILABLE) throw redisError('delete')
+    return removed === 1 || removedRemote === 1
   }
 
   async inspect(key) {
@@ -428,15 +494,17 @@ class StampedeCache {
   async close() {
     if (this.#closed) return
     this.#closed = true
-    closeEngine(this.#id)
+    closeEngine(this.#id, [...this.#held.values()])
+    this.#held.clear()
     this.#values = []
-    this.#abort.abort(closedError())
+    for (const control of this.#loads) control.abort(closedError())
+    this.#loads.clear()
   }
 
   /** For tests: loads in flight (engine and facade) and entries held. Not part of the API. */
   _debugCounts() {
-    const [engineFlights, entries, lockWaiters, unsentWrites] = debugCounts(this.#id)
-    return { engineFlights, facadeFlights: this.#flights.size, background: this.#background.size, entries, lockWaiters, unsentWrites }
+    const [engineFlights, entries, lockWaiters, unsentWrites, inboxKeys] = debugCounts(this.#id)
+    return { engineFlights, facadeFlights: this.#flights.size, background: this.#background.size, entries, lockWaiters, unsentWrites, inboxKeys }
   }
 }
 

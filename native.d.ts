@@ -28,11 +28,17 @@ export declare function adopt(id: number, key: string, flight: number, freshUnti
 /** Registers the background refresh a hit asked for: its flight id, or -1 if one already runs. */
 export declare function beginRefresh(id: number, key: string): number
 
-export declare function closeEngine(id: number): void
+/**
+ * Closes the engine. `held` are `[key, token]` of the Redis locks that loads still running
+ * hold: they are released now, in one go, on the tier's connection, which then closes (a load
+ * that ends later writes nothing and needs no connection).
+ */
+export declare function closeEngine(id: number, held?: Array<Array<string>> | undefined | null): void
 
 /**
- * The loader of `flight` returned; the slot to keep the value at, -1 when the in-process tier
- * keeps nothing, -2 when the flight was superseded (its result is written nowhere).
+ * The loader of `flight` returned (a cache without Redis; with Redis, `write_back` then
+ * `finish_write`): the slot to keep the value at, -1 when the in-process tier keeps nothing,
+ * -2 when the flight was superseded (its result is written nowhere).
  */
 export declare function complete(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy?: Array<number> | undefined | null): number
 
@@ -45,8 +51,17 @@ export declare function createEngine(options?: object | undefined | null): Exter
 /** The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or -1. */
 export declare function currentSlot(id: number, key: string): number
 
-/** Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes]`. */
+/**
+ * Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes,
+ * inbox keys]`.
+ */
 export declare function debugCounts(id: number): Array<number>
+
+/**
+ * The constructor's policy, as `resolve_policy` returns a call's (the facade reads its
+ * loadTimeout for calls without options).
+ */
+export declare function defaultPolicy(id: number): Array<number>
 
 /** `[freedSlot or -1, 1 if a live entry was removed else 0]`. */
 export declare function deleteEntry(id: number, key: string): Array<number>
@@ -69,6 +84,12 @@ export interface EntryInfo {
  */
 export declare function fail(id: number, key: string, flight: number): number
 
+/**
+ * Ends `flight` after its write-back: the slot its value goes to, -1 when the in-process tier
+ * keeps nothing, -2 when it is kept nowhere (dropped, superseded, invalidated since `stamp`).
+ */
+export declare function finishWrite(id: number, key: string, flight: number, keep: boolean, stamp: number): number
+
 /** The slot of a fresh, stale or negative entry (never loads), or -1. */
 export declare function getEntry(id: number, key: string): number
 
@@ -89,35 +110,38 @@ export declare function noteLoaderCall(id: number, key: string, flight: number):
 
 /**
  * A Redis answer. `found`: the envelope's times and the value as JSON (`json` absent for a
- * cached `undefined`). `lead`: call the loader, holding the lock if `token` is set.
+ * cached `undefined`). `lead`: call the loader, holding the lock if `token` is set, fenced by
+ * `fence`/`fencedAt` if set (hand them back to `writeBack`).
  */
 export interface RedisAnswer {
   kind: number
   token?: string
+  fence?: string
+  fencedAt: number
   json?: string
   freshUntil: number
   hardUntil: number
   computeMs: number
   negative: boolean
   retryAfter: number
-  /** The key's invalidation stamp before the read (hand it back to `adopt`); -1 for none. */
+  /**
+   * The key's invalidation stamp before Redis was asked (hand it back to `adopt` or
+   * `finishWrite`); -1 for none.
+   */
   stamp: number
 }
 
-/** Deletes the key in Redis and announces it: true/false, or null when Redis was unavailable. */
-export declare function redisDelete(id: number, key: string): Promise<boolean | undefined | null>
-
 /**
- * A load holding `token` failed: release the lock (a cold load announces it, so waiters take
- * over at once); a failed refresh first records `retry_after` in the Redis envelope.
+ * A load holding `token` failed or timed out: release the lock (announcing it, so waiters
+ * take over at once); a failed refresh first records `retry_after` in the Redis envelope.
  */
 export declare function redisFailed(id: number, key: string, token: string | undefined | null, retryAfter: number): Promise<undefined>
 
 /** Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. */
 export declare function redisFetch(id: number, key: string): Promise<RedisAnswer>
 
-/** Asks Redis before a load (`refresh`: a background refresh): found / lead / skip. */
-export declare function redisGate(id: number, key: string, refresh: boolean): Promise<RedisAnswer>
+/** Asks Redis before a load (`purpose`: cold, refresh or force): found / lead / skip / closed. */
+export declare function redisGate(id: number, key: string, purpose: number): Promise<RedisAnswer>
 
 export interface RedisReport {
   op: string
@@ -126,8 +150,15 @@ export interface RedisReport {
 }
 
 /**
+ * Sends what `set_entry` just wrote (or, with `delete`, the key's removal) to Redis after this
+ * instance's earlier writes of the key. Resolves 1 when a value key existed before, 0 when not,
+ * -1 when Redis could not take the change.
+ */
+export declare function redisWrite(id: number, key: string, valueJson: string | undefined | null, delete: boolean): Promise<number>
+
+/**
  * Validates a call's options (`getOrLoad` or `set`) and returns the policy its entry is written
- * with: `[ttl, hardTtl, negativeTtl, jitter, beta]`.
+ * with: `[ttl, hardTtl, negativeTtl, jitter, beta, loadTimeout]`.
  */
 export declare function resolvePolicy(id: number, options: object, forSet: boolean): Array<number>
 
@@ -154,12 +185,13 @@ export interface Stats {
   redisErrors: number
 }
 
-/**
- * Sends what `complete`/`set_entry` just wrote to Redis, releasing `token`'s lock; with
- * nothing written (a superseded flight) only releases the lock (announcing, so waiters look
- * again). Resolves false when Redis was unavailable.
- */
-export declare function storeWritten(id: number, key: string, valueJson?: string | undefined | null, token?: string | undefined | null): Promise<boolean>
-
 /** Redis failures waiting for `onError` (already rate-limited). */
 export declare function takeRedisReports(id: number): Array<RedisReport>
+
+/**
+ * The loader of `flight` returned: prepares its entry (the flight stays registered, so callers
+ * keep joining it) and writes it back to Redis, fenced by what the gate read, after this
+ * instance's earlier writes of the key; always releases `token`'s lock. Resolves with what
+ * became of it; then call `finish_write`, whose `keep` is "not dropped".
+ */
+export declare function writeBack(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy: Array<number> | undefined | null, valueJson: string | undefined | null, token: string | undefined | null, fence: string | undefined | null, fencedAt: number, forced: boolean): Promise<number>

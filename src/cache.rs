@@ -252,9 +252,9 @@ impl<C: Clock> Cache<C> {
         }
     }
 
-    /// The loader of flight `id` returned. Writes the entry unless the flight was superseded
-    /// (then `None`: write it nowhere). The written envelope goes to Redis too; its `slot` is
-    /// where the embedder keeps the value (`None`: the in-process tier keeps nothing).
+    /// The loader of flight `id` returned (no Redis tier). Writes the entry unless the flight
+    /// was superseded (then `None`: write it nowhere); its `slot` is where the embedder keeps
+    /// the value (`None`: the in-process tier keeps nothing).
     pub fn complete(
         &mut self,
         key: &str,
@@ -263,11 +263,57 @@ impl<C: Clock> Cache<C> {
         negative: bool,
         policy: &EntryPolicy,
     ) -> Option<Written> {
+        let envelope = self.prepare(key, id, compute_ms, negative, policy)?;
+        let slot = self.finish_write(key, id, envelope, true, None);
+        envelope.map(|envelope| Written { slot, envelope })
+    }
+
+    /// The loader of flight `id` returned: the envelope its result is written with, while the
+    /// flight stays registered (callers keep joining it, not starting another load) until
+    /// [`Cache::finish_write`]. `None`: superseded or closed, write it nowhere; `Some(None)`:
+    /// nothing to cache (a zero TTL), though the flight still ends with `finish_write`.
+    pub fn prepare(
+        &mut self,
+        key: &str,
+        id: FlightId,
+        compute_ms: f64,
+        negative: bool,
+        policy: &EntryPolicy,
+    ) -> Option<Option<Envelope>> {
         self.apply_inbox();
-        if !self.flights.finish(key, id) || self.closed {
+        if self.closed || self.flights.current(key).is_none_or(|f| f.id != id) {
             return None;
         }
-        self.write(key, compute_ms, negative, policy)
+        Some(self.entry_envelope(compute_ms, negative, policy))
+    }
+
+    /// Ends flight `id` once its result was written back (or dropped). The entry is kept in
+    /// process only if `keep` (Redis did not find something newer), the flight is still the
+    /// key's (no `set`/`delete` here since), and no invalidation of the key arrived since
+    /// `stamp` was taken (before the load asked Redis). Returns where the value goes.
+    pub fn finish_write(
+        &mut self,
+        key: &str,
+        id: FlightId,
+        envelope: Option<Envelope>,
+        keep: bool,
+        stamp: Option<Stamp>,
+    ) -> Option<Slot> {
+        self.apply_inbox();
+        if !self.flights.finish(key, id) || self.closed || !keep {
+            return None;
+        }
+        if stamp.is_some_and(|s| s != self.inbox.stamp(key)) {
+            return None;
+        }
+        match envelope {
+            Some(e) => self.store.insert(key, e),
+            None => {
+                // A zero TTL caches nothing, and an older copy must not outlive it.
+                self.store.remove(key);
+                None
+            }
+        }
     }
 
     /// Takes an envelope found in Redis into the in-process tier, ending flight `id` if given.
@@ -305,11 +351,6 @@ impl<C: Clock> Cache<C> {
                 e.envelope.retry_after = e.envelope.retry_after.max(until);
             }
         }
-    }
-
-    /// Drops the key from the in-process tier only (its Redis entry changed elsewhere).
-    pub fn forget(&mut self, key: &str) -> Option<Slot> {
-        self.store.remove(key).map(|e| e.slot)
     }
 
     /// The loader of flight `id` failed (or its value could not be serialized). Nothing is
@@ -354,6 +395,27 @@ impl<C: Clock> Cache<C> {
         negative: bool,
         p: &EntryPolicy,
     ) -> Option<Written> {
+        match self.entry_envelope(compute_ms, negative, p) {
+            Some(envelope) => Some(Written {
+                slot: self.store.insert(key, envelope),
+                envelope,
+            }),
+            None => {
+                // negativeTtl 0 caches no not-found; ttl = hardTtl = 0 caches nothing.
+                self.store.remove(key);
+                None
+            }
+        }
+    }
+
+    /// The envelope of an entry written now (ttls jittered), or `None` when its TTL caches
+    /// nothing.
+    fn entry_envelope(
+        &mut self,
+        compute_ms: f64,
+        negative: bool,
+        p: &EntryPolicy,
+    ) -> Option<Envelope> {
         let factor = if p.jitter > 0.0 {
             jitter::factor(p.jitter, self.rng.random::<f64>())
         } else {
@@ -365,16 +427,15 @@ impl<C: Clock> Cache<C> {
             (p.ttl * factor, p.hard_ttl * factor)
         };
         if hard_ttl <= 0.0 {
-            // negativeTtl 0 caches no not-found; ttl = hardTtl = 0 caches nothing.
-            self.store.remove(key);
             return None;
         }
-        let now = self.clock.now_ms();
-        let envelope = Envelope::new(now, ttl, hard_ttl, compute_ms, negative);
-        Some(Written {
-            slot: self.store.insert(key, envelope),
-            envelope,
-        })
+        Some(Envelope::new(
+            self.clock.now_ms(),
+            ttl,
+            hard_ttl,
+            compute_ms,
+            negative,
+        ))
     }
 
     /// Removes the key and supersedes its flight. Returns the freed slot and whether a live
@@ -826,6 +887,43 @@ mod inbox_tests {
         assert_eq!(c.peek("k", 0.0), None);
         let fresh_stamp = c.inbox().stamp("k");
         assert!(c.adopt("k", None, env, Some(fresh_stamp)).is_some());
+    }
+
+    #[test]
+    fn a_written_back_load_is_kept_only_if_nothing_newer_is_known() {
+        let (mut c, _) = cache();
+        let p = c.options().defaults;
+        let lead = |c: &mut Cache<ManualClock>, key: &str| {
+            let Step::Lead(id) = c.lookup(key, 1.0, false).unwrap() else {
+                panic!()
+            };
+            id
+        };
+        // Kept: Redis took it and nothing was heard since the stamp.
+        let id = lead(&mut c, "a");
+        let stamp = c.inbox().stamp("a");
+        let env = c.prepare("a", id, 1.0, false, &p).unwrap();
+        assert_eq!(c.flights_in_progress(), 1, "callers keep joining while it is written");
+        assert!(c.finish_write("a", id, env, true, Some(stamp)).is_some());
+        assert_eq!(c.flights_in_progress(), 0);
+        // Dropped by Redis (a newer write there): kept nowhere.
+        let id = lead(&mut c, "b");
+        let env = c.prepare("b", id, 1.0, false, &p).unwrap();
+        assert_eq!(c.finish_write("b", id, env, false, None), None);
+        assert_eq!(c.peek("b", 0.0), None);
+        // Another process announced the key while the load ran.
+        let id = lead(&mut c, "c");
+        let stamp = c.inbox().stamp("c");
+        let env = c.prepare("c", id, 1.0, false, &p).unwrap();
+        c.inbox().invalidate("c");
+        assert_eq!(c.finish_write("c", id, env, true, Some(stamp)), None);
+        // A set here while it was written back: the flight was superseded.
+        let id = lead(&mut c, "d");
+        let env = c.prepare("d", id, 1.0, false, &p).unwrap();
+        let slot = c.set("d", false, &p).unwrap().unwrap().slot;
+        assert_eq!(c.finish_write("d", id, env, true, None), None);
+        assert_eq!(c.live_slot("d"), slot, "the set's entry stays");
+        assert_eq!(c.flights_in_progress(), 0);
     }
 
     #[test]

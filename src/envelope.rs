@@ -69,10 +69,15 @@ impl Envelope {
 
     /// The JSON written to Redis. `value_json` is the value already serialized by the caller
     /// (`None`: the loader returned `undefined`), embedded as is, so it is never re-serialized.
-    pub fn encode(&self, value_json: Option<&str>) -> String {
+    /// `generation` (alphanumeric) names this write; it comes first, where the Lua scripts read
+    /// it without parsing the JSON (a load began from another generation is not written back).
+    pub fn encode(&self, value_json: Option<&str>, generation: &str) -> String {
+        debug_assert!(generation.bytes().all(|b| b.is_ascii_alphanumeric()));
         let value = value_json.unwrap_or("null");
-        let mut out = String::with_capacity(value.len() + 96);
-        out.push_str("{\"sc\":1,\"freshUntil\":");
+        let mut out = String::with_capacity(value.len() + 128);
+        out.push_str("{\"sc\":1,\"gen\":\"");
+        out.push_str(generation);
+        out.push_str("\",\"freshUntil\":");
         push_number(&mut out, self.fresh_until);
         out.push_str(",\"hardUntil\":");
         push_number(&mut out, self.hard_until);
@@ -100,6 +105,8 @@ impl Envelope {
         #[serde(rename_all = "camelCase")]
         struct Wire<'a> {
             sc: u32,
+            #[serde(default, borrow)]
+            gen: &'a str,
             fresh_until: f64,
             hard_until: f64,
             compute_ms: f64,
@@ -124,6 +131,7 @@ impl Envelope {
             return None;
         }
         Some(Decoded {
+            generation: wire.gen,
             envelope: Envelope {
                 fresh_until: wire.fresh_until,
                 hard_until: wire.hard_until,
@@ -144,6 +152,8 @@ impl Envelope {
 #[derive(Debug, PartialEq)]
 pub struct Decoded<'a> {
     pub envelope: Envelope,
+    /// The write that made it ('' for none).
+    pub generation: &'a str,
     /// `None` when the cached value is `undefined`.
     pub value_json: Option<&'a str>,
 }
@@ -192,20 +202,22 @@ mod tests {
         let mut e = Envelope::new(1_700_000_000_000.0, 60_000.0, 600_000.0, 12.5, false);
         e.retry_after = 1_700_000_005_000.0;
         let value = r#"{"b":1,"a":[1,2,{"x":"y"}]}"#;
-        let text = e.encode(Some(value));
+        let text = e.encode(Some(value), "g1");
+        assert!(text.starts_with(r#"{"sc":1,"gen":"g1","#), "{text}");
         let back = Envelope::decode(&text).unwrap();
         assert_eq!(back.envelope, e);
         assert_eq!(back.value_json, Some(value));
+        assert_eq!(back.generation, "g1");
     }
 
     #[test]
     fn negative_null_and_undefined_are_distinct() {
         let e = Envelope::new(0.0, 5.0, 5.0, 1.0, true);
-        let null_text = e.encode(Some("null"));
+        let null_text = e.encode(Some("null"), "g");
         let null = Envelope::decode(&null_text).unwrap();
         assert!(null.envelope.negative);
         assert_eq!(null.value_json, Some("null"));
-        let undef_text = e.encode(None);
+        let undef_text = e.encode(None, "g");
         let undef = Envelope::decode(&undef_text).unwrap();
         assert_eq!(undef.value_json, None);
     }

@@ -15,6 +15,10 @@ pub enum ErrorCode {
     ValueNotSerializable,
     /// The cache was closed.
     Closed,
+    /// A load ran longer than its loadTimeout.
+    LoadTimeout,
+    /// Redis could not take a change (`set`, `delete`).
+    Redis,
 }
 
 impl ErrorCode {
@@ -25,6 +29,8 @@ impl ErrorCode {
             ErrorCode::InvalidArgument => "ERR_INVALID_ARGUMENT",
             ErrorCode::ValueNotSerializable => "ERR_VALUE_NOT_SERIALIZABLE",
             ErrorCode::Closed => "ERR_CLOSED",
+            ErrorCode::LoadTimeout => "ERR_LOAD_TIMEOUT",
+            ErrorCode::Redis => "ERR_REDIS",
         }
     }
 }

@@ -4,6 +4,7 @@
 //! relaxed atomic load while nothing is pending.
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -11,6 +12,11 @@ use std::sync::Mutex;
 /// Buckets of invalidation stamps: a key's bucket changes whenever the key (or another key
 /// hashing to the same bucket) is invalidated. A collision only costs a read not being cached.
 const STAMP_BUCKETS: usize = 1024;
+
+/// Distinct keys the inbox holds at most. An idle process (no calls, so nothing applied) that
+/// hears a flood of announcements would otherwise grow without bound; past this, dropping the
+/// whole in-process tier costs less than remembering every key.
+pub const MAX_PENDING_KEYS: usize = 10_000;
 
 /// What a Redis read saw of the invalidations of its key when it was sent; `adopt` compares it
 /// with the current one, so a read answered before an invalidation but delivered after it is
@@ -22,8 +28,8 @@ pub struct Stamp(pub u64);
 pub struct Inbox {
     /// Set whenever `keys` or `clear_all` has something; checked on every read.
     pending: AtomicBool,
-    /// Keys another process replaced or deleted.
-    keys: Mutex<Vec<Box<str>>>,
+    /// Keys another process replaced or deleted, each once, at most MAX_PENDING_KEYS.
+    keys: Mutex<HashSet<Box<str>>>,
     /// Drop everything (the bus reconnected and may have missed messages).
     clear_all: AtomicBool,
     /// False while invalidations may be missed (bus down, Redis up): stale in-process copies
@@ -41,7 +47,7 @@ impl Default for Inbox {
     fn default() -> Self {
         Inbox {
             pending: AtomicBool::new(false),
-            keys: Mutex::new(Vec::new()),
+            keys: Mutex::new(HashSet::new()),
             clear_all: AtomicBool::new(false),
             trust_stale: AtomicBool::new(true),
             stamps: (0..STAMP_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
@@ -62,10 +68,18 @@ impl Inbox {
     pub fn invalidate(&self, key: &str) {
         let seq = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         self.stamps[bucket(key)].store(seq, Ordering::Release);
-        self.keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(key.into());
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        if !keys.contains(key) {
+            if keys.len() >= MAX_PENDING_KEYS {
+                // Too many to remember: drop everything instead (stamps stay per key).
+                keys.clear();
+                keys.shrink_to(0);
+                self.clear_all.store(true, Ordering::Relaxed);
+            } else {
+                keys.insert(key.into());
+            }
+        }
+        drop(keys);
         self.pending.store(true, Ordering::Release);
     }
 
@@ -96,7 +110,15 @@ impl Inbox {
         std::sync::atomic::fence(Ordering::Acquire);
         let keys = std::mem::take(&mut *self.keys.lock().unwrap_or_else(|p| p.into_inner()));
         let clear_all = self.clear_all.swap(false, Ordering::Relaxed);
-        Delivery { clear_all, keys }
+        Delivery {
+            clear_all,
+            keys: keys.into_iter().collect(),
+        }
+    }
+
+    /// Keys waiting to be applied (for tests: bounded whatever is heard).
+    pub fn pending_keys(&self) -> usize {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     pub fn set_trust_stale(&self, trust: bool) {
@@ -144,6 +166,27 @@ mod tests {
         assert_eq!(inbox.take(), Delivery::default());
         inbox.invalidate_all();
         assert!(inbox.take().clear_all);
+    }
+
+    #[test]
+    fn repeated_keys_are_held_once_and_a_flood_becomes_a_clear_all() {
+        let inbox = Inbox::default();
+        for _ in 0..100_000 {
+            inbox.invalidate("hot");
+        }
+        assert_eq!(inbox.pending_keys(), 1);
+        let d = inbox.take();
+        assert_eq!((d.keys.len(), d.clear_all), (1, false));
+        for i in 0..MAX_PENDING_KEYS + 5 {
+            inbox.invalidate(&format!("k{i}"));
+        }
+        assert!(inbox.pending_keys() <= MAX_PENDING_KEYS);
+        let d = inbox.take();
+        assert!(
+            d.clear_all,
+            "an overflow must drop everything, not lose invalidations"
+        );
+        assert_eq!(inbox.pending_keys(), 0);
     }
 
     #[test]

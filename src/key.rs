@@ -64,9 +64,10 @@ pub fn redis_lock_key(namespace: &str, key: &str) -> String {
     format!("{namespace}:lock:{{{key}}}")
 }
 
-/// The pub/sub channel on which the caches of one namespace announce changed keys.
-pub fn bus_channel(namespace: &str) -> String {
-    format!("{namespace}:bus")
+/// The Redis key of `key`'s generation: changed by every `set` and `delete`, so a load that
+/// began before one of them can tell, when it writes back, that its result is older.
+pub fn redis_generation_key(namespace: &str, key: &str) -> String {
+    format!("{namespace}:gen:{{{key}}}")
 }
 
 #[cfg(test)]
@@ -97,7 +98,7 @@ mod tests {
     fn redis_keys_are_readable_and_share_a_slot() {
         assert_eq!(redis_value_key("sc", "user:42"), "sc:v:{user:42}");
         assert_eq!(redis_lock_key("sc", "user:42"), "sc:lock:{user:42}");
-        assert_eq!(bus_channel("app"), "app:bus");
+        assert_eq!(redis_generation_key("sc", "user:42"), "sc:gen:{user:42}");
     }
 
     #[test]

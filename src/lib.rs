@@ -10,7 +10,6 @@ pub mod error;
 pub mod inbox;
 pub mod jitter;
 pub mod key;
-pub mod lock;
 pub mod policy;
 pub mod singleflight;
 pub mod stats;

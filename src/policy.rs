@@ -11,6 +11,7 @@ pub const DEFAULT_NEGATIVE_TTL_MS: f64 = 5_000.0;
 pub const DEFAULT_LOCK_TTL_MS: f64 = 10_000.0;
 pub const DEFAULT_ERROR_BACKOFF_MS: f64 = 5_000.0;
 pub const DEFAULT_L1_MAX_ENTRIES: usize = 10_000;
+pub const DEFAULT_LOAD_TIMEOUT_MS: f64 = 30_000.0;
 pub const DEFAULT_NAMESPACE: &str = "sc";
 
 /// The option names the constructor accepts; any other name is an error.
@@ -25,6 +26,7 @@ pub const CONSTRUCTOR_OPTIONS: &[&str] = &[
     "lockTtl",
     "errorBackoff",
     "l1",
+    "loadTimeout",
     "waitUntil",
     "onError",
 ];
@@ -36,6 +38,7 @@ pub const CALL_OPTIONS: &[&str] = &[
     "negativeTtl",
     "beta",
     "jitter",
+    "loadTimeout",
     "signal",
     "waitUntil",
     "forceRefresh",
@@ -52,6 +55,8 @@ pub struct EntryPolicy {
     pub negative_ttl: f64,
     pub jitter: f64,
     pub beta: f64,
+    /// Ms a load may run before its callers reject with ERR_LOAD_TIMEOUT; infinite for none.
+    pub load_timeout: f64,
 }
 
 /// The TTL-like numbers a call (or the constructor) may give; `None` where it gave none.
@@ -62,6 +67,7 @@ pub struct TtlOverrides {
     pub negative_ttl: Option<f64>,
     pub jitter: Option<f64>,
     pub beta: Option<f64>,
+    pub load_timeout: Option<f64>,
 }
 
 /// Validated constructor options (the JS functions `waitUntil` and `onError` stay in JS).
@@ -89,6 +95,7 @@ impl Default for Options {
                 negative_ttl: DEFAULT_NEGATIVE_TTL_MS,
                 jitter: DEFAULT_JITTER,
                 beta: DEFAULT_BETA,
+                load_timeout: DEFAULT_LOAD_TIMEOUT_MS,
             },
             explicit_hard_ttl: None,
             lock_ttl: DEFAULT_LOCK_TTL_MS,
@@ -142,6 +149,17 @@ fn beta(v: f64) -> Result<f64> {
         return Err(Error::invalid_option(
             "beta",
             format!("must be a finite number >= 0, got {v}"),
+        ));
+    }
+    Ok(v)
+}
+
+/// A load timeout: a positive number of ms, or `Infinity` for none.
+fn load_timeout(v: f64) -> Result<f64> {
+    if v.is_nan() || v <= 0.0 {
+        return Err(Error::invalid_option(
+            "loadTimeout",
+            format!("must be a positive number of ms or Infinity, got {v}"),
         ));
     }
     Ok(v)
@@ -237,6 +255,9 @@ impl Options {
         if let Some(v) = t.negative_ttl {
             o.defaults.negative_ttl = duration("negativeTtl", v)?;
         }
+        if let Some(v) = t.load_timeout {
+            o.defaults.load_timeout = load_timeout(v)?;
+        }
         if let Some(v) = raw.lock_ttl {
             o.lock_ttl = duration("lockTtl", v)?;
             if o.lock_ttl < 1.0 {
@@ -286,6 +307,9 @@ impl Options {
         }
         if let Some(v) = call.beta {
             p.beta = beta(v)?;
+        }
+        if let Some(v) = call.load_timeout {
+            p.load_timeout = load_timeout(v)?;
         }
         Ok(p)
     }

@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use stampede_cache::envelope::Envelope;
 use stampede_cache::inbox::Inbox;
-use stampede_cache::lock;
 use stampede_cache::stats::Stats;
-use stampede_cache::store::redis::{Fetched, Gate, RedisTier};
+use stampede_cache::store::redis::{Fetched, Gate, RedisTier, WriteBack};
 
 struct RedisServer {
     child: Child,
@@ -68,7 +67,14 @@ impl Drop for RedisServer {
 
 fn tier(url: &str) -> (Arc<RedisTier>, Arc<Stats>) {
     let stats = Arc::new(Stats::default());
-    let tier = RedisTier::new(url, "t", stats.clone(), Arc::new(Inbox::default())).unwrap();
+    let tier = RedisTier::new(
+        url,
+        "t",
+        stats.clone(),
+        Arc::new(Inbox::default()),
+        tokio::runtime::Handle::current(),
+    )
+    .unwrap();
     tokio::spawn(tier.clone().run_bus());
     (tier, stats)
 }
@@ -80,35 +86,56 @@ fn now_ms() -> f64 {
         .as_millis() as f64
 }
 
+async fn get(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query_async(c).await.unwrap()
+}
+
+fn envelope(ttl: f64) -> Envelope {
+    Envelope::new(now_ms(), ttl, ttl * 10.0, 5.0, false)
+}
+
+/// A cold gate that must lead: (token, gate) for `write_back`.
+async fn lead(t: &RedisTier, key: &str, lock_ttl: u64) -> Gate {
+    let gate = t.cold_gate(key, lock_ttl).await;
+    assert!(
+        matches!(gate, Gate::Lead { .. }),
+        "expected to lead: {gate:?}"
+    );
+    gate
+}
+
+async fn write_back(t: &RedisTier, key: &str, gate: &Gate, value: &str) -> WriteBack {
+    let Gate::Lead { token, fence, .. } = gate else {
+        panic!("{gate:?}")
+    };
+    t.write_back(
+        key,
+        Some((&envelope(60_000.0), Some(value))),
+        token.as_deref(),
+        fence.as_ref(),
+        false,
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_deletes_only_its_own_token() {
     let server = RedisServer::start();
+    let (t, _) = tier(&server.url);
     let mut c = server.conn().await;
-    let script = redis::Script::new(lock::RELEASE_LUA);
-    assert!(lock::acquire(&mut c, "t:lock:{k}", "mine", 60_000)
-        .await
-        .unwrap());
-    assert!(!lock::acquire(&mut c, "t:lock:{k}", "theirs", 60_000)
-        .await
-        .unwrap());
-    assert!(
-        !lock::release(&mut c, &script, "t:lock:{k}", "theirs", None)
-            .await
-            .unwrap()
-    );
-    let holder: Option<String> = redis::cmd("GET")
-        .arg("t:lock:{k}")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(holder.as_deref(), Some("mine"));
-    assert!(lock::release(&mut c, &script, "t:lock:{k}", "mine", None)
-        .await
-        .unwrap());
+    let Gate::Lead {
+        token: Some(mine), ..
+    } = lead(&t, "k", 60_000).await
+    else {
+        panic!("the first caller takes the lock")
+    };
+    t.release("k", "theirs", false).await;
     assert_eq!(
-        lock::remaining_ms(&mut c, "t:lock:{k}").await.unwrap(),
-        None
+        get(&mut c, "t:lock:{k}").await.as_deref(),
+        Some(mine.as_str())
     );
+    t.release("k", &mine, false).await;
+    assert_eq!(get(&mut c, "t:lock:{k}").await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,9 +143,7 @@ async fn one_leader_and_the_waiter_gets_its_value_from_the_bus() {
     let server = RedisServer::start();
     let (a, a_stats) = tier(&server.url);
     let (b, b_stats) = tier(&server.url);
-    let Gate::Lead(Some(token)) = a.cold_gate("k", 10_000).await else {
-        panic!("the first process leads with the lock")
-    };
+    let gate = lead(&a, "k", 10_000).await;
     let waiter = {
         let b = b.clone();
         tokio::spawn(async move {
@@ -127,17 +152,13 @@ async fn one_leader_and_the_waiter_gets_its_value_from_the_bus() {
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let envelope = Envelope::new(now_ms(), 5_000.0, 50_000.0, 200.0, false);
-    assert!(
-        a.store("k", &envelope, Some(r#"{"v":1}"#), Some(&token))
-            .await
+    assert_eq!(
+        write_back(&a, "k", &gate, r#"{"v":1}"#).await,
+        WriteBack::Written
     );
-    let (gate, waited) = waiter.await.unwrap();
-    match gate {
-        Gate::Found(r) => {
-            assert_eq!(r.value_json.as_deref(), Some(r#"{"v":1}"#));
-            assert_eq!(r.envelope, envelope);
-        }
+    let (found, waited) = waiter.await.unwrap();
+    match found {
+        Gate::Found(r) => assert_eq!(r.value_json.as_deref(), Some(r#"{"v":1}"#)),
         other => panic!("the waiter must get the leader's value, got {other:?}"),
     }
     // Woken by the announcement, not by the 10 s lock expiry.
@@ -147,16 +168,108 @@ async fn one_leader_and_the_waiter_gets_its_value_from_the_bus() {
     assert_eq!(b.waiting_keys(), 0);
     let mut c = server.conn().await;
     assert_eq!(
-        lock::remaining_ms(&mut c, "t:lock:{k}").await.unwrap(),
+        get(&mut c, "t:lock:{k}").await,
         None,
-        "store released the lock"
+        "the write released the lock"
     );
     let pttl: i64 = redis::cmd("PTTL")
         .arg("t:v:{k}")
         .query_async(&mut c)
         .await
         .unwrap();
-    assert!(pttl > 40_000 && pttl <= 50_000, "{pttl}");
+    assert!(pttl > 500_000 && pttl <= 600_000, "{pttl}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url);
+    let (b, _) = tier(&server.url);
+    let mut c = server.conn().await;
+    // delete: the key stays gone.
+    let gate = lead(&a, "d", 10_000).await;
+    assert_eq!(b.write("d", None).await, Ok(false));
+    assert_eq!(
+        write_back(&a, "d", &gate, "\"old\"").await,
+        WriteBack::Dropped
+    );
+    assert_eq!(get(&mut c, "t:v:{d}").await, None);
+    assert_eq!(
+        get(&mut c, "t:lock:{d}").await,
+        None,
+        "the lock was released anyway"
+    );
+    // set: the newer value stays.
+    let gate = lead(&a, "s", 10_000).await;
+    let newer = envelope(60_000.0);
+    assert_eq!(
+        b.write("s", Some((&newer, Some("\"new\"")))).await,
+        Ok(false)
+    );
+    assert_eq!(
+        write_back(&a, "s", &gate, "\"old\"").await,
+        WriteBack::Dropped
+    );
+    assert!(get(&mut c, "t:v:{s}")
+        .await
+        .unwrap()
+        .ends_with(r#""value":"new"}"#));
+    // A load that began after them is written.
+    let gate = lead(&a, "d", 10_000).await;
+    assert_eq!(
+        write_back(&a, "d", &gate, "\"after\"").await,
+        WriteBack::Written
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_result_is_never_overwritten_by_the_expired_holder() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url);
+    let (b, _) = tier(&server.url);
+    let mut c = server.conn().await;
+    let first = lead(&a, "k", 200).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let takeover = lead(&b, "k", 10_000).await;
+    assert_eq!(
+        write_back(&b, "k", &takeover, "\"B\"").await,
+        WriteBack::Written
+    );
+    // B released its lock: only the fence can tell that A's result is older.
+    assert_eq!(get(&mut c, "t:lock:{k}").await, None);
+    assert_eq!(
+        write_back(&a, "k", &first, "\"A\"").await,
+        WriteBack::Dropped
+    );
+    assert!(get(&mut c, "t:v:{k}")
+        .await
+        .unwrap()
+        .ends_with(r#""value":"B"}"#));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_without_an_expiry_is_given_one() {
+    let server = RedisServer::start();
+    let (t, _) = tier(&server.url);
+    let mut c = server.conn().await;
+    let _: () = redis::cmd("SET")
+        .arg("t:lock:{k}")
+        .arg("stray")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let gate = t.cold_gate("k", 300).await;
+    assert!(
+        matches!(gate, Gate::Lead { token: Some(_), .. }),
+        "{gate:?}"
+    );
+    // Taken over once the expiry it was given ran out, not waited on forever.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,9 +278,12 @@ async fn refresh_is_skipped_while_another_holds_the_lock_and_backs_off_after_a_f
     let (a, _) = tier(&server.url);
     let (b, _) = tier(&server.url);
     let stale = Envelope::new(now_ms() - 10_000.0, 1_000.0, 60_000.0, 5.0, false);
-    assert!(a.store("k", &stale, Some("1"), None).await);
+    assert_eq!(a.write("k", Some((&stale, Some("1")))).await, Ok(false));
 
-    let Gate::Lead(Some(token)) = a.refresh_gate("k", 10_000, stale.fresh_until).await else {
+    let Gate::Lead {
+        token: Some(token), ..
+    } = a.refresh_gate("k", 10_000, stale.fresh_until).await
+    else {
         panic!("the first refresher leads")
     };
     assert_eq!(
@@ -205,7 +321,14 @@ async fn an_unreachable_redis_degrades_at_once_after_the_first_failure() {
     );
     let again = Instant::now();
     for _ in 0..100 {
-        assert_eq!(t.cold_gate("k", 1_000).await, Gate::Lead(None));
+        assert!(matches!(
+            t.cold_gate("k", 1_000).await,
+            Gate::Lead {
+                token: None,
+                fence: None,
+                ..
+            }
+        ));
     }
     assert!(
         again.elapsed() < Duration::from_millis(500),
@@ -229,7 +352,7 @@ async fn connected_clients(c: &mut redis::aio::MultiplexedConnection) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn close_drops_the_bus_and_the_command_connection() {
+async fn close_drops_the_bus_and_the_command_connection_with_the_tier() {
     let server = RedisServer::start();
     let mut admin = server.conn().await;
     let baseline = connected_clients(&mut admin).await;
@@ -243,7 +366,13 @@ async fn close_drops_the_bus_and_the_command_connection() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    t.close();
+    t.close(Vec::new());
+    assert_eq!(
+        t.fetch("k").await,
+        Fetched::Unavailable,
+        "closed: no more commands"
+    );
+    drop(t);
     let deadline = Instant::now() + Duration::from_secs(5);
     while connected_clients(&mut admin).await > baseline {
         assert!(
@@ -252,9 +381,4 @@ async fn close_drops_the_bus_and_the_command_connection() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(
-        t.fetch("k").await,
-        Fetched::Unavailable,
-        "closed: no more commands"
-    );
 }

@@ -14,16 +14,16 @@ use napi::{sys, ValueType};
 use napi_derive::napi;
 
 use std::collections::HashMap;
-use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use crate::cache::{Cache, Hit, Step};
 use crate::envelope::Envelope;
 use crate::error::{Error as CoreError, ErrorCode};
-use crate::inbox::Stamp;
 use crate::key;
 use crate::policy::{self, EntryPolicy, Options, RawOptions, TtlOverrides};
-use crate::store::redis::{Fetched, Gate, RedisTier, Remote};
+use crate::store::redis::{RedisTier, Reports};
+
+mod redis;
 
 impl AsRef<str> for ErrorCode {
     fn as_ref(&self) -> &str {
@@ -43,32 +43,23 @@ fn napi_fail(code: ErrorCode, e: napi::Error) -> JsErr {
     napi::Error::new(code, e.reason)
 }
 
-/// One cache instance: the engine, its Redis tier if configured, and the envelopes written by
-/// `complete`/`set_entry` that `store_written` sends to Redis next (same JS turn).
+/// One cache instance: the engine, its Redis tier if configured (taken out by `close`), the
+/// envelopes `set_entry` wrote that `redis_set` sends next (same JS turn), and the envelopes
+/// of loads being written back, by flight.
 pub struct EngineState {
     cache: Cache,
     redis: Option<Arc<RedisTier>>,
+    /// The tier's failures for `onError`, drained after close too.
+    reports: Option<Arc<Reports>>,
     written: HashMap<String, Envelope>,
-}
-
-impl Deref for EngineState {
-    type Target = Cache;
-    fn deref(&self) -> &Cache {
-        &self.cache
-    }
-}
-
-impl DerefMut for EngineState {
-    fn deref_mut(&mut self) -> &mut Cache {
-        &mut self.cache
-    }
+    prepared: HashMap<u64, Option<Envelope>>,
 }
 
 impl Drop for EngineState {
     fn drop(&mut self) {
         // A cache collected without close() still stops its bus task.
         if let Some(r) = &self.redis {
-            r.close();
+            r.close(Vec::new());
         }
     }
 }
@@ -76,7 +67,8 @@ impl Drop for EngineState {
 type Engine = Rc<RefCell<EngineState>>;
 
 thread_local! {
-    /// Engines of this thread's JS environment, by id; `None` once finalized.
+    /// Engines of this thread's JS environment, by id; `None` once finalized (and the id free
+    /// for the next engine: a finalized engine's facade is gone, so nothing names it any more).
     static ENGINES: RefCell<Vec<Option<Engine>>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -182,6 +174,7 @@ fn ttl_overrides(obj: &Object) -> Result<TtlOverrides, JsErr> {
         negative_ttl: number_option(obj, "negativeTtl", "negativeTtl")?,
         jitter: number_option(obj, "jitter", "jitter")?,
         beta: number_option(obj, "beta", "beta")?,
+        load_timeout: number_option(obj, "loadTimeout", "loadTimeout")?,
     })
 }
 
@@ -238,11 +231,14 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
     let redis = match cache.options().redis.as_deref() {
         None => None,
         Some(url) => {
+            let runtime =
+                napi::bindgen_prelude::within_runtime_if_available(tokio::runtime::Handle::current);
             let tier = RedisTier::new(
                 url,
                 &cache.options().namespace,
                 cache.stats.clone(),
                 cache.inbox().clone(),
+                runtime,
             )
             .map_err(|why| {
                 js_err(CoreError::invalid_option(
@@ -258,12 +254,20 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
     };
     let cache = Rc::new(RefCell::new(EngineState {
         cache,
+        reports: redis.as_ref().map(|r| r.reports()),
         redis,
         written: HashMap::new(),
+        prepared: HashMap::new(),
     }));
-    let id = ENGINES.with_borrow_mut(|v| {
-        v.push(Some(cache));
-        (v.len() - 1) as u32
+    let id = ENGINES.with_borrow_mut(|v| match v.iter().position(Option::is_none) {
+        Some(free) => {
+            v[free] = Some(cache);
+            free as u32
+        }
+        None => {
+            v.push(Some(cache));
+            (v.len() - 1) as u32
+        }
     });
     Ok(External::new(EngineToken(id)))
 }
@@ -345,7 +349,7 @@ fn peek_key(id: u32, key: &[u8]) -> i32 {
         let Some(Some(engine)) = engines.get(id as usize) else {
             return MISS;
         };
-        let mut cache = engine.borrow_mut();
+        let cache = &mut engine.borrow_mut().cache;
         let beta = cache.options().defaults.beta;
         cache.peek(key, beta).map_or(MISS, encode_hit)
     })
@@ -456,7 +460,7 @@ pub fn encode_key(key: Unknown<'_>) -> Result<String, JsErr> {
 }
 
 /// Validates a call's options (`getOrLoad` or `set`) and returns the policy its entry is written
-/// with: `[ttl, hardTtl, negativeTtl, jitter, beta]`.
+/// with: `[ttl, hardTtl, negativeTtl, jitter, beta, loadTimeout]`.
 #[napi]
 pub fn resolve_policy(id: u32, options: Object, for_set: bool) -> Result<Vec<f64>, JsErr> {
     let (allowed, what) = if for_set {
@@ -466,21 +470,41 @@ pub fn resolve_policy(id: u32, options: Object, for_set: bool) -> Result<Vec<f64
     };
     known_names(&options, allowed, what)?;
     let overrides = ttl_overrides(&options)?;
-    with_engine(id, |c| c.options().resolve(&overrides))
-        .map(|p| vec![p.ttl, p.hard_ttl, p.negative_ttl, p.jitter, p.beta])
+    with_engine(id, |c| c.cache.options().resolve(&overrides)).map(|p| policy_vec(&p))
+}
+
+fn policy_vec(p: &EntryPolicy) -> Vec<f64> {
+    vec![
+        p.ttl,
+        p.hard_ttl,
+        p.negative_ttl,
+        p.jitter,
+        p.beta,
+        p.load_timeout,
+    ]
 }
 
 fn policy_of(c: &EngineState, p: Option<&[f64]>) -> EntryPolicy {
     match p {
-        Some([ttl, hard_ttl, negative_ttl, jitter, beta, ..]) => EntryPolicy {
+        Some([ttl, hard_ttl, negative_ttl, jitter, beta, load_timeout, ..]) => EntryPolicy {
             ttl: *ttl,
             hard_ttl: *hard_ttl,
             negative_ttl: *negative_ttl,
             jitter: *jitter,
             beta: *beta,
+            load_timeout: *load_timeout,
         },
-        _ => c.options().defaults,
+        _ => c.cache.options().defaults,
     }
+}
+
+/// The constructor's policy, as `resolve_policy` returns a call's (the facade reads its
+/// loadTimeout for calls without options).
+#[napi]
+pub fn default_policy(id: u32) -> Vec<f64> {
+    engine(id)
+        .map(|e| policy_vec(&e.borrow().cache.options().defaults))
+        .unwrap_or_default()
 }
 
 pub const STEP_SERVE: u32 = 0;
@@ -503,7 +527,7 @@ pub fn lookup(
 ) -> Result<LookupStep, JsErr> {
     with_engine(id, |c| {
         let beta = policy_of(c, policy.as_deref()).beta;
-        Ok(match c.lookup(&key, beta, force)? {
+        Ok(match c.cache.lookup(&key, beta, force)? {
             Step::Serve(hit) => LookupStep {
                 kind: STEP_SERVE,
                 n: encode_hit(hit) as f64,
@@ -523,11 +547,15 @@ pub fn lookup(
 /// Registers the background refresh a hit asked for: its flight id, or -1 if one already runs.
 #[napi]
 pub fn begin_refresh(id: u32, key: String) -> f64 {
-    with_engine(id, |c| Ok(c.begin_refresh(&key).map_or(-1.0, |f| f as f64))).unwrap_or(-1.0)
+    with_engine(id, |c| {
+        Ok(c.cache.begin_refresh(&key).map_or(-1.0, |f| f as f64))
+    })
+    .unwrap_or(-1.0)
 }
 
-/// The loader of `flight` returned; the slot to keep the value at, -1 when the in-process tier
-/// keeps nothing, -2 when the flight was superseded (its result is written nowhere).
+/// The loader of `flight` returned (a cache without Redis; with Redis, `write_back` then
+/// `finish_write`): the slot to keep the value at, -1 when the in-process tier keeps nothing,
+/// -2 when the flight was superseded (its result is written nowhere).
 #[napi]
 pub fn complete(
     id: u32,
@@ -545,12 +573,7 @@ pub fn complete(
                 .complete(&key, flight as u64, compute_ms, negative, &p)
             {
                 None => -2,
-                Some(w) => {
-                    if e.redis.is_some() {
-                        e.written.insert(key, w.envelope);
-                    }
-                    w.slot.map_or(-1, |s| s as i32)
-                }
+                Some(w) => w.slot.map_or(-1, |s| s as i32),
             },
         )
     })
@@ -561,7 +584,7 @@ pub fn complete(
 #[napi]
 pub fn note_loader_call(id: u32, key: String, flight: f64) {
     let _ = with_engine(id, |e| {
-        e.note_loader_call(&key, flight as u64);
+        e.cache.note_loader_call(&key, flight as u64);
         Ok(())
     });
 }
@@ -570,7 +593,7 @@ pub fn note_loader_call(id: u32, key: String, flight: f64) {
 /// ms) to record in Redis; else 0.
 #[napi]
 pub fn fail(id: u32, key: String, flight: f64) -> f64 {
-    with_engine(id, |c| Ok(c.fail(&key, flight as u64).unwrap_or(0.0))).unwrap_or(0.0)
+    with_engine(id, |c| Ok(c.cache.fail(&key, flight as u64).unwrap_or(0.0))).unwrap_or(0.0)
 }
 
 /// Writes a value given to `set`: its slot, -1 when the in-process tier keeps nothing, -2 when a
@@ -601,7 +624,7 @@ pub fn set_entry(
 #[napi]
 pub fn delete_entry(id: u32, key: String) -> Result<Vec<i32>, JsErr> {
     with_engine(id, |c| {
-        let (slot, removed) = c.delete(&key)?;
+        let (slot, removed) = c.cache.delete(&key)?;
         Ok(vec![slot.map_or(-1, |s| s as i32), removed as i32])
     })
 }
@@ -609,7 +632,7 @@ pub fn delete_entry(id: u32, key: String) -> Result<Vec<i32>, JsErr> {
 /// The slot of a fresh, stale or negative entry (never loads), or -1.
 #[napi]
 pub fn get_entry(id: u32, key: String) -> Result<i32, JsErr> {
-    with_engine(id, |c| Ok(c.get(&key)?.map_or(-1, |s| s as i32)))
+    with_engine(id, |c| Ok(c.cache.get(&key)?.map_or(-1, |s| s as i32)))
 }
 
 #[napi(object)]
@@ -623,7 +646,7 @@ pub struct EntryInfo {
 #[napi]
 pub fn inspect_entry(id: u32, key: String) -> Result<Option<EntryInfo>, JsErr> {
     with_engine(id, |c| {
-        Ok(c.inspect(&key)?.map(|i| EntryInfo {
+        Ok(c.cache.inspect(&key)?.map(|i| EntryInfo {
             state: i.state.as_str().to_string(),
             fresh_until: i.fresh_until,
             hard_until: i.hard_until,
@@ -651,7 +674,7 @@ pub struct Stats {
 #[napi]
 pub fn stats(id: u32) -> Stats {
     let s = engine(id)
-        .map(|e| e.borrow().stats.snapshot())
+        .map(|e| e.borrow().cache.stats.snapshot())
         .unwrap_or_default();
     Stats {
         hits: s.hits as f64,
@@ -668,294 +691,54 @@ pub fn stats(id: u32) -> Stats {
     }
 }
 
+/// Closes the engine. `held` are `[key, token]` of the Redis locks that loads still running
+/// hold: they are released now, in one go, on the tier's connection, which then closes (a load
+/// that ends later writes nothing and needs no connection).
 #[napi]
-pub fn close_engine(id: u32) {
+pub fn close_engine(id: u32, held: Option<Vec<Vec<String>>>) {
     if let Some(e) = engine(id) {
         let mut e = e.borrow_mut();
         e.cache.close();
         e.written.clear();
-        if let Some(r) = &e.redis {
-            r.close();
+        e.prepared.clear();
+        if let Some(r) = e.redis.take() {
+            let held = held
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|pair| match <[String; 2]>::try_from(pair) {
+                    Ok([key, token]) => Some((key, token)),
+                    Err(_) => None,
+                })
+                .collect();
+            r.close(held);
         }
     }
 }
 
-/// Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes]`.
+/// Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes,
+/// inbox keys]`.
 #[napi]
 pub fn debug_counts(id: u32) -> Vec<u32> {
     engine(id)
         .map(|e| {
             let c = e.borrow();
             let waiting = c.redis.as_ref().map_or(0, |r| r.waiting_keys());
+            let unsent = c.redis.as_ref().map_or(0, |r| r.pending_writes());
             vec![
-                c.flights_in_progress() as u32,
-                c.entries() as u32,
+                c.cache.flights_in_progress() as u32,
+                c.cache.entries() as u32,
                 waiting as u32,
-                c.written.len() as u32,
+                (c.written.len() + c.prepared.len() + unsent) as u32,
+                c.cache.inbox().pending_keys() as u32,
             ]
         })
-        .unwrap_or_else(|| vec![0, 0, 0, 0])
+        .unwrap_or_else(|| vec![0, 0, 0, 0, 0])
 }
 
 /// The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or -1.
 #[napi]
 pub fn current_slot(id: u32, key: String) -> i32 {
     engine(id)
-        .and_then(|e| e.borrow_mut().live_slot(&key))
+        .and_then(|e| e.borrow_mut().cache.live_slot(&key))
         .map_or(-1, |s| s as i32)
-}
-
-// ---- Redis: each returns a promise; the tier works on napi's tokio runtime. ----
-
-/// The tier, lockTtl, and the in-process copy's freshUntil (0 if none) of a live cache.
-fn tier_of(id: u32, key: &str) -> Option<(Arc<RedisTier>, f64, f64)> {
-    let e = engine(id)?;
-    let e = e.borrow();
-    if e.is_closed() {
-        return None;
-    }
-    let local_fresh_until = e.fresh_until(key).unwrap_or(0.0);
-    Some((e.redis.clone()?, e.options().lock_ttl, local_fresh_until))
-}
-
-/// `kind`: what the facade does next.
-pub const GATE_FOUND: u32 = 0;
-pub const GATE_LEAD: u32 = 1;
-pub const GATE_SKIP: u32 = 2;
-pub const GATE_MISSING: u32 = 3;
-pub const GATE_UNAVAILABLE: u32 = 4;
-
-/// A Redis answer. `found`: the envelope's times and the value as JSON (`json` absent for a
-/// cached `undefined`). `lead`: call the loader, holding the lock if `token` is set.
-#[napi(object)]
-pub struct RedisAnswer {
-    pub kind: u32,
-    pub token: Option<String>,
-    pub json: Option<String>,
-    pub fresh_until: f64,
-    pub hard_until: f64,
-    pub compute_ms: f64,
-    pub negative: bool,
-    pub retry_after: f64,
-    /// The key's invalidation stamp before the read (hand it back to `adopt`); -1 for none.
-    pub stamp: f64,
-}
-
-impl RedisAnswer {
-    fn kind(kind: u32) -> Self {
-        RedisAnswer {
-            kind,
-            token: None,
-            json: None,
-            fresh_until: 0.0,
-            hard_until: 0.0,
-            compute_ms: 0.0,
-            negative: false,
-            retry_after: 0.0,
-            stamp: -1.0,
-        }
-    }
-
-    fn found(r: Remote) -> Self {
-        let e = r.envelope;
-        RedisAnswer {
-            kind: GATE_FOUND,
-            token: None,
-            json: r.value_json,
-            fresh_until: e.fresh_until,
-            hard_until: e.hard_until,
-            compute_ms: e.compute_ms,
-            negative: e.negative,
-            retry_after: e.retry_after,
-            stamp: r.stamp.0 as f64,
-        }
-    }
-}
-
-/// Asks Redis before a load (`refresh`: a background refresh): found / lead / skip.
-#[napi]
-pub fn redis_gate(
-    env: &Env,
-    id: u32,
-    key: String,
-    refresh: bool,
-) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
-    let tier = tier_of(id, &key);
-    env.spawn_future(async move {
-        let Some((tier, lock_ttl, local_fresh_until)) = tier else {
-            return Ok(RedisAnswer::kind(GATE_LEAD));
-        };
-        let gate = if refresh {
-            tier.refresh_gate(&key, lock_ttl as u64, local_fresh_until)
-                .await
-        } else {
-            tier.cold_gate(&key, lock_ttl as u64).await
-        };
-        Ok(match gate {
-            Gate::Found(r) => RedisAnswer::found(r),
-            Gate::Lead(token) => RedisAnswer {
-                token,
-                ..RedisAnswer::kind(GATE_LEAD)
-            },
-            Gate::Skip => RedisAnswer::kind(GATE_SKIP),
-        })
-    })
-}
-
-/// Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable.
-#[napi]
-pub fn redis_fetch(env: &Env, id: u32, key: String) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
-    let tier = tier_of(id, &key);
-    env.spawn_future(async move {
-        let Some((tier, _, _)) = tier else {
-            return Ok(RedisAnswer::kind(GATE_UNAVAILABLE));
-        };
-        Ok(match tier.fetch(&key).await {
-            Fetched::Found(r) => RedisAnswer::found(r),
-            Fetched::Missing => RedisAnswer::kind(GATE_MISSING),
-            Fetched::Unavailable => RedisAnswer::kind(GATE_UNAVAILABLE),
-        })
-    })
-}
-
-/// Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
-/// The slot for the value; -1 when the tier keeps nothing; -2 when superseded or expired.
-#[napi]
-pub fn adopt(
-    id: u32,
-    key: String,
-    flight: f64,
-    fresh_until: f64,
-    hard_until: f64,
-    compute_ms: f64,
-    negative: bool,
-    retry_after: f64,
-    stamp: f64,
-) -> i32 {
-    let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
-    let envelope = Envelope {
-        fresh_until,
-        hard_until,
-        compute_ms,
-        negative,
-        retry_after,
-    };
-    let flight = (flight >= 0.0).then_some(flight as u64);
-    with_engine(id, |e| {
-        Ok(match e.adopt(&key, flight, envelope, stamp) {
-            None => -2,
-            Some(slot) => slot.map_or(-1, |s| s as i32),
-        })
-    })
-    .unwrap_or(-2)
-}
-
-/// Another process holds the refresh: end `flight` and hold local refreshes back meanwhile.
-#[napi]
-pub fn abandon(id: u32, key: String, flight: f64) {
-    let _ = with_engine(id, |e| {
-        // Until the holder announces its result, or at most a second, or its lock's life.
-        let hold = e.options().lock_ttl.min(1_000.0);
-        e.abandon(&key, flight as u64, hold);
-        Ok(())
-    });
-}
-
-/// Sends what `complete`/`set_entry` just wrote to Redis, releasing `token`'s lock; with
-/// nothing written (a superseded flight) only releases the lock (announcing, so waiters look
-/// again). Resolves false when Redis was unavailable.
-#[napi]
-pub fn store_written(
-    env: &Env,
-    id: u32,
-    key: String,
-    value_json: Option<String>,
-    token: Option<String>,
-) -> napi::Result<PromiseRaw<'_, bool>> {
-    let job = engine(id).and_then(|e| {
-        let mut e = e.borrow_mut();
-        let written = e.written.remove(&key);
-        e.redis.clone().map(|r| (r, written))
-    });
-    env.spawn_future(async move {
-        let Some((tier, written)) = job else {
-            return Ok(false);
-        };
-        Ok(match written {
-            Some(envelope) => {
-                tier.store(&key, &envelope, value_json.as_deref(), token.as_deref())
-                    .await
-            }
-            None => {
-                if let Some(token) = token {
-                    tier.release(&key, &token, true).await;
-                }
-                true
-            }
-        })
-    })
-}
-
-/// A load holding `token` failed: release the lock (a cold load announces it, so waiters take
-/// over at once); a failed refresh first records `retry_after` in the Redis envelope.
-#[napi]
-pub fn redis_failed(
-    env: &Env,
-    id: u32,
-    key: String,
-    token: Option<String>,
-    retry_after: f64,
-) -> napi::Result<PromiseRaw<'_, ()>> {
-    let tier = engine(id).and_then(|e| e.borrow().redis.clone());
-    env.spawn_future(async move {
-        if let Some(tier) = tier {
-            if retry_after > 0.0 {
-                tier.record_failure(&key, token.as_deref(), retry_after)
-                    .await;
-            } else if let Some(token) = token {
-                tier.release(&key, &token, true).await;
-            }
-        }
-        Ok(())
-    })
-}
-
-/// Deletes the key in Redis and announces it: true/false, or null when Redis was unavailable.
-#[napi]
-pub fn redis_delete(env: &Env, id: u32, key: String) -> napi::Result<PromiseRaw<'_, Option<bool>>> {
-    let tier = engine(id).and_then(|e| e.borrow().redis.clone());
-    env.spawn_future(async move {
-        Ok(match tier {
-            Some(tier) => tier.delete(&key).await,
-            None => None,
-        })
-    })
-}
-
-#[napi(object)]
-pub struct RedisReport {
-    pub op: String,
-    pub key: Option<String>,
-    pub message: String,
-}
-
-/// Redis failures waiting for `onError` (already rate-limited).
-#[napi]
-pub fn take_redis_reports(id: u32) -> Vec<RedisReport> {
-    let Some(tier) = engine(id).and_then(|e| e.borrow().redis.clone()) else {
-        return Vec::new();
-    };
-    tier.take_reports()
-        .into_iter()
-        .map(|r| RedisReport {
-            op: r.op.to_string(),
-            key: r.key,
-            message: r.message,
-        })
-        .collect()
-}
-
-#[napi]
-pub fn has_redis(id: u32) -> bool {
-    engine(id).is_some_and(|e| e.borrow().redis.is_some())
 }

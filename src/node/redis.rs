@@ -1,0 +1,401 @@
+//! The Redis operations of the binding. Each returns a promise; the tier works on napi's tokio
+//! runtime. Writes (write-backs, `set`, `delete`, lock releases after failures) are queued in
+//! call order per key here, synchronously on the JS thread, before anything is awaited.
+
+use std::sync::Arc;
+
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+use tokio::sync::oneshot;
+
+use super::{engine, policy_of, with_engine};
+use crate::envelope::Envelope;
+use crate::inbox::Stamp;
+use crate::store::redis::{Fence, Fetched, Gate, RedisTier, Remote, WriteBack};
+
+/// The tier, lockTtl, and the in-process copy's freshUntil (0 if none) of a live cache.
+fn tier_of(id: u32, key: &str) -> Option<(Arc<RedisTier>, f64, f64)> {
+    let e = engine(id)?;
+    let e = e.borrow();
+    if e.cache.is_closed() {
+        return None;
+    }
+    let local_fresh_until = e.cache.fresh_until(key).unwrap_or(0.0);
+    Some((
+        e.redis.clone()?,
+        e.cache.options().lock_ttl,
+        local_fresh_until,
+    ))
+}
+
+fn tier(id: u32) -> Option<Arc<RedisTier>> {
+    engine(id).and_then(|e| e.borrow().redis.clone())
+}
+
+/// `kind`: what the facade does next.
+pub const GATE_FOUND: u32 = 0;
+pub const GATE_LEAD: u32 = 1;
+pub const GATE_SKIP: u32 = 2;
+pub const GATE_MISSING: u32 = 3;
+pub const GATE_UNAVAILABLE: u32 = 4;
+pub const GATE_CLOSED: u32 = 5;
+
+/// Why a flight asks Redis (`redis_gate`'s `purpose`; anything else is a cold load).
+pub const PURPOSE_REFRESH: u32 = 1;
+pub const PURPOSE_FORCE: u32 = 2;
+
+/// A Redis answer. `found`: the envelope's times and the value as JSON (`json` absent for a
+/// cached `undefined`). `lead`: call the loader, holding the lock if `token` is set, fenced by
+/// `fence`/`fencedAt` if set (hand them back to `writeBack`).
+#[napi(object)]
+pub struct RedisAnswer {
+    pub kind: u32,
+    pub token: Option<String>,
+    pub fence: Option<String>,
+    pub fenced_at: f64,
+    pub json: Option<String>,
+    pub fresh_until: f64,
+    pub hard_until: f64,
+    pub compute_ms: f64,
+    pub negative: bool,
+    pub retry_after: f64,
+    /// The key's invalidation stamp before Redis was asked (hand it back to `adopt` or
+    /// `finishWrite`); -1 for none.
+    pub stamp: f64,
+}
+
+impl RedisAnswer {
+    fn kind(kind: u32, stamp: Option<Stamp>) -> Self {
+        RedisAnswer {
+            kind,
+            token: None,
+            fence: None,
+            fenced_at: -1.0,
+            json: None,
+            fresh_until: 0.0,
+            hard_until: 0.0,
+            compute_ms: 0.0,
+            negative: false,
+            retry_after: 0.0,
+            stamp: stamp.map_or(-1.0, |s| s.0 as f64),
+        }
+    }
+
+    fn found(r: Remote) -> Self {
+        let e = r.envelope;
+        RedisAnswer {
+            json: r.value_json,
+            fresh_until: e.fresh_until,
+            hard_until: e.hard_until,
+            compute_ms: e.compute_ms,
+            negative: e.negative,
+            retry_after: e.retry_after,
+            ..RedisAnswer::kind(GATE_FOUND, Some(r.stamp))
+        }
+    }
+}
+
+/// Asks Redis before a load (`purpose`: cold, refresh or force): found / lead / skip / closed.
+#[napi]
+pub fn redis_gate(
+    env: &Env,
+    id: u32,
+    key: String,
+    purpose: u32,
+) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
+    let tier = tier_of(id, &key);
+    // Taken before Redis is asked: an invalidation after this may predate our read.
+    let stamp = engine(id).map(|e| e.borrow().cache.inbox().stamp(&key));
+    env.spawn_future(async move {
+        let Some((tier, lock_ttl, local_fresh_until)) = tier else {
+            return Ok(RedisAnswer::kind(GATE_CLOSED, stamp));
+        };
+        let gate = match purpose {
+            PURPOSE_REFRESH => {
+                tier.refresh_gate(&key, lock_ttl as u64, local_fresh_until)
+                    .await
+            }
+            PURPOSE_FORCE => tier.force_gate(&key).await,
+            _ => tier.cold_gate(&key, lock_ttl as u64).await,
+        };
+        // Closed while asking: no loader runs, and a lock just taken is given back at once.
+        let gate = if tier.closed() {
+            if let Gate::Lead {
+                token: Some(token), ..
+            } = &gate
+            {
+                tier.release(&key, token, true).await;
+            }
+            Gate::Closed
+        } else {
+            gate
+        };
+        Ok(match gate {
+            Gate::Found(r) => RedisAnswer::found(r),
+            Gate::Lead {
+                token,
+                fence,
+                stamp: looked,
+            } => RedisAnswer {
+                token,
+                fenced_at: fence.as_ref().map_or(-1.0, |f| f.read_at_ms),
+                fence: fence.map(|f| f.state),
+                ..RedisAnswer::kind(GATE_LEAD, looked.or(stamp))
+            },
+            Gate::Skip => RedisAnswer::kind(GATE_SKIP, stamp),
+            Gate::Closed => RedisAnswer::kind(GATE_CLOSED, stamp),
+        })
+    })
+}
+
+/// Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable.
+#[napi]
+pub fn redis_fetch(env: &Env, id: u32, key: String) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
+    let tier = tier_of(id, &key);
+    env.spawn_future(async move {
+        let Some((tier, _, _)) = tier else {
+            return Ok(RedisAnswer::kind(GATE_UNAVAILABLE, None));
+        };
+        Ok(match tier.fetch(&key).await {
+            Fetched::Found(r) => RedisAnswer::found(r),
+            Fetched::Missing => RedisAnswer::kind(GATE_MISSING, None),
+            Fetched::Unavailable => RedisAnswer::kind(GATE_UNAVAILABLE, None),
+        })
+    })
+}
+
+/// Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
+/// The slot for the value; -1 when the tier keeps nothing; -2 when superseded or expired.
+#[napi]
+pub fn adopt(
+    id: u32,
+    key: String,
+    flight: f64,
+    fresh_until: f64,
+    hard_until: f64,
+    compute_ms: f64,
+    negative: bool,
+    retry_after: f64,
+    stamp: f64,
+) -> i32 {
+    let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
+    let envelope = Envelope {
+        fresh_until,
+        hard_until,
+        compute_ms,
+        negative,
+        retry_after,
+    };
+    let flight = (flight >= 0.0).then_some(flight as u64);
+    with_engine(id, |e| {
+        Ok(match e.cache.adopt(&key, flight, envelope, stamp) {
+            None => -2,
+            Some(slot) => slot.map_or(-1, |s| s as i32),
+        })
+    })
+    .unwrap_or(-2)
+}
+
+/// Another process holds the refresh: end `flight` and hold local refreshes back meanwhile.
+#[napi]
+pub fn abandon(id: u32, key: String, flight: f64) {
+    let _ = with_engine(id, |e| {
+        // Until the holder announces its result, or at most a second, or its lock's life.
+        let hold = e.cache.options().lock_ttl.min(1_000.0);
+        e.cache.abandon(&key, flight as u64, hold);
+        Ok(())
+    });
+}
+
+/// What became of a write-back (`write_back`'s answer).
+pub const WRITTEN: i32 = 1;
+pub const DROPPED: i32 = 0;
+pub const UNAVAILABLE: i32 = -1;
+pub const NOT_SENT: i32 = -2;
+
+/// The loader of `flight` returned: prepares its entry (the flight stays registered, so callers
+/// keep joining it) and writes it back to Redis, fenced by what the gate read, after this
+/// instance's earlier writes of the key; always releases `token`'s lock. Resolves with what
+/// became of it; then call `finish_write`, whose `keep` is "not dropped".
+#[napi]
+pub fn write_back(
+    env: &Env,
+    id: u32,
+    key: String,
+    flight: f64,
+    compute_ms: f64,
+    negative: bool,
+    policy: Option<Vec<f64>>,
+    value_json: Option<String>,
+    token: Option<String>,
+    fence: Option<String>,
+    fenced_at: f64,
+    forced: bool,
+) -> napi::Result<PromiseRaw<'_, i32>> {
+    let (tx, rx) = oneshot::channel();
+    let queued = engine(id).and_then(|e| {
+        let mut e = e.borrow_mut();
+        let p = policy_of(&e, policy.as_deref());
+        let prepared = e
+            .cache
+            .prepare(&key, flight as u64, compute_ms, negative, &p);
+        if let Some(envelope) = prepared {
+            e.prepared.insert(flight as u64, envelope);
+        }
+        let tier = e.redis.clone()?;
+        let fence = fence.map(|state| Fence {
+            state,
+            read_at_ms: fenced_at,
+        });
+        let job_tier = tier.clone();
+        let job_key = key.clone();
+        tier.in_order(&key, async move {
+            let written = prepared.flatten();
+            let outcome = job_tier
+                .write_back(
+                    &job_key,
+                    written.as_ref().map(|e| (e, value_json.as_deref())),
+                    token.as_deref(),
+                    fence.as_ref(),
+                    forced,
+                )
+                .await;
+            let _ = tx.send(outcome);
+        });
+        Some(())
+    });
+    env.spawn_future(async move {
+        if queued.is_none() {
+            return Ok(NOT_SENT);
+        }
+        Ok(match rx.await {
+            Ok(WriteBack::Written) => WRITTEN,
+            Ok(WriteBack::Dropped) => DROPPED,
+            Ok(WriteBack::Unavailable) => UNAVAILABLE,
+            Ok(WriteBack::NotSent) | Err(_) => NOT_SENT,
+        })
+    })
+}
+
+/// Ends `flight` after its write-back: the slot its value goes to, -1 when the in-process tier
+/// keeps nothing, -2 when it is kept nowhere (dropped, superseded, invalidated since `stamp`).
+#[napi]
+pub fn finish_write(id: u32, key: String, flight: f64, keep: bool, stamp: f64) -> i32 {
+    let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
+    with_engine(id, |e| {
+        let Some(envelope) = e.prepared.remove(&(flight as u64)) else {
+            // Superseded before it was prepared: only the flight ends.
+            e.cache.finish_write(&key, flight as u64, None, false, None);
+            return Ok(-2);
+        };
+        let keep = keep && envelope.is_some();
+        Ok(
+            match e
+                .cache
+                .finish_write(&key, flight as u64, envelope, keep, stamp)
+            {
+                Some(slot) => slot as i32,
+                None if keep => -1,
+                None => -2,
+            },
+        )
+    })
+    .unwrap_or(-2)
+}
+
+/// Sends what `set_entry` just wrote (or, with `delete`, the key's removal) to Redis after this
+/// instance's earlier writes of the key. Resolves 1 when a value key existed before, 0 when not,
+/// -1 when Redis could not take the change.
+#[napi]
+pub fn redis_write(
+    env: &Env,
+    id: u32,
+    key: String,
+    value_json: Option<String>,
+    delete: bool,
+) -> napi::Result<PromiseRaw<'_, i32>> {
+    let (tx, rx) = oneshot::channel();
+    let queued = engine(id).and_then(|e| {
+        let mut e = e.borrow_mut();
+        let written = e.written.remove(&key);
+        let tier = e.redis.clone()?;
+        if !delete && written.is_none() {
+            return None;
+        }
+        let job_tier = tier.clone();
+        let job_key = key.clone();
+        tier.in_order(&key, async move {
+            let entry = if delete { None } else { written };
+            let outcome = job_tier
+                .write(&job_key, entry.as_ref().map(|e| (e, value_json.as_deref())))
+                .await;
+            let _ = tx.send(outcome);
+        });
+        Some(())
+    });
+    env.spawn_future(async move {
+        if queued.is_none() {
+            return Ok(UNAVAILABLE);
+        }
+        Ok(match rx.await {
+            Ok(Ok(existed)) => existed as i32,
+            _ => UNAVAILABLE,
+        })
+    })
+}
+
+/// A load holding `token` failed or timed out: release the lock (announcing it, so waiters
+/// take over at once); a failed refresh first records `retry_after` in the Redis envelope.
+#[napi]
+pub fn redis_failed(
+    env: &Env,
+    id: u32,
+    key: String,
+    token: Option<String>,
+    retry_after: f64,
+) -> napi::Result<PromiseRaw<'_, ()>> {
+    let (tx, rx) = oneshot::channel::<()>();
+    if let Some(tier) = tier(id) {
+        let job_tier = tier.clone();
+        let job_key = key.clone();
+        tier.in_order(&key, async move {
+            job_tier
+                .record_failure(&job_key, token.as_deref(), retry_after)
+                .await;
+            let _ = tx.send(());
+        });
+    }
+    env.spawn_future(async move {
+        let _ = rx.await;
+        Ok(())
+    })
+}
+
+#[napi(object)]
+pub struct RedisReport {
+    pub op: String,
+    pub key: Option<String>,
+    pub message: String,
+}
+
+/// Redis failures waiting for `onError` (already rate-limited).
+#[napi]
+pub fn take_redis_reports(id: u32) -> Vec<RedisReport> {
+    let Some(reports) = engine(id).and_then(|e| e.borrow().reports.clone()) else {
+        return Vec::new();
+    };
+    reports
+        .take()
+        .into_iter()
+        .map(|r| RedisReport {
+            op: r.op.to_string(),
+            key: r.key,
+            message: r.message,
+        })
+        .collect()
+}
+
+#[napi]
+pub fn has_redis(id: u32) -> bool {
+    engine(id).is_some_and(|e| e.borrow().redis.is_some())
+}

@@ -1,0 +1,225 @@
+//! The invalidation bus: one pub/sub subscriber per cache on `<ns>:bus:<db>`. An announcement
+//! (`<origin> <key>`) drops other processes' in-process copies of the key (through the inbox) and
+//! wakes the lock waiters of the key. Losing or regaining the subscription wakes every waiter
+//! too, since announcements may have been missed meanwhile.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::RedisResult;
+use tokio::sync::Notify;
+
+use super::{until_true, RedisTier};
+
+/// The bus pings this often when no message arrives, to notice a Redis that stopped answering.
+pub const BUS_PING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The channel of one namespace in one database: apps on different databases of one server
+/// never invalidate each other.
+pub fn channel(namespace: &str, db: i64) -> String {
+    format!("{namespace}:bus:{db}")
+}
+
+/// Lock waiters by key.
+#[derive(Default)]
+pub struct Waiters {
+    /// Per key: what wakes its waiters, and how many are registered (the last one out removes
+    /// the entry; counting explicitly, not by Arc count, so a wake in progress cannot leave an
+    /// empty entry behind).
+    map: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
+}
+
+/// One registered waiter; dropping it unregisters.
+pub struct Waiter<'a> {
+    waiters: &'a Waiters,
+    key: String,
+    pub notify: Arc<Notify>,
+}
+
+impl Waiters {
+    pub fn register(&self, key: &str) -> Waiter<'_> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = map.entry(key.to_string()).or_default();
+        entry.1 += 1;
+        Waiter {
+            waiters: self,
+            key: key.to_string(),
+            notify: entry.0.clone(),
+        }
+    }
+
+    pub fn wake(&self, key: &str) {
+        let notify = self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .map(|e| e.0.clone());
+        if let Some(n) = notify {
+            n.notify_waiters();
+        }
+    }
+
+    pub fn wake_all(&self) {
+        let all: Vec<Arc<Notify>> = self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|e| e.0.clone())
+            .collect();
+        for n in all {
+            n.notify_waiters();
+        }
+    }
+
+    /// Keys with a waiter registered (for tests: none may be left behind).
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        let mut map = self.waiters.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = map.get_mut(&self.key) {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl RedisTier {
+    pub(super) fn announcement(&self, key: &str) -> String {
+        format!("{} {key}", self.origin)
+    }
+
+    fn on_announcement(&self, payload: &[u8]) {
+        let Ok(text) = std::str::from_utf8(payload) else {
+            return;
+        };
+        let Some((origin, key)) = text.split_once(' ') else {
+            return;
+        };
+        if origin != self.origin {
+            self.inbox.invalidate(key);
+        }
+        self.waiters.wake(key);
+    }
+
+    fn set_bus_up(&self, up: bool) {
+        self.bus_up.store(up, Ordering::Relaxed);
+        self.update_trust();
+        // Waiters may have missed the announcement they wait for: they look again now (and
+        // poll while the bus is down).
+        self.waiters.wake_all();
+    }
+
+    /// The subscriber, resubscribing by itself until the cache closes. Each resubscription drops
+    /// every in-process copy, since announcements may have been missed meanwhile.
+    pub async fn run_bus(self: Arc<Self>) {
+        let mut shutdown = self.shutdown.subscribe();
+        let mut backoff = Duration::from_millis(50);
+        let mut first = true;
+        while !self.closed() {
+            let subscribed = tokio::time::timeout(self.link.connect_timeout, async {
+                let mut pubsub = self.link.client().get_async_pubsub().await?;
+                pubsub.subscribe(&self.channel).await?;
+                RedisResult::Ok(pubsub)
+            })
+            .await;
+            // Calls waiting for the first attempt go on now, whatever its outcome.
+            let first_succeeded = first && matches!(subscribed, Ok(Ok(_)));
+            first = false;
+            self.bus_attempted.send_replace(true);
+            match subscribed {
+                Ok(Ok(pubsub)) => {
+                    backoff = Duration::from_millis(50);
+                    // Copies made before this subscription may have missed announcements,
+                    // unless it is the first one, which every Redis command waited for.
+                    if !first_succeeded {
+                        self.inbox.invalidate_all();
+                    }
+                    self.set_bus_up(true);
+                    let (mut sink, mut stream) = pubsub.split();
+                    loop {
+                        tokio::select! {
+                            _ = until_true(&mut shutdown) => {
+                                self.set_bus_up(false);
+                                return;
+                            }
+                            msg = stream.next() => match msg {
+                                Some(msg) => self.on_announcement(msg.get_payload_bytes()),
+                                None => break,
+                            },
+                            _ = tokio::time::sleep(BUS_PING_INTERVAL) => {
+                                let pong = tokio::time::timeout(
+                                    self.link.command_timeout,
+                                    sink.ping::<redis::Value>(),
+                                )
+                                .await;
+                                if !matches!(pong, Ok(Ok(_))) {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    self.set_bus_up(false);
+                    self.stats.redis_errors.incr();
+                    self.report(
+                        "bus",
+                        None,
+                        "Redis bus connection lost; resubscribing".to_string(),
+                    );
+                }
+                Ok(Err(e)) => {
+                    self.stats.redis_errors.incr();
+                    self.report("bus", None, format!("Redis bus subscription failed: {e}"));
+                }
+                Err(_) => {
+                    self.stats.redis_errors.incr();
+                    self.report("bus", None, "Redis bus subscription timed out".to_string());
+                }
+            }
+            tokio::select! {
+                _ = until_true(&mut shutdown) => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_waiter_out_removes_the_key_even_while_a_wake_holds_the_notify() {
+        let w = Waiters::default();
+        let a = w.register("k");
+        let b = w.register("k");
+        // A wake in progress holds a clone of the Notify, as the bus does while it wakes.
+        let held = a.notify.clone();
+        drop(a);
+        drop(b);
+        assert_eq!(w.len(), 0);
+        drop(held);
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn channels_name_the_database() {
+        assert_eq!(channel("app", 0), "app:bus:0");
+        assert_eq!(channel("app", 3), "app:bus:3");
+    }
+}

@@ -1,0 +1,203 @@
+//! The command connection: made on first use (concurrent callers share one attempt), replaced
+//! (never reused) after it timed out or failed, and the classification of Redis failures that
+//! decides what a failure costs: the connection, the whole tier for a while, or one command.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::io::tcp::{socket2, TcpSettings};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, Value,
+};
+
+/// What a failed command costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// I/O error or timeout: the connection is replaced and Redis is skipped until a probe
+    /// answers (reads are served without it meanwhile).
+    Down,
+    /// The server answered but cannot serve us as it is (READONLY after a failover, LOADING,
+    /// MASTERDOWN): the connection is replaced, so the next command finds the node anew; this
+    /// command fails alone.
+    Reconnect,
+    /// Any other error reply (NOPERM, WRONGTYPE, a script error): this command fails alone.
+    Command,
+}
+
+pub fn classify(e: &RedisError) -> Fault {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        return Fault::Down;
+    }
+    match e.kind() {
+        ErrorKind::Io => Fault::Down,
+        ErrorKind::Server(
+            ServerErrorKind::ReadOnly | ServerErrorKind::BusyLoading | ServerErrorKind::MasterDown,
+        ) => Fault::Reconnect,
+        _ => {
+            // A write inside a Lua script on a demoted node fails with the script's error,
+            // whose text carries the READONLY reply.
+            let text = e.to_string();
+            if text.contains("READONLY") || text.contains("LOADING") {
+                Fault::Reconnect
+            } else {
+                Fault::Command
+            }
+        }
+    }
+}
+
+/// One connection the tier hands out; `id` names it, so a failure replaces only that one.
+#[derive(Clone)]
+pub struct Conn {
+    pub id: u64,
+    inner: MultiplexedConnection,
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.inner.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.inner.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+/// TCP settings for every connection: keepalive probes notice a peer that vanished without a
+/// FIN, TCP_USER_TIMEOUT notices data that is never acknowledged, and no lingering on close so
+/// a replaced connection's unsent commands are discarded rather than delivered late.
+pub fn tcp_settings() -> TcpSettings {
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(5))
+        .with_interval(Duration::from_secs(1));
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
+    let keepalive = keepalive.with_retries(3);
+    let settings = TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive)
+        .set_linger_time(Duration::ZERO);
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
+    let settings = settings.set_user_timeout(Duration::from_secs(5));
+    settings
+}
+
+pub struct Link {
+    client: redis::Client,
+    pub connect_timeout: Duration,
+    pub command_timeout: Duration,
+    /// The connection commands share; `None` until made, and again once it failed.
+    current: Mutex<Option<Conn>>,
+    /// Held while making a connection, so concurrent callers share one attempt.
+    connecting: tokio::sync::Mutex<()>,
+    /// Numbers connections, so a failure reported late never drops a newer one.
+    next_id: AtomicU64,
+}
+
+impl Link {
+    pub fn new(
+        client: redis::Client,
+        connect_timeout: Duration,
+        command_timeout: Duration,
+    ) -> Self {
+        Link {
+            client,
+            connect_timeout,
+            command_timeout,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    /// The database index the URL selects (the bus channel carries it).
+    pub fn db(&self) -> i64 {
+        self.client.get_connection_info().redis_settings().db()
+    }
+
+    fn current(&self) -> Option<Conn> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The shared connection, made within `connect_timeout` of `started` if there is none.
+    pub async fn get(&self, started: Instant) -> RedisResult<Conn> {
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let left = || {
+            self.connect_timeout
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(50))
+        };
+        let _connecting = tokio::time::timeout(left(), self.connecting.lock())
+            .await
+            .map_err(|_| timed_out("timed out connecting to Redis"))?;
+        if let Some(c) = self.current() {
+            return Ok(c);
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(left()))
+            .set_response_timeout(Some(self.command_timeout));
+        let made = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config);
+        let inner = tokio::time::timeout(left(), made)
+            .await
+            .map_err(|_| timed_out("timed out connecting to Redis"))??;
+        let conn = Conn {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            inner,
+        };
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Drops connection `id` if it is still the shared one: the next command makes a new one.
+    pub fn replace(&self, id: u64) {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if current.as_ref().is_some_and(|c| c.id == id) {
+            *current = None;
+        }
+    }
+}
+
+pub fn timed_out(what: &'static str) -> RedisError {
+    RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_io_errors_and_timeouts_take_redis_down() {
+        assert_eq!(classify(&timed_out("x")), Fault::Down);
+        let refused = RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "refused",
+        ));
+        assert_eq!(classify(&refused), Fault::Down);
+        let readonly = redis::make_extension_error("READONLY".to_string(), None);
+        assert_eq!(classify(&readonly), Fault::Reconnect);
+        let noperm = redis::make_extension_error("NOPERM".to_string(), None);
+        assert_eq!(classify(&noperm), Fault::Command);
+    }
+}

@@ -1,0 +1,232 @@
+//! Envelopes in Redis: reads, and writes fenced against newer state. A key's fence is its
+//! generation key (written by `set` and `delete`) plus the generation inside its envelope (new
+//! with every write). A load's result is written only if the fence is still the one the load
+//! began from (`write_back.lua`), so neither a `set` or `delete` since, nor the result of a
+//! load that took over an expired lock, is ever overwritten.
+
+use std::time::Duration;
+
+use super::{lock::Fence, new_token, RedisTier, Remote, Unavailable};
+use crate::clock::{Clock, SystemClock};
+use crate::envelope::{Envelope, State};
+
+/// How long a generation key lives after the `set`/`delete` that wrote it. A load whose fence is
+/// older than this (less a margin) is not written back: a generation key written after the
+/// load began may have expired by then, and the load would not see that it was fenced.
+pub const GENERATION_TTL: Duration = Duration::from_secs(600);
+const GENERATION_MARGIN: Duration = Duration::from_secs(30);
+
+/// A read of one key.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fetched {
+    Found(Remote),
+    Missing,
+    Unavailable,
+}
+
+/// What became of a load's write-back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteBack {
+    /// In Redis now.
+    Written,
+    /// Something newer happened to the key since the load began: written nowhere.
+    Dropped,
+    /// Redis could not be asked now (down, an error): kept in process only.
+    Unavailable,
+    /// Not sent: the load began without a fence (Redis was unavailable then), or too long ago.
+    NotSent,
+}
+
+/// An envelope this library wrote and that is not expired: `(envelope, value JSON)`. Anything
+/// else (other JSON, another Redis type, bytes that are not UTF-8, expired by our clock) is
+/// `None`: a miss, never an error.
+pub fn usable(bytes: &[u8]) -> Option<(Envelope, Option<String>)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let d = Envelope::decode(text)?;
+    if d.envelope.state(SystemClock.now_ms()) == State::Expired {
+        return None;
+    }
+    Some((d.envelope, d.value_json.map(str::to_string)))
+}
+
+impl RedisTier {
+    /// Reads the key's envelope.
+    pub async fn fetch(&self, key: &str) -> Fetched {
+        let vkey = self.value_key(key);
+        let stamp = self.inbox.stamp(key);
+        let raw = self
+            .run("get", key, |mut c| async move {
+                match redis::cmd("GET")
+                    .arg(&vkey)
+                    .query_async::<Option<Vec<u8>>>(&mut c)
+                    .await
+                {
+                    Err(e) if e.code() == Some("WRONGTYPE") => Ok(None),
+                    other => other,
+                }
+            })
+            .await;
+        match raw {
+            Err(Unavailable) => Fetched::Unavailable,
+            Ok(None) => Fetched::Missing,
+            Ok(Some(bytes)) => match usable(&bytes) {
+                Some((envelope, value_json)) => Fetched::Found(Remote {
+                    envelope,
+                    value_json,
+                    stamp,
+                }),
+                None => Fetched::Missing,
+            },
+        }
+    }
+
+    /// Writes a load's result if nothing newer happened to the key since `fence` was read,
+    /// releases `token`'s lock either way, and announces the key. A `forced` load began after
+    /// any load still running: only a `set` or `delete` since drops it. Run it through
+    /// `in_order`.
+    pub async fn write_back(
+        &self,
+        key: &str,
+        written: Option<(&Envelope, Option<&str>)>,
+        token: Option<&str>,
+        fence: Option<&Fence>,
+        forced: bool,
+    ) -> WriteBack {
+        let too_old = fence.is_some_and(|f| {
+            self.fence_time() - f.read_at_ms
+                >= (GENERATION_TTL - GENERATION_MARGIN).as_millis() as f64
+        });
+        let (Some((envelope, value_json)), Some(fence), false, false) =
+            (written, fence, too_old, self.closed())
+        else {
+            // Nothing to write (superseded, closed, unfenced): free the lock for the next load.
+            if let Some(token) = token {
+                self.release(key, token, true).await;
+            }
+            return WriteBack::NotSent;
+        };
+        let px = envelope.remaining_ms(SystemClock.now_ms());
+        let text = envelope.encode(value_json, &new_token());
+        let keys = (
+            self.value_key(key),
+            self.lock_key(key),
+            self.generation_key(key),
+        );
+        let msg = self.announcement(key);
+        let written = self
+            .run("set", key, |mut c| async move {
+                self.scripts
+                    .write_back
+                    .key(&keys.0)
+                    .key(&keys.1)
+                    .key(&keys.2)
+                    .arg(&text)
+                    .arg(px)
+                    .arg(token.unwrap_or(""))
+                    .arg(&fence.state)
+                    .arg(if forced { "1" } else { "0" })
+                    .arg(&self.channel)
+                    .arg(&msg)
+                    .invoke_async::<i64>(&mut c)
+                    .await
+            })
+            .await;
+        match written {
+            Ok(1) => WriteBack::Written,
+            Ok(_) => WriteBack::Dropped,
+            Err(Unavailable) => {
+                // The script may not have run: free the lock if it is still ours.
+                if let Some(token) = token {
+                    self.release(key, token, true).await;
+                }
+                WriteBack::Unavailable
+            }
+        }
+    }
+
+    /// `set` (`Some`) or `delete` (`None`): the newest state of the key, with a new generation
+    /// that drops every load that began before. `Ok(existed)`: whether a value key was there.
+    /// Run it through `in_order`.
+    pub async fn write(
+        &self,
+        key: &str,
+        written: Option<(&Envelope, Option<&str>)>,
+    ) -> Result<bool, Unavailable> {
+        let (text, px) = match written {
+            Some((envelope, value_json)) => (
+                envelope.encode(value_json, &new_token()),
+                envelope.remaining_ms(SystemClock.now_ms()),
+            ),
+            None => (String::new(), 1),
+        };
+        let keys = (self.value_key(key), self.generation_key(key));
+        let msg = self.announcement(key);
+        let op = if written.is_some() { "set" } else { "delete" };
+        let existed: i64 = self
+            .run(op, key, |mut c| async move {
+                self.scripts
+                    .write
+                    .key(&keys.0)
+                    .key(&keys.1)
+                    .arg(&text)
+                    .arg(px)
+                    .arg(new_token())
+                    .arg(GENERATION_TTL.as_millis() as u64)
+                    .arg(&self.channel)
+                    .arg(&msg)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(existed == 1)
+    }
+
+    /// A load holding `token` failed or timed out: record a failed refresh's `retry_after` in
+    /// the Redis envelope (so no process refreshes the key again before then), and release the
+    /// lock, announcing it so waiters take over at once. Run it through `in_order`.
+    pub async fn record_failure(&self, key: &str, token: Option<&str>, retry_after: f64) {
+        if retry_after > 0.0 {
+            self.record_retry_after(key, retry_after).await;
+        }
+        if let Some(token) = token {
+            self.release(key, token, true).await;
+        }
+    }
+
+    async fn record_retry_after(&self, key: &str, retry_after: f64) {
+        let vkey = self.value_key(key);
+        let current = self
+            .run("get", key, |mut c| {
+                let vkey = vkey.clone();
+                async move {
+                    match redis::cmd("GET")
+                        .arg(&vkey)
+                        .query_async::<Option<String>>(&mut c)
+                        .await
+                    {
+                        Err(e) if e.code() == Some("WRONGTYPE") => Ok(None),
+                        other => other,
+                    }
+                }
+            })
+            .await;
+        let Ok(Some(text)) = current else { return };
+        let Some(d) = Envelope::decode(&text) else {
+            return;
+        };
+        let mut envelope = d.envelope;
+        envelope.retry_after = envelope.retry_after.max(retry_after);
+        let replacement = envelope.encode(d.value_json, d.generation);
+        let _ = self
+            .run("set", key, |mut c| async move {
+                self.scripts
+                    .replace
+                    .key(&vkey)
+                    .arg(&text)
+                    .arg(&replacement)
+                    .invoke_async::<i64>(&mut c)
+                    .await
+            })
+            .await;
+    }
+}

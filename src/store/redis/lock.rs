@@ -1,0 +1,339 @@
+//! The gates a load passes before calling the loader: the cross-process lock
+//! (`SET <ns>:lock:{key} <token> NX PX <lockTtl>`, released by a compare-and-delete so a holder
+//! whose lock expired never deletes the next holder's), and the fence the load takes with it
+//! (the key's state as the load began; `write_back.lua` drops the result if it changed).
+//! The lock is an efficiency lock (it saves loads); the fence is what keeps an older value from
+//! winning.
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use super::envelopes::usable;
+use super::{RedisTier, Remote, Unavailable};
+use crate::inbox::Stamp;
+
+/// While the bus is down, lock waiters look again this often (no notification can come).
+const POLL_WITHOUT_BUS: Duration = Duration::from_millis(100);
+
+/// A random token naming one lock holder, or one generation of a key.
+pub fn new_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// What a load's result is checked against when it is written back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fence {
+    /// The key's state when the load began: its generation key and its envelope's generation,
+    /// as the scripts compute it.
+    pub state: String,
+    /// When it was read, in ms since the tier's epoch (see `fence_time`).
+    pub read_at_ms: f64,
+}
+
+/// What a load should do after asking Redis.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gate {
+    /// Redis has the entry (another process wrote it): use it.
+    Found(Remote),
+    /// Call the loader, holding the lock if `token` is set. `fence: None` when Redis could not
+    /// be asked: the result is then kept in process only. `stamp`: the key's invalidation stamp
+    /// before the look that led (an invalidation since means the result may be older).
+    Lead {
+        token: Option<String>,
+        fence: Option<Fence>,
+        stamp: Option<Stamp>,
+    },
+    /// Another process is refreshing the key: keep serving what we have.
+    Skip,
+    /// The cache closed while waiting.
+    Closed,
+}
+
+impl Gate {
+    fn unfenced() -> Gate {
+        Gate::Lead {
+            token: None,
+            fence: None,
+            stamp: None,
+        }
+    }
+}
+
+/// One look of `cold_gate.lua`.
+enum Look {
+    Value(Vec<u8>),
+    Locked(String),
+    Held(String, u64),
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn number(v: &Value) -> i64 {
+    match v {
+        Value::Int(n) => *n,
+        _ => 0,
+    }
+}
+
+impl RedisTier {
+    fn fence(&self, state: String) -> Fence {
+        Fence {
+            state,
+            read_at_ms: self.fence_time(),
+        }
+    }
+
+    /// Ms since the tier's epoch: fences carry it through JS and back.
+    pub fn fence_time(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * 1_000.0
+    }
+
+    async fn look(
+        &self,
+        key: &str,
+        token: &str,
+        lock_ttl_ms: u64,
+        past_value: bool,
+    ) -> Result<Look, Unavailable> {
+        let keys = (
+            self.value_key(key),
+            self.lock_key(key),
+            self.generation_key(key),
+        );
+        let reply: Vec<Value> = self
+            .run("lock", key, |mut c| async move {
+                self.scripts
+                    .cold_gate
+                    .key(&keys.0)
+                    .key(&keys.1)
+                    .key(&keys.2)
+                    .arg(token)
+                    .arg(lock_ttl_ms.max(1))
+                    .arg(if past_value { "1" } else { "0" })
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let generation = reply.get(1).and_then(text).unwrap_or_default();
+        Ok(match reply.get(2).map(number) {
+            Some(0) => match reply.first() {
+                Some(Value::BulkString(b)) => Look::Value(b.clone()),
+                _ => Look::Held(generation, 0),
+            },
+            Some(1) => Look::Locked(generation),
+            _ => Look::Held(
+                generation,
+                reply.get(3).map(number).unwrap_or(0).max(0) as u64,
+            ),
+        })
+    }
+
+    /// A cold load's way through Redis: the value if another process has it; else take the
+    /// lock and load; else wait, woken by the bus, for the holder's value. A lock that expires
+    /// is taken over by the first waiter to look (one extra load, at worst), and the others
+    /// wait for whichever of the two values comes first. No wait for one holder lasts longer
+    /// than lockTtl, and no waiter waits for more than two (2 x lockTtl in all): then it loads
+    /// without the lock (fenced like any load). Ends at once when the cache closes.
+    pub async fn cold_gate(&self, key: &str, lock_ttl_ms: u64) -> Gate {
+        let token = new_token();
+        let lock_ttl = Duration::from_millis(lock_ttl_ms);
+        let started = Instant::now();
+        let give_up = started + 2 * lock_ttl;
+        let mut deadline = started + lock_ttl;
+        let mut past_value = false;
+        let mut waited = false;
+        loop {
+            if self.closed() {
+                return Gate::Closed;
+            }
+            // Registered before looking, so an announcement between the look and the wait
+            // still wakes us.
+            let waiter = self.waiters.register(key);
+            let notified = waiter.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+
+            let stamp = self.inbox.stamp(key);
+            // Past an unusable value for one look only: a holder may write a good one meanwhile.
+            let past = std::mem::take(&mut past_value);
+            let left = match self.look(key, &token, lock_ttl_ms, past).await {
+                Err(Unavailable) => return Gate::unfenced(),
+                Ok(Look::Value(bytes)) => match usable(&bytes) {
+                    Some((envelope, value_json)) => {
+                        return Gate::Found(Remote {
+                            envelope,
+                            value_json,
+                            stamp,
+                        })
+                    }
+                    None => {
+                        // Not ours or expired by our clock: a miss; take the lock past it.
+                        past_value = true;
+                        continue;
+                    }
+                },
+                Ok(Look::Locked(generation)) => {
+                    self.stats.lock_wins.incr();
+                    return Gate::Lead {
+                        token: Some(token),
+                        fence: Some(self.fence(generation)),
+                        stamp: Some(stamp),
+                    };
+                }
+                Ok(Look::Held(generation, left_ms)) => {
+                    if !waited {
+                        waited = true;
+                        self.stats.lock_waits.incr();
+                    }
+                    let now = Instant::now();
+                    let left = Duration::from_millis(left_ms + 1);
+                    if now >= deadline {
+                        // The holder we waited for is gone and another took over: wait for it
+                        // (or the first holder's late value) too, but never past `give_up`.
+                        if now >= give_up {
+                            return Gate::Lead {
+                                token: None,
+                                fence: Some(self.fence(generation)),
+                                stamp: Some(stamp),
+                            };
+                        }
+                        deadline = (now + left.min(lock_ttl)).min(give_up);
+                    }
+                    left.min(deadline - now)
+                }
+            };
+            if self.closed() {
+                return Gate::Closed;
+            }
+            let wait = if self.bus_up() {
+                left
+            } else {
+                left.min(POLL_WITHOUT_BUS)
+            };
+            let _ = tokio::time::timeout(wait, notified).await;
+        }
+    }
+
+    /// A background refresh's way through Redis: only the lock holder refreshes; it re-checks
+    /// first, in case another process has just refreshed (the Redis copy is newer than ours,
+    /// `local_fresh_until`) or recorded a failure (error backoff). An XFetch refresh starts
+    /// while the entry is still fresh, so freshness alone does not mean someone refreshed.
+    pub async fn refresh_gate(&self, key: &str, lock_ttl_ms: u64, local_fresh_until: f64) -> Gate {
+        let token = new_token();
+        let stamp = self.inbox.stamp(key);
+        let keys = (
+            self.value_key(key),
+            self.lock_key(key),
+            self.generation_key(key),
+        );
+        let reply: Result<Vec<Value>, Unavailable> = self
+            .run("lock", key, |mut c| {
+                let token = token.clone();
+                async move {
+                    self.scripts
+                        .refresh_gate
+                        .key(&keys.0)
+                        .key(&keys.1)
+                        .key(&keys.2)
+                        .arg(token)
+                        .arg(lock_ttl_ms.max(1))
+                        .invoke_async(&mut c)
+                        .await
+                }
+            })
+            .await;
+        let reply = match reply {
+            Err(Unavailable) => return Gate::unfenced(),
+            Ok(r) => r,
+        };
+        if reply.first().map(number) != Some(1) {
+            return Gate::Skip;
+        }
+        self.stats.lock_wins.incr();
+        let generation = reply.get(2).and_then(text).unwrap_or_default();
+        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+        if let Some(Value::BulkString(b)) = reply.get(1) {
+            if let Some((envelope, value_json)) = usable(b) {
+                if envelope.fresh_until > local_fresh_until || !envelope.refresh_allowed(now) {
+                    self.release(key, &token, false).await;
+                    return Gate::Found(Remote {
+                        envelope,
+                        value_json,
+                        stamp,
+                    });
+                }
+            }
+        }
+        Gate::Lead {
+            token: Some(token),
+            fence: Some(self.fence(generation)),
+            stamp: Some(stamp),
+        }
+    }
+
+    /// A forceRefresh's fence: the key's state now (no lock: a forced load is written whoever
+    /// holds it).
+    pub async fn force_gate(&self, key: &str) -> Gate {
+        let stamp = self.inbox.stamp(key);
+        let keys = (self.value_key(key), self.generation_key(key));
+        let state = self
+            .run("get", key, |mut c| async move {
+                self.scripts
+                    .fence
+                    .key(&keys.0)
+                    .key(&keys.1)
+                    .invoke_async::<String>(&mut c)
+                    .await
+            })
+            .await;
+        match state {
+            Ok(state) => Gate::Lead {
+                token: None,
+                fence: Some(self.fence(state)),
+                stamp: Some(stamp),
+            },
+            Err(Unavailable) => Gate::unfenced(),
+        }
+    }
+
+    /// Releases `token`'s lock; `announce` wakes the processes waiting on it (a failed cold
+    /// load, a timed-out one).
+    pub async fn release(&self, key: &str, token: &str, announce: bool) {
+        let (lkey, msg) = (self.lock_key(key), self.announcement(key));
+        let _ = self
+            .run("unlock", key, |mut c| async move {
+                let channel = if announce { self.channel.as_str() } else { "" };
+                self.scripts
+                    .release
+                    .key(&lkey)
+                    .arg(token)
+                    .arg(channel)
+                    .arg(&msg)
+                    .invoke_async::<i64>(&mut c)
+                    .await
+            })
+            .await;
+    }
+
+    /// `lkey`'s remaining life in ms (None: absent; Some(u64::MAX): no expiry). For tests.
+    pub async fn lock_left_ms(&self, key: &str) -> Result<Option<u64>, Unavailable> {
+        let lkey = self.lock_key(key);
+        let pttl: i64 = self
+            .run("get", key, |mut c| async move {
+                redis::cmd("PTTL").arg(&lkey).query_async(&mut c).await
+            })
+            .await?;
+        Ok(match pttl {
+            -2 => None,
+            -1 => Some(u64::MAX),
+            n => Some(n.max(0) as u64),
+        })
+    }
+}

@@ -1,0 +1,447 @@
+//! The Redis tier: envelopes at `<ns>:v:{key}` (expiring at their hardTtl), a generation at
+//! `<ns>:gen:{key}` that `set` and `delete` write so that loads begun before them are dropped, the cross-process lock protocol
+//! around loads (`<ns>:lock:{key}`), the pub/sub bus that drops other processes' in-process
+//! copies and wakes lock waiters, and the degrade-and-recover logic that keeps Redis trouble
+//! from failing or blocking reads: every command is bounded by a timeout, and after an I/O
+//! failure Redis is skipped at once (one probe at a time tries it again) until it answers.
+//!
+//! By concern: `connection` (making, replacing and classifying), `order` (one instance's
+//! writes of a key in call order), `bus` (pub/sub and lock waiters), `lock` (the gates a load
+//! passes), `envelopes` (reads and fenced writes), `scripts/*.lua` (each names its KEYS/ARGV).
+
+mod bus;
+mod connection;
+mod envelopes;
+mod lock;
+mod order;
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use redis::{RedisResult, Script};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use crate::inbox::{Inbox, Stamp};
+use crate::key;
+use crate::stats::Stats;
+
+pub use bus::{channel, Waiters};
+pub use connection::{classify, Fault};
+pub use envelopes::{Fetched, WriteBack};
+pub use lock::{new_token, Fence, Gate};
+pub use order::WriteOrder;
+
+use connection::{timed_out, Link};
+
+/// How long the first connection may take before calls degrade.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// A command not answered within this counts as a Redis error.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+/// After a failure, Redis is skipped this long before a background probe tries it again.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+/// At most one `onError` report per operation kind per this interval.
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// An entry read from Redis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Remote {
+    pub envelope: crate::envelope::Envelope,
+    /// The value as JSON; `None` for a cached `undefined`.
+    pub value_json: Option<String>,
+    /// The key's invalidation stamp before the read was sent (see `Cache::adopt`).
+    pub stamp: Stamp,
+}
+
+/// A background failure for `onError`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub op: &'static str,
+    pub key: Option<String>,
+    pub message: String,
+}
+
+/// Redis was skipped or failed; already counted and reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unavailable;
+
+#[derive(Debug)]
+enum Health {
+    Up,
+    /// Failed; skipped until `retry_at`, then one call (`probing`) tries it.
+    Down {
+        retry_at: Instant,
+        probing: bool,
+    },
+}
+
+/// The scripts, loaded by EVALSHA with a load on NOSCRIPT.
+struct Scripts {
+    fence: Script,
+    cold_gate: Script,
+    refresh_gate: Script,
+    write_back: Script,
+    write: Script,
+    release: Script,
+    replace: Script,
+}
+
+pub struct RedisTier {
+    /// Itself, for the background tasks it spawns.
+    me: Weak<RedisTier>,
+    link: Link,
+    /// Where background work runs (writes in order, probes).
+    runtime: Handle,
+    namespace: String,
+    channel: String,
+    /// Names this cache instance on the bus, so it ignores its own announcements.
+    origin: String,
+    stats: Arc<Stats>,
+    inbox: Arc<Inbox>,
+    /// Up or down (skipped until a probe answers).
+    health: Mutex<Health>,
+    /// True while the bus is subscribed.
+    bus_up: AtomicBool,
+    /// Set once the first subscription attempt has ended (either way): the first commands wait
+    /// for it, so nothing is cached before the bus could announce changes to it.
+    bus_attempted: watch::Sender<bool>,
+    waiters: Waiters,
+    order: Arc<WriteOrder>,
+    /// Failures not yet handed to `onError` (shared with the embedder, which keeps draining it
+    /// after the tier is gone).
+    reports: Arc<Reports>,
+    shutdown: watch::Sender<bool>,
+    scripts: Scripts,
+    /// Origin of the fence times handed to JS (ms since this instant).
+    epoch: Instant,
+}
+
+/// Failures waiting for `onError`, at most one per operation kind per REPORT_INTERVAL.
+#[derive(Default)]
+pub struct Reports {
+    /// The queue, and when each kind was last reported.
+    log: Mutex<ReportLog>,
+}
+
+#[derive(Default)]
+struct ReportLog {
+    queue: VecDeque<Report>,
+    last: HashMap<&'static str, Instant>,
+}
+
+impl Reports {
+    fn push(&self, op: &'static str, key: Option<&str>, message: String) {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if log
+            .last
+            .get(op)
+            .is_some_and(|t| now.duration_since(*t) < REPORT_INTERVAL)
+        {
+            return;
+        }
+        log.last.insert(op, now);
+        if log.queue.len() >= 64 {
+            log.queue.pop_front();
+        }
+        log.queue.push_back(Report {
+            op,
+            key: key.map(str::to_string),
+            message,
+        });
+    }
+
+    pub fn take(&self) -> Vec<Report> {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.queue.drain(..).collect()
+    }
+}
+
+impl RedisTier {
+    /// Parses the URL (an error names what is wrong) and prepares the tier; `connect` and
+    /// `run_bus` (spawned by the embedder on `runtime`) connect.
+    pub fn new(
+        url: &str,
+        namespace: &str,
+        stats: Arc<Stats>,
+        inbox: Arc<Inbox>,
+        runtime: Handle,
+    ) -> Result<Arc<Self>, String> {
+        use redis::IntoConnectionInfo;
+        let info = url
+            .into_connection_info()
+            .map_err(|e| e.to_string())?
+            .set_tcp_settings(connection::tcp_settings());
+        let client = redis::Client::open(info).map_err(|e| e.to_string())?;
+        let link = Link::new(client, CONNECT_TIMEOUT, COMMAND_TIMEOUT);
+        let channel = channel(namespace, link.db());
+        let (shutdown, _) = watch::channel(false);
+        let (bus_attempted, _) = watch::channel(false);
+        Ok(Arc::new_cyclic(|me| RedisTier {
+            me: me.clone(),
+            link,
+            runtime,
+            namespace: namespace.to_string(),
+            channel,
+            origin: new_token(),
+            stats,
+            inbox,
+            // Up until proven otherwise: the first calls wait for the first connection.
+            health: Mutex::new(Health::Up),
+            bus_up: AtomicBool::new(false),
+            bus_attempted,
+            waiters: Waiters::default(),
+            order: Arc::new(WriteOrder::default()),
+            reports: Arc::new(Reports::default()),
+            shutdown,
+            scripts: Scripts {
+                fence: Script::new(include_str!("scripts/fence.lua")),
+                cold_gate: Script::new(include_str!("scripts/cold_gate.lua")),
+                refresh_gate: Script::new(include_str!("scripts/refresh_gate.lua")),
+                write_back: Script::new(include_str!("scripts/write_back.lua")),
+                write: Script::new(include_str!("scripts/write.lua")),
+                release: Script::new(include_str!("scripts/release.lua")),
+                replace: Script::new(include_str!("scripts/replace.lua")),
+            },
+            epoch: Instant::now(),
+        }))
+    }
+
+    /// Makes the first connection ahead of the first call (calls made meanwhile share it).
+    pub async fn connect(&self) {
+        if self.connection(Instant::now()).await.is_err() {
+            // Counted and reported as calls find it down; the first call probes again.
+            *self.health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Down {
+                retry_at: Instant::now(),
+                probing: false,
+            };
+        }
+    }
+
+    /// Stops the bus, wakes every lock waiter (they end with `Gate::Closed`), and releases
+    /// `held` (`(key, token)` of locks that loads still running hold) after the writes already
+    /// queued for their keys. The connection closes once the last task holding the tier ends.
+    pub fn close(self: &Arc<Self>, held: Vec<(String, String)>) {
+        self.shutdown.send_replace(true);
+        self.waiters.wake_all();
+        for (key, token) in held {
+            let me = self.clone();
+            let job_key = key.clone();
+            self.in_order(
+                &key,
+                async move { me.release(&job_key, &token, true).await },
+            );
+        }
+    }
+
+    pub fn closed(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    pub fn value_key(&self, key: &str) -> String {
+        key::redis_value_key(&self.namespace, key)
+    }
+
+    pub fn lock_key(&self, key: &str) -> String {
+        key::redis_lock_key(&self.namespace, key)
+    }
+
+    pub fn generation_key(&self, key: &str) -> String {
+        key::redis_generation_key(&self.namespace, key)
+    }
+
+    /// Runs `job` after this instance's earlier writes of `key`.
+    pub fn in_order<F>(&self, key: &str, job: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.order.push(&self.runtime, key, Box::pin(job));
+    }
+
+    /// The connection, once the first subscription attempt has ended (so nothing is cached
+    /// before the bus could announce changes to it).
+    async fn connection(&self, started: Instant) -> RedisResult<connection::Conn> {
+        if !*self.bus_attempted.borrow() {
+            let mut attempted = self.bus_attempted.subscribe();
+            let _ =
+                tokio::time::timeout(self.link.connect_timeout, until_true(&mut attempted)).await;
+        }
+        if started.elapsed() >= self.link.connect_timeout {
+            return Err(timed_out("timed out connecting to Redis"));
+        }
+        self.link.get(started).await
+    }
+
+    /// May a command go to Redis now? Only while it is up. While it is down, the first call
+    /// after `retry_at` starts the background probe and, like every other, skips Redis.
+    fn admit(&self, op: &'static str) -> bool {
+        // A closed cache still releases the locks its last loads hold, so other processes do
+        // not wait out lockTtl.
+        if self.closed() && op != "unlock" {
+            return false;
+        }
+        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        match &mut *h {
+            Health::Up => true,
+            Health::Down { retry_at, probing } => {
+                if !*probing && Instant::now() >= *retry_at {
+                    *probing = true;
+                    if let Some(me) = self.me.upgrade() {
+                        self.runtime.spawn(async move { me.probe().await });
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    /// Pings Redis on a fresh connection if the last one failed; up again on an answer.
+    async fn probe(&self) {
+        let started = Instant::now();
+        let mut used = None;
+        let answered = async {
+            let mut conn = self.connection(started).await?;
+            used = Some(conn.id);
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        };
+        match tokio::time::timeout(self.link.command_timeout, answered).await {
+            Ok(Ok(_)) => self.succeeded(),
+            outcome => {
+                if let Some(id) = used {
+                    self.link.replace(id);
+                }
+                let why = match outcome {
+                    Ok(Err(e)) => format!("Redis is still unavailable: {e}"),
+                    _ => "Redis is still unavailable: PING timed out".to_string(),
+                };
+                self.went_down("probe", None, why);
+            }
+        }
+    }
+
+    fn succeeded(&self) {
+        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        if !matches!(*h, Health::Up) {
+            *h = Health::Up;
+            drop(h);
+            self.update_trust();
+        }
+    }
+
+    fn went_down(&self, op: &'static str, key: Option<&str>, message: String) {
+        self.stats.redis_errors.incr();
+        *self.health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Down {
+            retry_at: Instant::now() + PROBE_INTERVAL,
+            probing: false,
+        };
+        self.update_trust();
+        self.report(op, key, message);
+    }
+
+    fn redis_up(&self) -> bool {
+        matches!(
+            *self.health.lock().unwrap_or_else(|p| p.into_inner()),
+            Health::Up
+        )
+    }
+
+    pub fn bus_up(&self) -> bool {
+        self.bus_up.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stale in-process copies are served unless invalidations may be missed while Redis
+    /// could be asked instead (bus down, Redis up). With Redis down they are all we have.
+    fn update_trust(&self) {
+        self.inbox
+            .set_trust_stale(self.bus_up() || !self.redis_up());
+    }
+
+    /// Queues a failure for `onError` (rate-limited).
+    fn report(&self, op: &'static str, key: Option<&str>, message: String) {
+        self.reports.push(op, key, message);
+    }
+
+    pub fn take_reports(&self) -> Vec<Report> {
+        self.reports.take()
+    }
+
+    /// The failure queue, for draining after the tier is closed and gone.
+    pub fn reports(&self) -> Arc<Reports> {
+        self.reports.clone()
+    }
+
+    /// Runs one bounded command. An I/O failure or timeout replaces the connection and marks
+    /// Redis down; READONLY and the like replace the connection and fail this command alone;
+    /// other error replies fail this command alone. Every failure is counted and reported.
+    async fn run<T, F, Fut>(&self, op: &'static str, key: &str, f: F) -> Result<T, Unavailable>
+    where
+        F: FnOnce(connection::Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        if !self.admit(op) {
+            return Err(Unavailable);
+        }
+        let conn = match self.connection(Instant::now()).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.went_down(op, Some(key), format!("Redis connection failed: {e}"));
+                return Err(Unavailable);
+            }
+        };
+        let id = conn.id;
+        match tokio::time::timeout(self.link.command_timeout, f(conn)).await {
+            Ok(Ok(v)) => {
+                self.succeeded();
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                let message = format!("Redis {op} failed: {e}");
+                match classify(&e) {
+                    Fault::Down => {
+                        self.link.replace(id);
+                        self.went_down(op, Some(key), message);
+                    }
+                    Fault::Reconnect => {
+                        self.link.replace(id);
+                        self.stats.redis_errors.incr();
+                        self.report(op, Some(key), message);
+                    }
+                    Fault::Command => {
+                        self.stats.redis_errors.incr();
+                        self.report(op, Some(key), message);
+                    }
+                }
+                Err(Unavailable)
+            }
+            Err(_) => {
+                // Never reused: whatever it still carries is abandoned with it.
+                self.link.replace(id);
+                self.went_down(
+                    op,
+                    Some(key),
+                    format!("Redis {op} timed out after {:?}", self.link.command_timeout),
+                );
+                Err(Unavailable)
+            }
+        }
+    }
+
+    /// Lock waiters registered now (for tests: none may be left behind).
+    pub fn waiting_keys(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Writes queued or running (for tests: none may be left behind).
+    pub fn pending_writes(&self) -> usize {
+        self.order.pending()
+    }
+}
+
+/// Resolves once the flag is set (`close` called, first subscription attempted, ...).
+pub(crate) async fn until_true(rx: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is dropped here, not held across the caller's awaits.
+    let _set = rx.wait_for(|set| *set).await.is_ok();
+}

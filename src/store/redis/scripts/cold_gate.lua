@@ -1,0 +1,21 @@
+-- A cold load's look at one key: its envelope if there is one, else the lock if it is free, else
+-- how long the lock has left; with the key's fence (see write_back.lua) read in the same atomic
+-- step, so a load's fence is exactly the state it began from.
+-- KEYS[1] value key, KEYS[2] lock key, KEYS[3] generation key (one hash tag: one cluster slot).
+-- ARGV[1] lock token, ARGV[2] lockTtl (ms), ARGV[3] '1' to take the lock even when a value is
+--   there (the caller found that value unusable: not ours, or expired by its clock).
+-- Returns {value or false, fence, state, lock ms left}, state 0: value found; 1: the lock is now
+--   ARGV[1]'s; 2: another holds it. A lock with no expiry is given lockTtl, so a stray key can
+--   never hold a waiter, or the key, forever.
+local value = redis.pcall('GET', KEYS[1])
+if type(value) ~= 'string' then value = false end
+local fence = (redis.call('GET', KEYS[3]) or '') .. '/' ..
+  (value and string.match(value, '^{"sc":1,"gen":"(%w*)"') or '')
+if value and ARGV[3] ~= '1' then return {value, fence, 0, 0} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {false, fence, 1, 0} end
+local left = redis.call('PTTL', KEYS[2])
+if left < 0 then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  left = tonumber(ARGV[2])
+end
+return {false, fence, 2, left}
