@@ -262,6 +262,12 @@ test('npm install stampede-cache: the platform package comes as an optional depe
   assert.deepEqual(installed(dir), ['stampede-cache', `stampede-cache-${HOST_TARGET}`])
   assert.doesNotMatch(output, /install-scripts|prepare|napi build|cargo/, 'npm neither ran nor warned about build scripts')
   assert.ok(registry.requests.some((u) => u.includes(`stampede-cache-${HOST_TARGET}`)))
+  // Everything came from the loopback registry (no other network), and the lockfile records every
+  // platform's package, so it installs the right one on another platform too.
+  const lock = JSON.parse(fs.readFileSync(path.join(dir, 'package-lock.json'), 'utf8'))
+  const locked = Object.entries(lock.packages).filter(([, p]) => p.resolved)
+  assert.deepEqual(locked.map(([k]) => k.replace(/^node_modules\//, '')).sort(), [...tarballs.keys()].sort())
+  for (const [, p] of locked) assert.ok(p.resolved.startsWith(registry.url), p.resolved)
 
   const check = `
     const assert = require('node:assert/strict')

@@ -19,6 +19,8 @@ const path = require('node:path')
 const { execFile, spawn } = require('node:child_process')
 
 const root = path.join(__dirname, '..')
+// A directory link that needs no privileges on Windows.
+const DIR_LINK = process.platform === 'win32' ? 'junction' : 'dir'
 const readme = fs.readFileSync(path.join(root, 'README.md'), 'utf8')
 const tsc = path.join(path.dirname(require.resolve('typescript/package.json', { paths: [root] })), 'bin', 'tsc')
 
@@ -64,11 +66,11 @@ let work
 function makeApp(name, type) {
   const dir = path.join(work, name)
   fs.mkdirSync(path.join(dir, 'node_modules', '@types'), { recursive: true })
-  fs.symlinkSync(root, path.join(dir, 'node_modules', 'stampede-cache'), 'dir')
+  fs.symlinkSync(root, path.join(dir, 'node_modules', 'stampede-cache'), DIR_LINK)
   for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs']) {
-    fs.symlinkSync(path.join(root, 'node_modules', dep), path.join(dir, 'node_modules', dep), 'dir')
+    fs.symlinkSync(path.join(root, 'node_modules', dep), path.join(dir, 'node_modules', dep), DIR_LINK)
   }
-  fs.symlinkSync(path.join(root, 'node_modules', '@types', 'node'), path.join(dir, 'node_modules', '@types', 'node'), 'dir')
+  fs.symlinkSync(path.join(root, 'node_modules', '@types', 'node'), path.join(dir, 'node_modules', '@types', 'node'), DIR_LINK)
   fs.writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ name, private: true, type }))
   return dir
 }

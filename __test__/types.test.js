@@ -13,6 +13,8 @@ const path = require('node:path')
 const { execFile } = require('node:child_process')
 
 const root = path.join(__dirname, '..')
+// A directory link that needs no privileges on Windows.
+const DIR_LINK = process.platform === 'win32' ? 'junction' : 'dir'
 const fixtures = path.join(__dirname, 'fixtures', 'types')
 const tsc = path.join(path.dirname(require.resolve('typescript/package.json', { paths: [root] })), 'bin', 'tsc')
 
@@ -34,7 +36,7 @@ function makeApp(t, name, config) {
   const pkg = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'))
   for (const file of ['package.json', ...pkg.files]) fs.copyFileSync(path.join(root, file), path.join(pkgDir, file))
   fs.mkdirSync(path.join(dir, 'node_modules', '@types'))
-  fs.symlinkSync(path.join(root, 'node_modules', '@types', 'node'), path.join(dir, 'node_modules', '@types', 'node'), 'dir')
+  fs.symlinkSync(path.join(root, 'node_modules', '@types', 'node'), path.join(dir, 'node_modules', '@types', 'node'), DIR_LINK)
   for (const file of ['cases.ts', 'lie.ts']) fs.copyFileSync(path.join(fixtures, file), path.join(dir, file))
   fs.writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ name: `types-${name}`, private: true, type: config.type }))
   const tsconfig = {
