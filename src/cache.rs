@@ -385,6 +385,8 @@ impl<C: Clock> Cache<C> {
         self.ensure_open()?;
         self.apply_inbox();
         self.flights.supersede(key);
+        // A Redis read of the key already on its way predates this write: not to be kept.
+        self.inbox.touch(key);
         Ok(self.write(key, 0.0, negative, policy))
     }
 
@@ -444,6 +446,7 @@ impl<C: Clock> Cache<C> {
         self.ensure_open()?;
         self.apply_inbox();
         self.flights.supersede(key);
+        self.inbox.touch(key);
         let now = self.clock.now_ms();
         Ok(match self.store.remove(key) {
             Some(e) => (Some(e.slot), e.envelope.state(now) != State::Expired),
@@ -903,7 +906,11 @@ mod inbox_tests {
         let id = lead(&mut c, "a");
         let stamp = c.inbox().stamp("a");
         let env = c.prepare("a", id, 1.0, false, &p).unwrap();
-        assert_eq!(c.flights_in_progress(), 1, "callers keep joining while it is written");
+        assert_eq!(
+            c.flights_in_progress(),
+            1,
+            "callers keep joining while it is written"
+        );
         assert!(c.finish_write("a", id, env, true, Some(stamp)).is_some());
         assert_eq!(c.flights_in_progress(), 0);
         // Dropped by Redis (a newer write there): kept nowhere.
@@ -924,6 +931,24 @@ mod inbox_tests {
         assert_eq!(c.finish_write("d", id, env, true, None), None);
         assert_eq!(c.live_slot("d"), slot, "the set's entry stays");
         assert_eq!(c.flights_in_progress(), 0);
+    }
+
+    #[test]
+    fn a_read_sent_before_a_local_write_is_not_kept_over_it() {
+        // Seed 2012 of the history test: get() read v6 from Redis, set(v7) ran here, then the
+        // read's answer arrived and was kept over v7.
+        let (mut c, clock) = cache();
+        let p = c.options().defaults;
+        for write in ["set", "delete"] {
+            let stamp = c.inbox().stamp("k");
+            if write == "set" {
+                c.set("k", false, &p).unwrap();
+            } else {
+                c.delete("k").unwrap();
+            }
+            let older = Envelope::new(clock.now_ms(), 200.0, 400.0, 1.0, false);
+            assert_eq!(c.adopt("k", None, older, Some(stamp)), None, "{write}");
+        }
     }
 
     #[test]

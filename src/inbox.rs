@@ -83,6 +83,13 @@ impl Inbox {
         self.pending.store(true, Ordering::Release);
     }
 
+    /// Changes the key's stamp without queueing anything: a write in this process, so a Redis
+    /// read sent before it is not kept over it when it answers after.
+    pub fn touch(&self, key: &str) {
+        let seq = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
+        self.stamps[bucket(key)].store(seq, Ordering::Release);
+    }
+
     pub fn invalidate_all(&self) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.clear_all.store(true, Ordering::Relaxed);
