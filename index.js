@@ -9,7 +9,7 @@
 // `waitUntil`, and honour AbortSignals.
 
 const { AsyncLocalStorage } = require('node:async_hooks')
-const native = require('./native.js')
+const native = require('./binding.js')
 
 /** The request-scoped waitUntil set by withWaitUntil(), for every cache used in that scope. */
 const requestScope = new AsyncLocalStorage()
