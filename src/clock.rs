@@ -117,7 +117,10 @@ mod tests {
             let bound = c.upper_bound_ms();
             assert!(bound + 1e-3 >= now, "bound {bound} < now {now}");
             let after = c.now_ms();
-            assert!(bound - after < 100.0, "bound {bound} is far ahead of {after}");
+            assert!(
+                bound - after < 100.0,
+                "bound {bound} is far ahead of {after}"
+            );
         }
     }
 }

@@ -53,21 +53,37 @@ pub fn encode_parts<S: AsRef<str>>(parts: &[S]) -> Result<String> {
     Ok(out)
 }
 
-/// The Redis key holding `key`'s envelope. The braces make `key` the Redis Cluster hash tag,
-/// so the value and its lock share a slot (and one Lua script may touch both).
+/// A Redis key name for `key` under `segment`. The braces make `key` the Redis Cluster hash tag,
+/// so a key's value, lock and generation share a slot (and one Lua script may touch them all).
+/// A key holding `}` would end the tag early (`}x` would even make it empty, and each name would
+/// hash on its own): such keys are written hex-encoded, under segments of their own (`vx`,
+/// `lockx`, `genx`), so they can never meet a plain key.
+fn tagged(namespace: &str, segment: &str, key: &str) -> String {
+    if key.contains('}') {
+        let mut hex = String::with_capacity(key.len() * 2);
+        for b in key.bytes() {
+            hex.push_str(&format!("{b:02x}"));
+        }
+        format!("{namespace}:{segment}x:{{{hex}}}")
+    } else {
+        format!("{namespace}:{segment}:{{{key}}}")
+    }
+}
+
+/// The Redis key holding `key`'s envelope.
 pub fn redis_value_key(namespace: &str, key: &str) -> String {
-    format!("{namespace}:v:{{{key}}}")
+    tagged(namespace, "v", key)
 }
 
 /// The Redis key of `key`'s refresh lock.
 pub fn redis_lock_key(namespace: &str, key: &str) -> String {
-    format!("{namespace}:lock:{{{key}}}")
+    tagged(namespace, "lock", key)
 }
 
 /// The Redis key of `key`'s generation: changed by every `set` and `delete`, so a load that
 /// began before one of them can tell, when it writes back, that its result is older.
 pub fn redis_generation_key(namespace: &str, key: &str) -> String {
-    format!("{namespace}:gen:{{{key}}}")
+    tagged(namespace, "gen", key)
 }
 
 #[cfg(test)]
@@ -99,6 +115,35 @@ mod tests {
         assert_eq!(redis_value_key("sc", "user:42"), "sc:v:{user:42}");
         assert_eq!(redis_lock_key("sc", "user:42"), "sc:lock:{user:42}");
         assert_eq!(redis_generation_key("sc", "user:42"), "sc:gen:{user:42}");
+    }
+
+    /// The hash tag Redis Cluster hashes: between the first `{` and the next `}`, if not empty.
+    fn hash_tag(name: &str) -> &str {
+        if let Some(open) = name.find('{') {
+            if let Some(len) = name[open + 1..].find('}') {
+                if len > 0 {
+                    return &name[open + 1..open + 1 + len];
+                }
+            }
+        }
+        name
+    }
+
+    #[test]
+    fn every_key_keeps_its_names_on_one_slot() {
+        for key in ["plain", "}x", "a}b", "{", "{a}", "}", "a{b}c}", "x}}"] {
+            let tag = hash_tag(&redis_value_key("sc", key)).to_string();
+            assert_eq!(hash_tag(&redis_lock_key("sc", key)), tag, "{key}");
+            assert_eq!(hash_tag(&redis_generation_key("sc", key)), tag, "{key}");
+        }
+        // Escaped keys never meet plain ones: `}` itself is never in a plain name's tag.
+        assert_eq!(redis_value_key("sc", "}x"), "sc:vx:{7d78}");
+        assert_ne!(redis_value_key("sc", "7d78"), redis_value_key("sc", "}x"));
+        assert_eq!(
+            redis_value_key("sc", "user:{42}"),
+            "sc:vx:{757365723a7b34327d}"
+        );
+        assert_eq!(redis_value_key("sc", "user:{42"), "sc:v:{user:{42}");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Options: their defaults, their validation (every error names the option), and how a call's
 //! overrides combine with the constructor's into the policy one entry is written with.
 
+use std::time::Duration;
+
 use crate::error::{Error, Result};
 
 pub const DEFAULT_TTL_MS: f64 = 60_000.0;
@@ -73,7 +75,7 @@ pub struct TtlOverrides {
 /// Validated constructor options (the JS functions `waitUntil` and `onError` stay in JS).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
-    pub redis: Option<String>,
+    pub redis: Option<RedisConfig>,
     pub namespace: String,
     pub defaults: EntryPolicy,
     /// The hardTtl the constructor was given, if any (else each entry gets 10 x its ttl).
@@ -108,7 +110,7 @@ impl Default for Options {
 /// What the constructor was given, before validation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RawOptions {
-    pub redis: Option<String>,
+    pub redis: Option<RedisConfig>,
     pub namespace: Option<String>,
     pub ttls: TtlOverrides,
     pub lock_ttl: Option<f64>,
@@ -175,13 +177,14 @@ fn check_hard_ttl(ttl: f64, hard_ttl: f64) -> Result<()> {
     Ok(())
 }
 
-/// Accepts `redis://[user:pass@]host[:port][/db]`, `rediss://…` and `unix://…`/`redis+unix://…`.
-fn redis_url(url: &str) -> Result<String> {
+/// Accepts `redis://[user:pass@]host[:port][/db]` (and `rediss`, `valkey`, `valkeys`) and
+/// `unix://…`/`redis+unix://…`/`valkey+unix://…`; `name` is the option it came from.
+fn redis_url(name: &str, url: &str) -> Result<String> {
     let bad =
-        |why: &str| Error::invalid_option("redis", format!("is not a Redis URL ({why}): {url:?}"));
+        |why: &str| Error::invalid_option(name, format!("is not a Redis URL ({why}): {url:?}"));
     let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
     match scheme {
-        "redis" | "rediss" => {
+        "redis" | "rediss" | "valkey" | "valkeys" => {
             let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
             let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
             let (host, port) = if let Some(stripped) = host_port.strip_prefix('[') {
@@ -208,27 +211,155 @@ fn redis_url(url: &str) -> Result<String> {
                 db.parse::<u32>().map_err(|_| bad("bad database number"))?;
             }
         }
-        "unix" | "redis+unix" => {
+        "unix" | "redis+unix" | "valkey+unix" => {
             if rest.is_empty() {
                 return Err(bad("no socket path"));
             }
         }
-        _ => return Err(bad("scheme must be redis, rediss or unix")),
+        _ => return Err(bad("scheme must be redis, rediss, valkey, valkeys or unix")),
     }
     Ok(url.to_string())
+}
+
+/// How long the first connection may take before calls degrade, unless configured.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// A command not answered within this counts as a Redis error, unless configured.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// TLS settings (`redis.tls`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TlsOptions {
+    /// PEM of the CA(s) to trust instead of the system roots.
+    pub ca: Option<Vec<u8>>,
+    /// PEM client certificate and key (mutual TLS).
+    pub cert: Option<Vec<u8>>,
+    pub key: Option<Vec<u8>>,
+    /// The name the server's certificate must carry (and SNI), when the URL's host is not it.
+    pub servername: Option<String>,
+    /// `false`: no verification at all (tests, or a server you trust by other means).
+    pub reject_unauthorized: bool,
+}
+
+/// The `redis` option, validated: exactly one of `url`, `cluster` or `sentinels`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisConfig {
+    /// One server; with `sentinels`, only the primary's scheme, user, password and db.
+    pub url: Option<String>,
+    pub tls: Option<TlsOptions>,
+    pub cluster: Vec<String>,
+    pub sentinels: Vec<String>,
+    pub master_name: Option<String>,
+    pub connect_timeout: Duration,
+    pub command_timeout: Duration,
+}
+
+impl RedisConfig {
+    pub fn from_url(url: &str) -> Self {
+        RedisConfig {
+            url: Some(url.to_string()),
+            tls: None,
+            cluster: Vec::new(),
+            sentinels: Vec::new(),
+            master_name: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+        }
+    }
+
+    /// Checks the combination and every URL; the error names the option that is wrong.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name: &str, why: String| Err(Error::invalid_option(name, why));
+        let topologies = [self.cluster.is_empty(), self.sentinels.is_empty()]
+            .iter()
+            .filter(|empty| !**empty)
+            .count();
+        if topologies > 1 {
+            return bad(
+                "redis",
+                "takes either `cluster` or `sentinels`, not both".into(),
+            );
+        }
+        if !self.sentinels.is_empty() && self.master_name.as_deref().unwrap_or("").is_empty() {
+            return bad("redis.masterName", "is required with `sentinels`".into());
+        }
+        if self.sentinels.is_empty() && self.master_name.is_some() {
+            return bad("redis.masterName", "goes with `sentinels`".into());
+        }
+        if topologies == 0 && self.url.is_none() {
+            return bad(
+                "redis",
+                "needs a `url`, `cluster` seeds or `sentinels`".into(),
+            );
+        }
+        if !self.cluster.is_empty() && self.url.is_some() {
+            return bad(
+                "redis.url",
+                "does not go with `cluster` (give seed URLs)".into(),
+            );
+        }
+        if let Some(url) = &self.url {
+            redis_url("redis.url", url)?;
+        }
+        for (name, urls) in [
+            ("redis.cluster", &self.cluster),
+            ("redis.sentinels", &self.sentinels),
+        ] {
+            for url in urls {
+                redis_url(name, url)?;
+                if url.starts_with("unix") || url.contains("+unix") {
+                    return bad(name, format!("needs host:port URLs, got {url:?}"));
+                }
+            }
+        }
+        if let Some(tls) = &self.tls {
+            if tls.cert.is_some() != tls.key.is_some() {
+                return bad(
+                    "redis.tls",
+                    "needs both `cert` and `key` for a client certificate".into(),
+                );
+            }
+            for (name, pem) in [
+                ("redis.tls.ca", &tls.ca),
+                ("redis.tls.cert", &tls.cert),
+                ("redis.tls.key", &tls.key),
+            ] {
+                if let Some(pem) = pem {
+                    if !pem.windows(10).any(|w| w == b"-----BEGIN") {
+                        return bad(name, "must be PEM text (-----BEGIN ...)".into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A `rediss`/`valkeys` URL asks for TLS even without `tls` options.
+    pub fn tls_wanted(&self) -> bool {
+        let secure = |u: &String| u.starts_with("rediss://") || u.starts_with("valkeys://");
+        self.url.iter().any(secure) || self.cluster.iter().any(secure)
+    }
 }
 
 impl Options {
     pub fn validate(raw: RawOptions) -> Result<Options> {
         let mut o = Options::default();
-        if let Some(url) = raw.redis {
-            o.redis = Some(redis_url(&url)?);
+        if let Some(config) = raw.redis {
+            config.validate()?;
+            o.redis = Some(config);
         }
         if let Some(ns) = raw.namespace {
             if ns.is_empty() || ns.len() > 128 {
                 return Err(Error::invalid_option(
                     "namespace",
                     "must be 1 to 128 bytes long",
+                ));
+            }
+            // Braces would move the Redis Cluster hash tag off the key, splitting a value from
+            // its lock across slots.
+            if ns.contains(['{', '}']) {
+                return Err(Error::invalid_option(
+                    "namespace",
+                    "must not contain `{` or `}`",
                 ));
             }
             o.namespace = ns;
@@ -382,9 +513,11 @@ mod tests {
             "redis://:secret@127.0.0.1:6380",
             "rediss://user:pw@[::1]:6379/2",
             "unix:///tmp/redis.sock",
+            "valkey://127.0.0.1",
+            "valkeys://h:6380/1",
         ] {
             assert!(
-                Options::validate(raw(|r| r.redis = Some(ok.into()))).is_ok(),
+                Options::validate(raw(|r| r.redis = Some(RedisConfig::from_url(ok)))).is_ok(),
                 "{ok}"
             );
         }
@@ -397,7 +530,7 @@ mod tests {
             "redis://h:1/x",
             "redis://h:99999",
         ] {
-            err_names(raw(|r| r.redis = Some(bad.into())), "redis");
+            err_names(raw(|r| r.redis = Some(RedisConfig::from_url(bad))), "redis");
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use stampede_cache::envelope::Envelope;
 use stampede_cache::inbox::Inbox;
 use stampede_cache::stats::Stats;
-use stampede_cache::store::redis::{Fetched, Gate, RedisTier, WriteBack};
+use stampede_cache::store::redis::{Fetched, Gate, RedisConfig, RedisTier, WriteBack};
 
 struct RedisServer {
     child: Child,
@@ -68,7 +68,7 @@ impl Drop for RedisServer {
 fn tier(url: &str) -> (Arc<RedisTier>, Arc<Stats>) {
     let stats = Arc::new(Stats::default());
     let tier = RedisTier::new(
-        url,
+        &RedisConfig::from_url(url),
         "t",
         stats.clone(),
         Arc::new(Inbox::default()),

@@ -15,12 +15,15 @@ use napi_derive::napi;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::cache::{Cache, Hit, Step};
 use crate::envelope::Envelope;
 use crate::error::{Error as CoreError, ErrorCode};
 use crate::key;
-use crate::policy::{self, EntryPolicy, Options, RawOptions, TtlOverrides};
+use crate::policy::{
+    self, EntryPolicy, Options, RawOptions, RedisConfig, TlsOptions, TtlOverrides,
+};
 use crate::store::redis::{RedisTier, Reports};
 
 mod redis;
@@ -139,6 +142,170 @@ fn string_option(obj: &Object, name: &str) -> Result<Option<String>, JsErr> {
     typed_option(obj, name, name, ValueType::String, "a string")
 }
 
+/// PEM text given as a string or a Buffer (`redis.tls.ca`, `.cert`, `.key`).
+fn pem_option(obj: &Object, name: &str, label: &str) -> Result<Option<Vec<u8>>, JsErr> {
+    let fail = |e| napi_fail(ErrorCode::InvalidOption, e);
+    let Some(v) = obj.get::<Unknown>(name).map_err(fail)? else {
+        return Ok(None);
+    };
+    match v.get_type().map_err(fail)? {
+        ValueType::Undefined => Ok(None),
+        ValueType::String => Ok(Some(
+            unsafe { v.cast::<String>() }.map_err(fail)?.into_bytes(),
+        )),
+        ValueType::Object if v.is_buffer().map_err(fail)? => Ok(Some(
+            unsafe { v.cast::<BufferSlice>() }.map_err(fail)?.to_vec(),
+        )),
+        other => Err(js_err(CoreError::invalid_option(
+            label,
+            format!(
+                "must be PEM text (a string or a Buffer), got {}",
+                type_name(other)
+            ),
+        ))),
+    }
+}
+
+/// A list of URLs (`redis.cluster`, `redis.sentinels`).
+fn urls_option(obj: &Object, name: &str, label: &str) -> Result<Vec<String>, JsErr> {
+    let fail = |e| napi_fail(ErrorCode::InvalidOption, e);
+    let Some(v) = obj.get::<Unknown>(name).map_err(fail)? else {
+        return Ok(Vec::new());
+    };
+    if v.get_type().map_err(fail)? == ValueType::Undefined {
+        return Ok(Vec::new());
+    }
+    let wrong = || {
+        js_err(CoreError::invalid_option(
+            label,
+            "must be a non-empty array of URL strings",
+        ))
+    };
+    if !v.is_array().map_err(fail)? {
+        return Err(wrong());
+    }
+    let arr = unsafe { v.cast::<Array>() }.map_err(fail)?;
+    let mut out = Vec::with_capacity(arr.len() as usize);
+    for i in 0..arr.len() {
+        let item: Unknown = arr.get(i).map_err(fail)?.ok_or_else(wrong)?;
+        if item.get_type().map_err(fail)? != ValueType::String {
+            return Err(wrong());
+        }
+        out.push(unsafe { item.cast::<String>() }.map_err(fail)?);
+    }
+    if out.is_empty() {
+        return Err(wrong());
+    }
+    Ok(out)
+}
+
+/// A timeout of the `redis` option: a positive, finite number of ms.
+fn timeout_option(obj: &Object, name: &str, label: &str) -> Result<Option<Duration>, JsErr> {
+    match number_option(obj, name, label)? {
+        None => Ok(None),
+        Some(ms) if ms.is_finite() && ms > 0.0 => Ok(Some(Duration::from_secs_f64(ms / 1_000.0))),
+        Some(ms) => Err(js_err(CoreError::invalid_option(
+            label,
+            format!("must be a positive, finite number of ms, got {ms}"),
+        ))),
+    }
+}
+
+/// The `redis` option: a URL, or `{ url, tls, cluster, sentinels, masterName, connectTimeout,
+/// commandTimeout }` (validated as a whole by `Options::validate`).
+fn redis_option(obj: &Object) -> Result<Option<RedisConfig>, JsErr> {
+    let fail = |e| napi_fail(ErrorCode::InvalidOption, e);
+    let Some(v) = obj.get::<Unknown>("redis").map_err(fail)? else {
+        return Ok(None);
+    };
+    match v.get_type().map_err(fail)? {
+        ValueType::Undefined => Ok(None),
+        ValueType::String => Ok(Some(RedisConfig::from_url(
+            &unsafe { v.cast::<String>() }.map_err(fail)?,
+        ))),
+        ValueType::Object if !v.is_array().map_err(fail)? => {
+            let o = unsafe { v.cast::<Object>() }.map_err(fail)?;
+            known_names(
+                &o,
+                &[
+                    "url",
+                    "tls",
+                    "cluster",
+                    "sentinels",
+                    "masterName",
+                    "connectTimeout",
+                    "commandTimeout",
+                ],
+                "redis",
+            )?;
+            let mut config = RedisConfig::from_url("");
+            config.url = typed_option(&o, "url", "redis.url", ValueType::String, "a string")?;
+            config.cluster = urls_option(&o, "cluster", "redis.cluster")?;
+            config.sentinels = urls_option(&o, "sentinels", "redis.sentinels")?;
+            config.master_name = typed_option(
+                &o,
+                "masterName",
+                "redis.masterName",
+                ValueType::String,
+                "a string",
+            )?;
+            if let Some(t) = timeout_option(&o, "connectTimeout", "redis.connectTimeout")? {
+                config.connect_timeout = t;
+            }
+            if let Some(t) = timeout_option(&o, "commandTimeout", "redis.commandTimeout")? {
+                config.command_timeout = t;
+            }
+            if let Some(tls) = o.get::<Unknown>("tls").map_err(fail)? {
+                match tls.get_type().map_err(fail)? {
+                    ValueType::Undefined => {}
+                    ValueType::Object if !tls.is_array().map_err(fail)? => {
+                        let t = unsafe { tls.cast::<Object>() }.map_err(fail)?;
+                        known_names(
+                            &t,
+                            &["ca", "cert", "key", "servername", "rejectUnauthorized"],
+                            "redis.tls",
+                        )?;
+                        config.tls = Some(TlsOptions {
+                            ca: pem_option(&t, "ca", "redis.tls.ca")?,
+                            cert: pem_option(&t, "cert", "redis.tls.cert")?,
+                            key: pem_option(&t, "key", "redis.tls.key")?,
+                            servername: typed_option(
+                                &t,
+                                "servername",
+                                "redis.tls.servername",
+                                ValueType::String,
+                                "a string",
+                            )?,
+                            reject_unauthorized: typed_option(
+                                &t,
+                                "rejectUnauthorized",
+                                "redis.tls.rejectUnauthorized",
+                                ValueType::Boolean,
+                                "a boolean",
+                            )?
+                            .unwrap_or(true),
+                        });
+                    }
+                    other => {
+                        return Err(js_err(CoreError::invalid_option(
+                            "redis.tls",
+                            format!("must be an object, got {}", type_name(other)),
+                        )))
+                    }
+                }
+            }
+            Ok(Some(config))
+        }
+        other => Err(js_err(CoreError::invalid_option(
+            "redis",
+            format!(
+                "must be a URL string or a RedisOptions object, got {}",
+                type_name(other)
+            ),
+        ))),
+    }
+}
+
 fn type_name(t: ValueType) -> &'static str {
     match t {
         ValueType::Undefined => "undefined",
@@ -189,7 +356,7 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
             policy::CONSTRUCTOR_OPTIONS,
             "the StampedeCache constructor",
         )?;
-        raw.redis = string_option(obj, "redis")?;
+        raw.redis = redis_option(obj)?;
         raw.namespace = string_option(obj, "namespace")?;
         raw.ttls = ttl_overrides(obj)?;
         raw.lock_ttl = number_option(obj, "lockTtl", "lockTtl")?;
@@ -228,13 +395,13 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
     }
     let options = Options::validate(raw).map_err(js_err)?;
     let cache = Cache::new(options);
-    let redis = match cache.options().redis.as_deref() {
+    let redis = match cache.options().redis.as_ref() {
         None => None,
-        Some(url) => {
+        Some(config) => {
             let runtime =
                 napi::bindgen_prelude::within_runtime_if_available(tokio::runtime::Handle::current);
             let tier = RedisTier::new(
-                url,
+                config,
                 &cache.options().namespace,
                 cache.stats.clone(),
                 cache.inbox().clone(),

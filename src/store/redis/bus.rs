@@ -8,8 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use redis::RedisResult;
+use redis::{PushKind, RedisResult, Value};
 use tokio::sync::Notify;
 
 use super::{until_true, RedisTier};
@@ -125,24 +124,34 @@ impl RedisTier {
     }
 
     /// The subscriber, resubscribing by itself until the cache closes. Each resubscription drops
-    /// every in-process copy, since announcements may have been missed meanwhile.
+    /// every in-process copy, since announcements may have been missed meanwhile. It is a RESP3
+    /// connection whose pushes carry the messages, made like command connections (TLS, server
+    /// name, timeouts); on a cluster each attempt tries the next node.
     pub async fn run_bus(self: Arc<Self>) {
         let mut shutdown = self.shutdown.subscribe();
         let mut backoff = Duration::from_millis(50);
         let mut first = true;
+        let mut attempt = 0usize;
         while !self.closed() {
+            let (pushes, mut messages) = tokio::sync::mpsc::unbounded_channel();
             let subscribed = tokio::time::timeout(self.link.connect_timeout, async {
-                let mut pubsub = self.link.client().get_async_pubsub().await?;
-                pubsub.subscribe(&self.channel).await?;
-                RedisResult::Ok(pubsub)
+                let mut command = self.link.current().map(|c| c.inner);
+                let mut conn = self
+                    .link
+                    .topology
+                    .subscriber(pushes, attempt, command.as_mut())
+                    .await?;
+                conn.subscribe(&self.channel).await?;
+                RedisResult::Ok(conn)
             })
             .await;
+            attempt = attempt.wrapping_add(1);
             // Calls waiting for the first attempt go on now, whatever its outcome.
             let first_succeeded = first && matches!(subscribed, Ok(Ok(_)));
             first = false;
             self.bus_attempted.send_replace(true);
             match subscribed {
-                Ok(Ok(pubsub)) => {
+                Ok(Ok(mut conn)) => {
                     backoff = Duration::from_millis(50);
                     // Copies made before this subscription may have missed announcements,
                     // unless it is the first one, which every Redis command waited for.
@@ -150,21 +159,26 @@ impl RedisTier {
                         self.inbox.invalidate_all();
                     }
                     self.set_bus_up(true);
-                    let (mut sink, mut stream) = pubsub.split();
                     loop {
                         tokio::select! {
                             _ = until_true(&mut shutdown) => {
                                 self.set_bus_up(false);
                                 return;
                             }
-                            msg = stream.next() => match msg {
-                                Some(msg) => self.on_announcement(msg.get_payload_bytes()),
+                            push = messages.recv() => match push {
+                                Some(push) if push.kind == PushKind::Message => {
+                                    if let Some(Value::BulkString(payload)) = push.data.get(1) {
+                                        self.on_announcement(payload);
+                                    }
+                                }
+                                Some(push) if push.kind == PushKind::Disconnection => break,
+                                Some(_) => {}
                                 None => break,
                             },
                             _ = tokio::time::sleep(BUS_PING_INTERVAL) => {
                                 let pong = tokio::time::timeout(
                                     self.link.command_timeout,
-                                    sink.ping::<redis::Value>(),
+                                    redis::cmd("PING").query_async::<Value>(&mut conn),
                                 )
                                 .await;
                                 if !matches!(pong, Ok(Ok(_))) {

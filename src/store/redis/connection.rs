@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::ConnectionLike;
 use redis::io::tcp::{socket2, TcpSettings};
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
-    ServerErrorKind, Value,
+    Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
+
+use super::topology::{Connection, Topology};
 
 /// What a failed command costs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +54,7 @@ pub fn classify(e: &RedisError) -> Fault {
 #[derive(Clone)]
 pub struct Conn {
     pub id: u64,
-    inner: MultiplexedConnection,
+    pub inner: Connection,
 }
 
 impl ConnectionLike for Conn {
@@ -94,7 +95,7 @@ pub fn tcp_settings() -> TcpSettings {
 }
 
 pub struct Link {
-    client: redis::Client,
+    pub topology: Topology,
     pub connect_timeout: Duration,
     pub command_timeout: Duration,
     /// The connection commands share; `None` until made, and again once it failed.
@@ -106,31 +107,19 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(
-        client: redis::Client,
-        connect_timeout: Duration,
-        command_timeout: Duration,
-    ) -> Self {
+    pub fn new(topology: Topology) -> Self {
         Link {
-            client,
-            connect_timeout,
-            command_timeout,
+            connect_timeout: topology.connect_timeout,
+            command_timeout: topology.command_timeout,
+            topology,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             next_id: AtomicU64::new(1),
         }
     }
 
-    pub fn client(&self) -> &redis::Client {
-        &self.client
-    }
-
-    /// The database index the URL selects (the bus channel carries it).
-    pub fn db(&self) -> i64 {
-        self.client.get_connection_info().redis_settings().db()
-    }
-
-    fn current(&self) -> Option<Conn> {
+    /// The shared connection if there is one (never makes one).
+    pub fn current(&self) -> Option<Conn> {
         self.current
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -153,12 +142,7 @@ impl Link {
         if let Some(c) = self.current() {
             return Ok(c);
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(left()))
-            .set_response_timeout(Some(self.command_timeout));
-        let made = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config);
+        let made = self.topology.connect(left());
         let inner = tokio::time::timeout(left(), made)
             .await
             .map_err(|_| timed_out("timed out connecting to Redis"))??;

@@ -14,6 +14,7 @@ mod connection;
 mod envelopes;
 mod lock;
 mod order;
+mod topology;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -34,13 +35,10 @@ pub use connection::{classify, Fault};
 pub use envelopes::{Fetched, WriteBack};
 pub use lock::{new_token, Fence, Gate};
 pub use order::WriteOrder;
+pub use topology::{RedisConfig, TlsOptions};
 
 use connection::{timed_out, Link};
 
-/// How long the first connection may take before calls degrade.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// A command not answered within this counts as a Redis error.
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 /// After a failure, Redis is skipped this long before a background probe tries it again.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// At most one `onError` report per operation kind per this interval.
@@ -161,23 +159,18 @@ impl Reports {
 }
 
 impl RedisTier {
-    /// Parses the URL (an error names what is wrong) and prepares the tier; `connect` and
-    /// `run_bus` (spawned by the embedder on `runtime`) connect.
+    /// Prepares the tier for `config` (a URL, TLS material or a topology the redis crate
+    /// refuses is an error that says why); `connect` and `run_bus` (spawned by the embedder on
+    /// `runtime`) connect.
     pub fn new(
-        url: &str,
+        config: &RedisConfig,
         namespace: &str,
         stats: Arc<Stats>,
         inbox: Arc<Inbox>,
         runtime: Handle,
     ) -> Result<Arc<Self>, String> {
-        use redis::IntoConnectionInfo;
-        let info = url
-            .into_connection_info()
-            .map_err(|e| e.to_string())?
-            .set_tcp_settings(connection::tcp_settings());
-        let client = redis::Client::open(info).map_err(|e| e.to_string())?;
-        let link = Link::new(client, CONNECT_TIMEOUT, COMMAND_TIMEOUT);
-        let channel = channel(namespace, link.db());
+        let link = Link::new(topology::Topology::new(config)?);
+        let channel = channel(namespace, link.topology.db());
         let (shutdown, _) = watch::channel(false);
         let (bus_attempted, _) = watch::channel(false);
         Ok(Arc::new_cyclic(|me| RedisTier {

@@ -1,0 +1,390 @@
+//! Where Redis is and how to reach it: one server (`redis`, `rediss`, `valkey`, `valkeys`,
+//! `unix` URLs, with user, password and db in the URL), a Sentinel-managed primary, or a Redis
+//! Cluster; TLS with system roots, a private CA, client certificates, a server name to verify,
+//! or no verification. The redis crate does the work (rustls, `sentinel`, `cluster_async`);
+//! this module only configures it, and hands out command connections and bus subscriptions.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::io::AsyncDNSResolver;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo,
+    IntoConnectionInfo, Pipeline, ProtocolVersion, RedisFuture, RedisResult, TlsCertificates,
+    TlsMode, Value,
+};
+
+use super::connection::tcp_settings;
+
+pub use crate::policy::{RedisConfig, TlsOptions};
+
+/// Resolves the certificate's name (`tls.servername`) to the address the URL gave, so the
+/// connection goes where the URL says and is verified against the name the user says.
+struct ServerNameResolver {
+    servername: String,
+    address: String,
+}
+
+impl AsyncDNSResolver for ServerNameResolver {
+    fn resolve<'a, 'b: 'a>(
+        &'a self,
+        host: &'b str,
+        port: u16,
+    ) -> RedisFuture<'a, Box<dyn Iterator<Item = SocketAddr> + Send + 'a>> {
+        let target = if host == self.servername {
+            self.address.clone()
+        } else {
+            host.to_string()
+        };
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((target.as_str(), port))
+                .await?
+                .collect();
+            Ok(Box::new(addrs.into_iter()) as Box<dyn Iterator<Item = SocketAddr> + Send>)
+        })
+    }
+}
+
+fn certificates(tls: &TlsOptions) -> TlsCertificates {
+    TlsCertificates {
+        client_tls: match (&tls.cert, &tls.key) {
+            (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+            _ => None,
+        },
+        root_cert: tls.ca.clone(),
+    }
+}
+
+/// A client for one server: TCP settings, TLS material, the server name, and (for the bus)
+/// RESP3, whose push messages carry pub/sub on an ordinary multiplexed connection.
+fn client(info: ConnectionInfo, tls: Option<&TlsOptions>, resp3: bool) -> RedisResult<Client> {
+    let mut info = info.set_tcp_settings(tcp_settings());
+    if resp3 {
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        info = info.set_redis_settings(settings);
+    }
+    let Some(tls) = tls else {
+        return Client::open(info);
+    };
+    if let ConnectionAddr::TcpTls { host, port, .. } = info.addr().clone() {
+        let host = tls.servername.clone().unwrap_or(host);
+        info = info.set_addr(ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: !tls.reject_unauthorized,
+            tls_params: None,
+        });
+    }
+    Client::build_with_tls(info, certificates(tls))
+}
+
+/// One command connection.
+#[derive(Clone)]
+pub enum Connection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+enum Kind {
+    /// One server, named by `info` (the URL with the server name swapped in for TLS).
+    Single { info: ConnectionInfo },
+    /// The primary found through the sentinels, asked again for every new connection.
+    Sentinel {
+        sentinel: tokio::sync::Mutex<SentinelClient>,
+    },
+    /// A cluster; the bus subscribes on one node (plain PUBLISH reaches every node).
+    Cluster {
+        client: ClusterClient,
+        seeds: Vec<ConnectionInfo>,
+    },
+}
+
+pub struct Topology {
+    kind: Kind,
+    tls: Option<TlsOptions>,
+    /// The URL's host, for `tls.servername` (connect there, verify the name).
+    resolver: Option<Arc<ServerNameResolver>>,
+    db: i64,
+    pub connect_timeout: Duration,
+    pub command_timeout: Duration,
+}
+
+impl Topology {
+    pub fn new(config: &RedisConfig) -> Result<Topology, String> {
+        // rustls needs a process-wide crypto provider; another library may have installed one.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let tls = (config.tls.is_some() || config.tls_wanted()).then(|| {
+            config.tls.clone().unwrap_or(TlsOptions {
+                reject_unauthorized: true,
+                ..Default::default()
+            })
+        });
+        let info_of = |url: &str| url.into_connection_info().map_err(|e| e.to_string());
+        let mut resolver = None;
+        let (kind, db) = if !config.cluster.is_empty() {
+            let seeds: Vec<ConnectionInfo> = config
+                .cluster
+                .iter()
+                .map(|u| info_of(u))
+                .collect::<Result<_, _>>()?;
+            let mut builder = ClusterClientBuilder::new(seeds.clone())
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(config.command_timeout)
+                .tcp_settings(tcp_settings())
+                // Failovers take seconds; commands are bounded by the tier's own timeout, so the
+                // cluster client's retries stay short and the tier degrades meanwhile.
+                .retries(2)
+                .min_retry_wait(50)
+                .max_retry_wait(200);
+            if let Some(tls) = &tls {
+                builder = builder
+                    .tls(if tls.reject_unauthorized {
+                        TlsMode::Secure
+                    } else {
+                        TlsMode::Insecure
+                    })
+                    .certs(certificates(tls));
+            }
+            let client = builder.build().map_err(|e| e.to_string())?;
+            (Kind::Cluster { client, seeds }, 0)
+        } else if !config.sentinels.is_empty() {
+            let primary = match &config.url {
+                Some(u) => Some(info_of(u)?),
+                None => None,
+            };
+            let sentinels: Vec<ConnectionInfo> = config
+                .sentinels
+                .iter()
+                .map(|u| info_of(u))
+                .collect::<Result<_, _>>()?;
+            let master_name = config.master_name.clone().unwrap_or_default();
+            let mut builder = SentinelClientBuilder::new(
+                sentinels.iter().map(|i| i.addr().clone()),
+                master_name,
+                SentinelServerType::Master,
+            )
+            .map_err(|e| e.to_string())?
+            .set_client_to_redis_tcp_settings(tcp_settings())
+            .set_client_to_sentinel_tcp_settings(tcp_settings());
+            if let Some(first) = sentinels.first() {
+                let s = first.redis_settings();
+                if let Some(user) = s.username() {
+                    builder = builder.set_client_to_sentinel_username(user);
+                }
+                if let Some(password) = s.password() {
+                    builder = builder.set_client_to_sentinel_password(password);
+                }
+                if matches!(first.addr(), ConnectionAddr::TcpTls { .. }) {
+                    builder = builder.set_client_to_sentinel_tls_mode(TlsMode::Secure);
+                    if let Some(tls) = &tls {
+                        builder = builder.set_client_to_sentinel_certificates(certificates(tls));
+                    }
+                }
+            }
+            let mut db = 0;
+            if let Some(primary) = &primary {
+                let s = primary.redis_settings();
+                db = s.db();
+                builder = builder.set_client_to_redis_db(db);
+                if let Some(user) = s.username() {
+                    builder = builder.set_client_to_redis_username(user);
+                }
+                if let Some(password) = s.password() {
+                    builder = builder.set_client_to_redis_password(password);
+                }
+                if matches!(primary.addr(), ConnectionAddr::TcpTls { .. }) {
+                    let tls = tls.clone().unwrap_or_default();
+                    builder = builder
+                        .set_client_to_redis_tls_mode(if tls.reject_unauthorized {
+                            TlsMode::Secure
+                        } else {
+                            TlsMode::Insecure
+                        })
+                        .set_client_to_redis_certificates(certificates(&tls));
+                }
+            }
+            let sentinel = builder.build().map_err(|e| e.to_string())?;
+            (
+                Kind::Sentinel {
+                    sentinel: tokio::sync::Mutex::new(sentinel),
+                },
+                db,
+            )
+        } else {
+            let url = config.url.as_deref().unwrap_or_default();
+            let info = info_of(url)?;
+            let db = info.redis_settings().db();
+            if let (Some(tls), ConnectionAddr::TcpTls { host, .. }) = (&tls, info.addr()) {
+                if let Some(name) = &tls.servername {
+                    resolver = Some(Arc::new(ServerNameResolver {
+                        servername: name.clone(),
+                        address: host.clone(),
+                    }));
+                }
+            }
+            // Built once here so a bad certificate or key is reported at construction.
+            client(info.clone(), tls.as_ref(), false).map_err(|e| e.to_string())?;
+            (Kind::Single { info }, db)
+        };
+        Ok(Topology {
+            kind,
+            tls,
+            resolver,
+            db,
+            connect_timeout: config.connect_timeout,
+            command_timeout: config.command_timeout,
+        })
+    }
+
+    /// The database index (the bus channel carries it).
+    pub fn db(&self) -> i64 {
+        self.db
+    }
+
+    fn config(&self, connect_timeout: Duration) -> AsyncConnectionConfig {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(self.command_timeout));
+        match &self.resolver {
+            Some(r) => config.set_dns_resolver(ServerNameResolver {
+                servername: r.servername.clone(),
+                address: r.address.clone(),
+            }),
+            None => config,
+        }
+    }
+
+    /// A client for the one server commands go to now (the primary, for Sentinel).
+    async fn server(&self, resp3: bool) -> RedisResult<Client> {
+        match &self.kind {
+            Kind::Single { info } => client(info.clone(), self.tls.as_ref(), resp3),
+            Kind::Sentinel { sentinel } => {
+                let primary = sentinel.lock().await.async_get_client().await?;
+                client(
+                    primary.get_connection_info().clone(),
+                    self.tls.as_ref(),
+                    resp3,
+                )
+            }
+            Kind::Cluster { .. } => unreachable!("a cluster has no one server"),
+        }
+    }
+
+    /// A new command connection, within `connect_timeout`.
+    pub async fn connect(&self, connect_timeout: Duration) -> RedisResult<Connection> {
+        match &self.kind {
+            Kind::Cluster { client, .. } => {
+                Ok(Connection::Cluster(client.get_async_connection().await?))
+            }
+            _ => {
+                let client = self.server(false).await?;
+                let conn = client
+                    .get_multiplexed_async_connection_with_config(&self.config(connect_timeout))
+                    .await?;
+                Ok(Connection::Single(conn))
+            }
+        }
+    }
+
+    /// A connection subscribed to nothing yet whose push messages (RESP3) go to `pushes`: the
+    /// bus. On a cluster, the `attempt`-th node in turn (seeds first, then the nodes the
+    /// cluster names), since a plain PUBLISH reaches every node.
+    pub async fn subscriber(
+        &self,
+        pushes: tokio::sync::mpsc::UnboundedSender<redis::PushInfo>,
+        attempt: usize,
+        command: Option<&mut Connection>,
+    ) -> RedisResult<MultiplexedConnection> {
+        let client = match &self.kind {
+            Kind::Cluster { seeds, .. } => {
+                let mut nodes = seeds.clone();
+                if let Some(conn) = command {
+                    nodes.extend(cluster_nodes(conn, &seeds[0]).await);
+                }
+                let info = nodes[attempt % nodes.len()].clone();
+                client(info, self.tls.as_ref(), true)?
+            }
+            _ => self.server(true).await?,
+        };
+        let config = self.config(self.connect_timeout).set_push_sender(pushes);
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+}
+
+/// The nodes a cluster names (`CLUSTER SLOTS`), addressed like `template` (scheme, user,
+/// password); empty if it cannot be asked.
+async fn cluster_nodes(conn: &mut Connection, template: &ConnectionInfo) -> Vec<ConnectionInfo> {
+    let Ok(slots) = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async::<Vec<Value>>(conn)
+        .await
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for range in slots {
+        let Value::Array(parts) = range else { continue };
+        for node in parts.into_iter().skip(2) {
+            let Value::Array(fields) = node else { continue };
+            let host = match fields.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                _ => continue,
+            };
+            let Some(Value::Int(port)) = fields.get(1) else {
+                continue;
+            };
+            let addr = match template.addr() {
+                ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+                    host,
+                    port: *port as u16,
+                    insecure: *insecure,
+                    tls_params: None,
+                },
+                _ => ConnectionAddr::Tcp(host, *port as u16),
+            };
+            out.push(template.clone().set_addr(addr));
+        }
+    }
+    out
+}
