@@ -20,6 +20,12 @@ const { CacheWorker, barrier, sleep, waitFor, killAllSync } = require('./helpers
 const { makeCertificates, RedisNode, RedisCluster, RedisSentinelGroup, addAclUser, protectDefaultUser, killTopologySync } = require('./helpers/redis-topology')
 
 /** A hang fails its test instead of blocking the run. */
+// The README's connection examples: every deployment below is reached through them.
+let connect
+before(async () => {
+  connect = await import('../examples/redis/connect.mjs')
+})
+
 const TEST_TIMEOUT = 60_000
 const HOOK_TIMEOUT = 60_000
 /** The connectTimeout the degrading tests pass, and the margin a loaded 2-core machine gets on top. */
@@ -207,7 +213,7 @@ describe('TLS (rediss://)', () => {
   test('a private CA (tls.ca): two processes share one load, the value is in Redis, and the bus works over TLS', { timeout: TEST_TIMEOUT }, async (t) => {
     const spawn = workers(t)
     const namespace = newNamespace()
-    const options = { redis: { url: server.url, tls: { ca: certs.ca } }, namespace, jitter: 0 }
+    const options = { ...connect.privateCa(server.url, { caFile: certs.caFile }), namespace, jitter: 0 }
     const A = await spawn('A', options)
     const B = await spawn('B', options)
     const key = 'tls:cold'
@@ -238,7 +244,8 @@ describe('TLS (rediss://)', () => {
   test('mutual TLS: with tls.cert and tls.key the cache works; without a client certificate the server refuses and the cache degrades', { timeout: TEST_TIMEOUT }, async (t) => {
     const spawn = workers(t)
     const namespace = newNamespace()
-    const A = await spawn('A', { redis: { url: mtls.url, tls: { ca: certs.ca, cert: certs.clientCert, key: certs.clientKey } }, namespace })
+    const files = { caFile: certs.caFile, certFile: certs.clientCertFile, keyFile: certs.clientKeyFile }
+    const A = await spawn('A', { ...connect.privateCa(mtls.url, files), namespace })
     const B = await spawn('B', { redis: { url: mtls.url, tls: { ca: certs.ca, cert: certs.clientCert, key: certs.clientKey } }, namespace })
     const results = await barrier([A, B], 'read', { key: 'mtls:cold', n: 20, loader: { ms: 300 } })
     results.forEach((r, i) => assertAllOk(r, `w${i}`))
@@ -367,7 +374,7 @@ describe('ACL user', () => {
 
   test('a user allowed only ~<ns>:* and &<ns>:* (+@all -@dangerous): one load across processes, values under the namespace, the bus, refresh, set and delete all work', { timeout: TEST_TIMEOUT }, async (t) => {
     const spawn = workers(t)
-    const A = await spawn('A', { redis: url('secret'), namespace, jitter: 0 })
+    const A = await spawn('A', { ...connect.aclUser(url('secret'), namespace), jitter: 0 })
     const B = await spawn('B', { redis: { url: url('secret') }, namespace, jitter: 0 })
     const key = 'acl:cold'
 
@@ -438,7 +445,7 @@ describe('Redis Cluster: 3 masters, 3 replicas', () => {
     return byPort
   }
 
-  const optionsFor = (namespace) => ({ redis: { cluster: [seed] }, namespace, jitter: 0 })
+  const optionsFor = (namespace) => ({ ...connect.cluster([seed]), namespace, jitter: 0 })
 
   before(async () => {
     const t0 = Date.now()
@@ -545,7 +552,7 @@ describe('Sentinel: a master, a replica and a sentinel', () => {
 
   after(() => group && group.dispose())
 
-  const optionsFor = (namespace, extra = {}) => ({ redis: { sentinels: group.sentinelUrls, masterName: group.masterName, ...extra }, namespace, jitter: 0 })
+  const optionsFor = (namespace) => ({ ...connect.sentinel(group.sentinelUrls, group.masterName), namespace, jitter: 0 })
 
   test('an unknown master name: ERR_REDIS to onError, reads served by the loader within the connect timeout', { timeout: TEST_TIMEOUT }, async (t) => {
     const spawn = workers(t)
