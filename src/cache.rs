@@ -226,7 +226,10 @@ impl<C: Clock> Cache<C> {
             }
         }
         self.stats.misses.incr();
-        let role = self.flights.lead_or_join(key, FlightKind::Load);
+        // A load that began before the key was last invalidated (a write elsewhere, or here) is
+        // not joined: its result is older than that write.
+        let stamp = self.inbox.stamp(key).0;
+        let role = self.flights.lead_or_join(key, FlightKind::Load, stamp);
         if let Role::Join(_) = role {
             self.stats.coalesced.incr();
         }
@@ -238,7 +241,8 @@ impl<C: Clock> Cache<C> {
         if self.closed {
             return None;
         }
-        self.flights.lead(key, FlightKind::Refresh)
+        let stamp = self.inbox.stamp(key).0;
+        self.flights.lead(key, FlightKind::Refresh, stamp)
     }
 
     /// The loader is about to run for flight `id` (not every flight calls it: another process
@@ -842,6 +846,29 @@ mod inbox_tests {
         assert!(c.peek("b", 1.0).is_some());
         c.inbox().invalidate_all();
         assert_eq!(c.peek("b", 1.0), None);
+    }
+
+    #[test]
+    fn callers_after_a_write_elsewhere_do_not_join_a_load_that_began_before_it() {
+        let (mut c, _) = cache();
+        let Step::Lead(old) = c.lookup("k", 1.0, false).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.lookup("k", 1.0, false).unwrap(), Step::Join(old));
+        c.inbox().invalidate("k"); // another process set or deleted the key
+        let Step::Lead(new) = c.lookup("k", 1.0, false).unwrap() else {
+            panic!("a caller after the write must not join the older load")
+        };
+        assert_ne!(new, old);
+        assert_eq!(c.lookup("k", 1.0, false).unwrap(), Step::Join(new));
+        let p = c.options().defaults;
+        assert_eq!(
+            c.complete("k", old, 1.0, false, &p),
+            None,
+            "the older load writes nothing"
+        );
+        assert!(c.complete("k", new, 1.0, false, &p).is_some());
+        assert_eq!(c.flights_in_progress(), 0);
     }
 
     #[test]

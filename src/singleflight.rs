@@ -22,6 +22,9 @@ pub enum FlightKind {
 pub struct Flight {
     pub id: FlightId,
     pub kind: FlightKind,
+    /// What the embedder knew of the key when the flight began (the cache: its invalidation
+    /// stamp); a caller that knows something newer does not join.
+    pub tag: u64,
     /// Callers that joined instead of leading.
     pub joined: u64,
 }
@@ -43,24 +46,28 @@ pub struct Singleflight {
 }
 
 impl Singleflight {
-    /// Joins the key's flight if one runs, else starts one of `kind` with the caller as leader.
-    pub fn lead_or_join(&mut self, key: &str, kind: FlightKind) -> Role {
+    /// Joins the key's flight if one runs and began with the same `tag`, else starts one of
+    /// `kind` with the caller as leader (a flight that began with another tag is detached:
+    /// it began before something the caller knows of, so its result is older).
+    pub fn lead_or_join(&mut self, key: &str, kind: FlightKind, tag: u64) -> Role {
         if let Some(f) = self.flights.get_mut(key) {
-            f.joined += 1;
-            return Role::Join(f.id);
+            if f.tag == tag {
+                f.joined += 1;
+                return Role::Join(f.id);
+            }
         }
-        Role::Lead(self.start(key, kind))
+        Role::Lead(self.start(key, kind, tag))
     }
 
     /// Starts a flight unless one runs; `None` when one does (its leader will refresh the key).
-    pub fn lead(&mut self, key: &str, kind: FlightKind) -> Option<FlightId> {
+    pub fn lead(&mut self, key: &str, kind: FlightKind, tag: u64) -> Option<FlightId> {
         if self.flights.contains_key(key) {
             return None;
         }
-        Some(self.start(key, kind))
+        Some(self.start(key, kind, tag))
     }
 
-    fn start(&mut self, key: &str, kind: FlightKind) -> FlightId {
+    fn start(&mut self, key: &str, kind: FlightKind, tag: u64) -> FlightId {
         self.next_id += 1;
         let id = self.next_id;
         self.flights.insert(
@@ -68,6 +75,7 @@ impl Singleflight {
             Flight {
                 id,
                 kind,
+                tag,
                 joined: 0,
             },
         );
@@ -115,11 +123,11 @@ mod tests {
     #[test]
     fn first_leads_the_rest_join() {
         let mut sf = Singleflight::default();
-        let Role::Lead(id) = sf.lead_or_join("k", FlightKind::Load) else {
+        let Role::Lead(id) = sf.lead_or_join("k", FlightKind::Load, 0) else {
             panic!()
         };
         for _ in 0..499 {
-            assert_eq!(sf.lead_or_join("k", FlightKind::Load), Role::Join(id));
+            assert_eq!(sf.lead_or_join("k", FlightKind::Load, 0), Role::Join(id));
         }
         assert_eq!(sf.current("k").unwrap().joined, 499);
         assert!(sf.finish("k", id));
@@ -129,8 +137,8 @@ mod tests {
     #[test]
     fn keys_fly_independently() {
         let mut sf = Singleflight::default();
-        let a = sf.lead_or_join("a", FlightKind::Load);
-        let b = sf.lead_or_join("b", FlightKind::Load);
+        let a = sf.lead_or_join("a", FlightKind::Load, 0);
+        let b = sf.lead_or_join("b", FlightKind::Load, 0);
         assert!(matches!((a, b), (Role::Lead(x), Role::Lead(y)) if x != y));
         assert_eq!(sf.len(), 2);
     }
@@ -138,11 +146,11 @@ mod tests {
     #[test]
     fn superseded_flight_may_not_write() {
         let mut sf = Singleflight::default();
-        let Role::Lead(old) = sf.lead_or_join("k", FlightKind::Refresh) else {
+        let Role::Lead(old) = sf.lead_or_join("k", FlightKind::Refresh, 0) else {
             panic!()
         };
         sf.supersede("k");
-        let Role::Lead(new) = sf.lead_or_join("k", FlightKind::Load) else {
+        let Role::Lead(new) = sf.lead_or_join("k", FlightKind::Load, 0) else {
             panic!()
         };
         assert_ne!(old, new);
@@ -155,12 +163,26 @@ mod tests {
     }
 
     #[test]
+    fn a_caller_that_knows_something_newer_does_not_join() {
+        let mut sf = Singleflight::default();
+        let Role::Lead(old) = sf.lead_or_join("k", FlightKind::Load, 1) else {
+            panic!()
+        };
+        assert_eq!(sf.lead_or_join("k", FlightKind::Load, 1), Role::Join(old));
+        let Role::Lead(new) = sf.lead_or_join("k", FlightKind::Load, 2) else {
+            panic!("a newer tag must lead")
+        };
+        assert!(!sf.finish("k", old), "the older flight was detached");
+        assert!(sf.finish("k", new));
+    }
+
+    #[test]
     fn lead_refuses_while_a_flight_runs() {
         let mut sf = Singleflight::default();
-        let id = sf.lead("k", FlightKind::Refresh).unwrap();
-        assert_eq!(sf.lead("k", FlightKind::Refresh), None);
-        assert_eq!(sf.lead_or_join("k", FlightKind::Load), Role::Join(id));
+        let id = sf.lead("k", FlightKind::Refresh, 0).unwrap();
+        assert_eq!(sf.lead("k", FlightKind::Refresh, 0), None);
+        assert_eq!(sf.lead_or_join("k", FlightKind::Load, 0), Role::Join(id));
         assert!(sf.finish("k", id));
-        assert!(sf.lead("k", FlightKind::Refresh).is_some());
+        assert!(sf.lead("k", FlightKind::Refresh, 0).is_some());
     }
 }
