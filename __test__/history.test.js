@@ -10,13 +10,23 @@
 // history across processes. Replay a seed with `npm run soak -- --seed S` (a seed fixes the
 // operations and faults, not the interleaving: replay it a few times, `--repeat 5`).
 // HISTORY_SEEDS=4,5,6 runs other seeds here.
+//
+// The same history also runs against a 3-master, 3-replica Redis Cluster (issue 9): keys on every
+// master, CLIENT KILL and SIGSTOP of single nodes, and one master SIGKILLed mid-run while its
+// replica is promoted. One cluster serves this file (HISTORY_CLUSTER_SEEDS=1,2 picks the seeds;
+// each run kills one master, so a new cluster is started when none with a replica is left).
+// `npm run soak -- --cluster` runs many more.
 
-const { test, after } = require('node:test')
+const { test, describe, before, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { killAllSync } = require('./helpers/redis-server')
-const { runHistory, checkHistory, formatViolations, summarize, countBy } = require('./helpers/history')
+const { RedisCluster, killTopologySync } = require('./helpers/redis-topology')
+const { runHistory, clusterUsable, checkHistory, formatViolations, summarize, countBy } = require('./helpers/history')
 
-after(() => killAllSync())
+after(() => {
+  killAllSync()
+  killTopologySync()
+})
 
 // ---- the checker itself, on made-up histories (no processes): each kind fires, each excuse holds
 
@@ -74,6 +84,17 @@ test('history checker: a clean history passes; each kind of violation is reporte
   assert.deepEqual(kinds(syntheticHistory((h) => (h.redisAfter.k = { v: 'bad', raw: 'junk' }))), ['final-redis'])
   assert.deepEqual(kinds(syntheticHistory((h) => h.workerErrors.push({ proc: 'w2', phase: 'run', message: 'exited' }))), ['worker-failed'])
 
+  // A cluster run's report says how to replay it and shows the master kill in the key's history.
+  const inCluster = syntheticHistory((h) => {
+    h.mode = 'cluster'
+    h.finals[0].v = 2
+    h.faults.push({ kind: 'kill-master', node: 7001, keys: ['k'], start: 40, end: 2_600, killedAt: 41, promotedMs: 2_000, settledMs: 2_100, newMaster: 7004 })
+  })
+  inCluster.violations = checkHistory(inCluster)
+  const clusterText = formatViolations(inCluster)
+  assert.match(clusterText, /replay: npm run soak -- --seed 0 --cluster/)
+  assert.match(clusterText, /FAULT +kill-master SIGKILL :7001 \(owns k\); replica :7004 promoted at \+2041ms/)
+
   // w1's delete of v3 resolved at 120: a later read in w1 that returns v2 is an older value...
   const older = syntheticHistory((h) => h.ops.push(read({ proc: 'w1', v: 2 })))
   older.violations = checkHistory(older)
@@ -129,3 +150,52 @@ for (const seed of SEEDS) {
     assert.equal(h.violations.length, 0, `\n${formatViolations(h)}\n`)
   })
 }
+
+// ---- the histories against a Redis Cluster -----------------------------------------------------
+
+const CLUSTER_SEEDS = process.env.HISTORY_CLUSTER_SEEDS ? process.env.HISTORY_CLUSTER_SEEDS.split(',').map((s) => Number(s.trim())) : [1, 2]
+
+describe('history against a Redis Cluster (3 masters, 3 replicas)', () => {
+  let cluster = null
+  /** The file's cluster, replaced when it has no master with a replica left to kill. */
+  async function usableCluster() {
+    if (cluster && (await clusterUsable(cluster))) return cluster
+    if (cluster) await cluster.dispose()
+    cluster = new RedisCluster({ nodeTimeout: 1_000 })
+    await cluster.start()
+    return cluster
+  }
+
+  before(() => usableCluster(), { timeout: 60_000 })
+  after(() => cluster && cluster.dispose())
+
+  for (const seed of CLUSTER_SEEDS) {
+    test(`cluster history, seed ${seed}: keys on every master, node faults and a master killed; every instance and Redis hold the database's version, nothing hung`, { timeout: TEST_TIMEOUT }, async (t) => {
+      const h = await runHistory({ seed, cluster: await usableCluster() })
+      t.diagnostic(summarize(h))
+
+      // The run did what it is for: load, writes, node faults, keys on all three masters, and
+      // one master (owning some of them) killed and failed over.
+      const writes = h.ops.filter((o) => o.op === 'set' || o.op === 'delete' || o.op === 'set-set')
+      assert.ok(h.ops.length >= 100, `seed ${seed}: only ${h.ops.length} operations ran`)
+      assert.ok(writes.length >= 20, `seed ${seed}: only ${writes.length} writes ran`)
+      assert.ok(h.loads.length >= 20, `seed ${seed}: only ${h.loads.length} loader calls ran`)
+      assert.deepEqual(h.faults.filter((f) => f.error).map((f) => `${f.kind}: ${f.error}`), [], `seed ${seed}: a fault could not be injected`)
+      assert.ok(h.faults.filter((f) => f.kind !== 'kill-master').length >= 2, `seed ${seed}: only ${h.faults.length} faults were injected`)
+      const { before: layout, after: later } = h.cluster
+      assert.equal(layout.masters.length, 3, `seed ${seed}: masters at the start: ${layout.masters}`)
+      assert.deepEqual([...new Set(Object.values(layout.owners))].sort(), [...layout.masters].sort(), `seed ${seed}: every master owns some of the keys: ${JSON.stringify(layout.owners)}`)
+      const kills = h.faults.filter((f) => f.kind === 'kill-master')
+      assert.equal(kills.length, 1, `seed ${seed}: one master killed`)
+      const [kill] = kills
+      assert.ok(kill.keys.length >= 1, `seed ${seed}: the killed master :${kill.node} owned some of the keys`)
+      assert.ok(later.dead.includes(kill.node), `seed ${seed}: :${kill.node} stays dead`)
+      for (const k of kill.keys) assert.notEqual(later.owners[k], kill.node, `seed ${seed}: ${k} has a live master after the failover`)
+      assert.ok(h.redisBefore && h.redisAfter, `seed ${seed}: the final Redis state was not read`)
+      const finalsPerWorker = countBy(h.finals, (f) => f.proc)
+      assert.equal(h.finals.length, h.config.length * h.keys.length, `seed ${seed}: final reads per worker: ${JSON.stringify(finalsPerWorker)}`)
+
+      assert.equal(h.violations.length, 0, `\n${formatViolations(h)}\n`)
+    })
+  }
+})

@@ -2,12 +2,16 @@
 'use strict'
 // The soak of issue 8's randomized history test: many seeds of __test__/helpers/history.js, each a
 // private redis-server, 3 worker processes, a versioned database and seeded faults (see there).
+// With --cluster, each seed runs against a 3-master, 3-replica Redis Cluster instead (issue 9):
+// node faults and one master SIGKILLed per run; a cluster serves runs until no master with a
+// replica is left, then a new one is started.
 //
 //   npm run soak                          seeds from a random start, for 5 minutes
 //   npm run soak -- --seeds 50            50 seeds (no time limit unless --minutes is given too)
 //   npm run soak -- --minutes 20          as many seeds as fit in 20 minutes
 //   npm run soak -- --seed 123 --repeat 5 replay one seed 5 times (a seed fixes the operations and
 //                                         the faults, not the interleaving)
+//   --cluster        run against a Redis Cluster (npm run soak -- --cluster --minutes 10)
 //   --first S        start at seed S (then S+1, ...) instead of a random one
 //   --duration MS    how long each run's clients and faults go on (default 6000)
 //   --out DIR        write the full history (JSON) of every run with a violation there
@@ -15,12 +19,12 @@
 //
 // Prints one line per run, the violations found (with seed and the key's history), and a summary
 // (seeds run, operations, faults injected, violations by kind with their seeds). Exits 1 on any
-// violation, 2 on a bad argument.
+// violation or a run that could not complete (its error is printed), 2 on a bad argument.
 
 const fs = require('node:fs')
 const path = require('node:path')
 
-const state = { startedAt: Date.now(), runs: [], interrupted: false }
+const state = { startedAt: Date.now(), runs: [], failed: [], clusters: 0, cluster: false, interrupted: false }
 
 // Registered before the helpers' own handler (which kills the children and exits), so an
 // interrupted soak still prints what it found.
@@ -29,16 +33,17 @@ process.once('SIGINT', () => {
   printSummary()
 })
 
-const { runHistory, formatViolations, summarize, countBy, DEFAULTS } = require('../__test__/helpers/history')
+const { runHistory, clusterUsable, formatViolations, summarize, countBy, DEFAULTS } = require('../__test__/helpers/history')
+const { RedisCluster } = require('../__test__/helpers/redis-topology')
 
 function usage(message) {
   if (message) console.error(`soak: ${message}`)
-  console.error('usage: node scripts/soak.js [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--verbose]')
+  console.error('usage: node scripts/soak.js [--cluster] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--verbose]')
   process.exit(2)
 }
 
 function parseArgs(argv) {
-  const args = { seeds: null, minutes: null, seed: null, repeat: 1, first: null, duration: DEFAULTS.durationMs, out: null, verbose: false }
+  const args = { seeds: null, minutes: null, seed: null, repeat: 1, first: null, duration: DEFAULTS.durationMs, out: null, verbose: false, cluster: false }
   const number = (name, v, { integer = true, min = 0 } = {}) => {
     const n = Number(v)
     if (v === undefined || !Number.isFinite(n) || (integer && !Number.isInteger(n)) || n < min) usage(`--${name} needs a number >= ${min}, got ${v}`)
@@ -74,6 +79,9 @@ function parseArgs(argv) {
       case '--verbose':
         args.verbose = true
         break
+      case '--cluster':
+        args.cluster = true
+        break
       case '--help':
       case '-h':
         usage()
@@ -106,6 +114,16 @@ function printSummary() {
   console.log(`  runs:       ${runs.length} (${new Set(runs.map((h) => h.seed)).size} seeds) in ${minutes.toFixed(1)} min`)
   console.log(`  operations: ${ops} (${runs.reduce((s, h) => s + h.loads.length, 0)} loader calls)`)
   console.log(`  faults:     ${faults.length} (${Object.entries(countBy(faults, (f) => f.kind)).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'})`)
+  if (state.cluster) {
+    const kills = faults.filter((f) => f.kind === 'kill-master' && f.newMaster)
+    const promoted = kills.map((f) => f.promotedMs).sort((a, b) => a - b)
+    const pct = (q) => promoted[Math.min(promoted.length - 1, Math.floor(q * promoted.length))]
+    const moved = runs.reduce((s, h) => s + (h.cluster?.after ? h.keys.filter((k) => h.cluster.before.owners[k] !== h.cluster.after.owners[k]).length : 0), 0)
+    console.log(`  cluster:    ${state.clusters} cluster(s) started; ${kills.length} masters killed and failed over${promoted.length ? ` (promotion ${promoted[0]}/${pct(0.5)}/${promoted[promoted.length - 1]} ms min/median/max)` : ''}; ${moved} key-master changes in all`)
+  }
+  if (state.failed.length > 0) {
+    console.log(`  incomplete: ${state.failed.length} run(s) could not complete: seeds ${state.failed.map((f) => f.seed).join(' ')} (first: ${state.failed[0].error.split('\n')[0]})`)
+  }
   if (noLoadTimeout) console.log('  note:       this build refuses the loadTimeout option; runs went without it')
   if (failing.length === 0) {
     console.log('  violations: none')
@@ -115,7 +133,7 @@ function printSummary() {
       const list = [...seeds]
       console.log(`    ${kind} x${count} in seeds ${list.slice(0, 20).join(' ')}${list.length > 20 ? ` (+${list.length - 20})` : ''}`)
     }
-    console.log(`  replay:     npm run soak -- --seed ${failing[0]} --repeat 3`)
+    console.log(`  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : ''}`)
   }
 }
 
@@ -125,14 +143,44 @@ async function main() {
   const maxRuns = args.seed !== null ? args.repeat : args.seeds ?? Infinity
   const first = args.seed ?? args.first ?? Math.floor(Math.random() * 2 ** 31)
   if (args.out) fs.mkdirSync(args.out, { recursive: true })
+  state.cluster = args.cluster
+  const against = args.cluster ? ' against a Redis Cluster' : ''
   console.log(
     args.seed !== null
-      ? `soak: replaying seed ${args.seed} ${args.repeat} time(s)`
-      : `soak: seeds from ${first}${maxRuns !== Infinity ? `, ${maxRuns} of them` : ''}${deadline !== Infinity ? `, for ${args.minutes} min` : ''}`,
+      ? `soak: replaying seed ${args.seed} ${args.repeat} time(s)${against}`
+      : `soak: seeds from ${first}${maxRuns !== Infinity ? `, ${maxRuns} of them` : ''}${deadline !== Infinity ? `, for ${args.minutes} min` : ''}${against}`,
   )
+  // Every run kills one master: a cluster serves runs while a master with a replica is left.
+  let cluster = null
+  const usableCluster = async () => {
+    if (cluster && (await clusterUsable(cluster))) return cluster
+    if (cluster) await cluster.dispose()
+    cluster = null
+    const c = new RedisCluster({ nodeTimeout: 1_000 })
+    try {
+      await c.start()
+    } catch (err) {
+      await c.dispose()
+      throw err
+    }
+    state.clusters++
+    cluster = c
+    return cluster
+  }
   for (let i = 0; i < maxRuns && Date.now() < deadline && !state.interrupted; i++) {
     const seed = args.seed !== null ? args.seed : (first + i) >>> 0
-    const h = await runHistory({ seed, durationMs: args.duration, log: args.verbose ? (line) => console.log(`  ${line}`) : () => {} })
+    let h
+    try {
+      h = await runHistory({ seed, durationMs: args.duration, cluster: args.cluster ? await usableCluster() : null, log: args.verbose ? (line) => console.log(`  ${line}`) : () => {} })
+    } catch (err) {
+      // Not a verdict on the cache (a Redis or cluster that would not start or heal): say so,
+      // start afresh, go on.
+      state.failed.push({ seed, error: String(err && err.stack ? err.stack : err) })
+      console.log(`seed ${seed}: the run could not complete: ${String(err && err.stack ? err.stack : err).slice(0, 3_000)}`)
+      if (cluster) await cluster.dispose()
+      cluster = null
+      continue
+    }
     state.runs.push(h)
     console.log(summarize(h))
     if (h.violations.length > 0) {
@@ -144,8 +192,9 @@ async function main() {
       }
     }
   }
+  if (cluster) await cluster.dispose()
   printSummary()
-  process.exitCode = state.runs.some((h) => h.violations.length > 0) ? 1 : 0
+  process.exitCode = state.runs.some((h) => h.violations.length > 0) || state.failed.length > 0 ? 1 : 0
 }
 
 main().catch((err) => {

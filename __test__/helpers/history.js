@@ -1,6 +1,7 @@
 'use strict'
 // The randomized history test of issue 8 (Jepsen-style, small), shared by __test__/history.test.js
-// (a few seeds in `npm test`) and scripts/soak.js (many seeds for minutes).
+// (a few seeds in `npm test`) and scripts/soak.js (many seeds for minutes). Issue 9 runs the same
+// history against a Redis Cluster too (`cluster` option, see "Redis Cluster" below).
 //
 // One run: a private redis-server, N worker processes (fixtures/history-worker.js) each with its own
 // StampedeCache on it, and a versioned "database" owned by this process (key -> version, served
@@ -13,12 +14,20 @@
 // injector kills normal and pub/sub connections (CLIENT KILL), pauses Redis (SIGSTOP/SIGCONT)
 // and restarts it empty (SIGTERM or SIGKILL).
 //
+// In cluster mode the workers share a 3-master, 3-replica Redis Cluster instead (started by the
+// caller, reused across runs), the keys are picked so that every master owns some of them
+// (CLUSTER KEYSLOT), and the faults are per node: CLIENT KILL (normal, pub/sub) on one node,
+// SIGSTOP/SIGCONT of one node (master or replica) for 200-1500 ms, and once per run a master
+// owning some of the keys is SIGKILLed mid-run and stays dead while its replica is promoted. The
+// operations of a seed are the same in both modes; the invariants are the same.
+//
 // Every operation, loader call, version bump and fault is recorded with its time; after the run
 // checkHistory() looks for (see there): hung calls, rejected reads, impossible values, writes that
 // failed or never resolved, an older value read by the process whose write of a newer one had
 // resolved, and, once the faults stopped and the run settled, any instance or Redis envelope not
 // holding the database's current version. Each violation carries the seed and the key's recent
-// history across processes, so it can be read and replayed (`npm run soak -- --seed S`).
+// history across processes, so it can be read and replayed (`npm run soak -- --seed S`, with
+// `--cluster` for a cluster run).
 //
 // Everything random comes from the one seed (mulberry32 streams derived per use). Timing is not
 // reproducible on a loaded machine, so a seed replays the same operations and faults, not the same
@@ -26,6 +35,7 @@
 
 const path = require('node:path')
 const { RedisServer, CacheWorker, waitFor, sleep } = require('./redis-server')
+const { parseClusterSlots } = require('./redis-topology')
 
 const WORKER_SCRIPT = path.join(__dirname, '..', 'fixtures', 'history-worker.js')
 
@@ -155,7 +165,7 @@ function serveDatabase(worker, db) {
   worker.exited.then(() => db.releaseAll(worker.name))
 }
 
-// ---- faults ----------------------------------------------------------------------------------
+// ---- faults: one redis-server ----------------------------------------------------------------
 
 const FAULT_WEIGHTS = { 'kill-normal': 3, 'kill-pubsub': 2, pause: 3, restart: 2 }
 
@@ -194,6 +204,293 @@ async function injectFaults({ redis, rand, until, faults }) {
   }
 }
 
+/** The single-server mode: a private redis-server per run, restarted empty by the faults. */
+function serverBackend() {
+  const redis = new RedisServer()
+  return {
+    mode: 'server',
+    async start() {
+      await redis.start()
+    },
+    describe: () => `redis :${redis.port}`,
+    keys: async (namespace, n) => ({ keys: Array.from({ length: n }, (_, i) => `k${i}`) }),
+    cacheRedis: () => redis.url,
+    faults: ({ seed, until, faults }) => injectFaults({ redis, rand: makeRand(streamSeed(seed, 'faults')), until, faults }),
+    async recover() {
+      redis.resume()
+      if (!redis.proc) await redis.start()
+      await waitFor(() => redis.cmd('PING').then((r) => r === 'PONG', () => false), { timeout: 15_000, what: 'Redis to answer PING' })
+    },
+    envelopes: async (namespace, keys) => parseEnvelopes(keys, await redis.pipeline(keys.map((k) => ['GET', valueKey(namespace, k)]))),
+    dispose: () => redis.dispose(),
+  }
+}
+
+// ---- Redis Cluster ---------------------------------------------------------------------------
+
+/** How a cluster run's faults are drawn: CLIENT KILL and SIGSTOP of one node (no restarts: see below). */
+const CLUSTER_FAULT_WEIGHTS = { 'kill-normal': 3, 'kill-pubsub': 2, pause: 3 }
+
+/** The master is SIGKILLed at a seeded moment in this part of the run (fractions of durationMs). */
+const KILL_WINDOW = [0.2, 0.45]
+
+/** The cache's value key (API.md "Redis"); the test's keys hold no `}` (no hex form). */
+const valueKey = (namespace, key) => `${namespace}:v:{${key}}`
+
+/** Every node that is alive, in the cluster's fixed order (so a seeded pick is stable). */
+const liveNodes = (cluster) => cluster.nodes.filter((n) => n.alive)
+
+/**
+ * CLUSTER SLOTS from the first live node not in `paused` that answers (RedisCluster.slotMap asks
+ * the first live node, which may be stopped by a fault).
+ */
+async function slotMapOf(cluster, paused = new Set()) {
+  let lastErr
+  for (const n of liveNodes(cluster)) {
+    if (paused.has(n)) continue
+    try {
+      return parseClusterSlots(await n.cmd('CLUSTER', 'SLOTS'))
+    } catch (err) {
+      lastErr = err
+    }
+  }
+  throw lastErr ?? new Error('no live cluster node answers')
+}
+
+/** The masters that serve slots now, from `slotMap` (CLUSTER SLOTS). */
+function mastersOf(cluster, slotMap) {
+  const ports = new Set(slotMap.map((r) => r.master))
+  return liveNodes(cluster).filter((n) => ports.has(n.port))
+}
+
+/** The live masters that have a live replica (one of them can be killed and failed over), but not those in `skip`. */
+async function killableMasters(cluster, skip = new Set()) {
+  const out = []
+  for (const m of mastersOf(cluster, await slotMapOf(cluster, skip))) {
+    if (skip.has(m)) continue
+    const replicas = await cluster.replicasOf(m).catch(() => [])
+    if (replicas.some((r) => r.alive)) out.push(m)
+  }
+  return out
+}
+
+/**
+ * Whether `cluster` can host one more run: healthy on every node with 3 masters serving all slots,
+ * and a master with a replica left to kill. The soak replaces a cluster that cannot.
+ */
+async function clusterUsable(cluster, { timeout = 10_000 } = {}) {
+  try {
+    await cluster.waitHealthy({ timeout })
+    return (await killableMasters(cluster)).length > 0
+  } catch {
+    return false
+  }
+}
+
+/**
+ * `n` keys of the test's form (k0, k1, ...) whose value keys are spread over every master that
+ * serves slots (CLUSTER KEYSLOT; at most ceil(n / masters) per master), in candidate order, so the
+ * same seed gets the same keys on the same layout. Returns { keys, slots, owners } (owners: port).
+ */
+async function spreadKeys(cluster, namespace, n) {
+  const candidates = Array.from({ length: 200 }, (_, i) => `k${i}`)
+  const slots = await cluster.keySlots(candidates.map((k) => valueKey(namespace, k)))
+  const map = await cluster.slotMap()
+  const masters = [...new Set(map.map((r) => r.master))]
+  const cap = Math.ceil(n / masters.length)
+  const perMaster = new Map(masters.map((p) => [p, 0]))
+  const out = { keys: [], slots: {}, owners: {} }
+  candidates.forEach((k, i) => {
+    if (out.keys.length >= n) return
+    const owner = map.find((r) => slots[i] >= r.start && slots[i] <= r.end).master
+    if (perMaster.get(owner) >= cap) return
+    perMaster.set(owner, perMaster.get(owner) + 1)
+    out.keys.push(k)
+    out.slots[k] = slots[i]
+    out.owners[k] = owner
+  })
+  const empty = [...perMaster].filter(([, c]) => c === 0).map(([p]) => `:${p}`)
+  if (out.keys.length < n || (n >= masters.length && empty.length > 0)) {
+    throw new Error(`could not spread ${n} keys over the masters ${masters.join(', ')}: ${JSON.stringify(out.owners)}`)
+  }
+  return out
+}
+
+function signalNode(node, signal) {
+  if (!node.alive) return false
+  try {
+    process.kill(node.pid, signal)
+    return true
+  } catch {
+    return false
+  }
+}
+
+/**
+ * Seeded faults on the cluster's nodes until `until`, one at a time, 150-700 ms apart: CLIENT KILL
+ * TYPE normal on a master (where the cache's command connections are), CLIENT KILL TYPE pubsub on
+ * any node (the bus subscribes on one node of its choice, replicas included), SIGSTOP of any node
+ * for 200-1500 ms. A pause longer than cluster-node-timeout may fail a master over by itself:
+ * that is a fault production has too, and the run records the layout before and after.
+ *
+ * Once, at a seeded moment in KILL_WINDOW, a master that owns some of the run's keys and has a
+ * replica (and is not paused) is SIGKILLed, not restarted (a restarted empty master could take its
+ * slots back empty, which is the operator's bug, not the cache's); the faults go on meanwhile.
+ * Resolves when the faults have ended and that failover has settled (or failed: `error`).
+ */
+async function injectClusterFaults({ cluster, seed, t0, durationMs, until, faults, paused, keyOwners }) {
+  const rand = makeRand(streamSeed(seed, 'cluster faults'))
+  const killRand = makeRand(streamSeed(seed, 'cluster master kill'))
+  const killAt = t0 + Math.round(durationMs * (KILL_WINDOW[0] + (KILL_WINDOW[1] - KILL_WINDOW[0]) * killRand.next()))
+  const victimPick = killRand.next()
+  const killMaster = async () => {
+    const f = { kind: 'kill-master', start: Date.now(), end: null }
+    faults.push(f)
+    try {
+      const owning = new Set(Object.values(keyOwners))
+      let r = null
+      for (let attempt = 1; r === null; attempt++) {
+        // A paused master is no candidate (its CLUSTER NODES would not answer): wait for its pause to end.
+        let candidates = []
+        for (let tries = 0; candidates.length === 0 && tries < 40; tries++) {
+          if (tries > 0) await sleep(100)
+          candidates = (await killableMasters(cluster, paused)).filter((m) => owning.has(m.port))
+        }
+        if (candidates.length === 0) throw new Error('no master that owns some of the keys has a replica')
+        const victim = candidates[Math.floor(victimPick * candidates.length)]
+        f.node = victim.port
+        f.keys = Object.keys(keyOwners).filter((k) => keyOwners[k] === victim.port)
+        try {
+          r = await cluster.killMaster(victim, { timeout: 30_000 })
+        } catch (err) {
+          // killMaster asks the victim for its replicas first: a pause that began since may have
+          // failed that question. Try again while the victim lives; after the SIGKILL, report.
+          if (!victim.alive || attempt >= 5) throw err
+          f.retried = (f.retried ?? 0) + 1
+          await sleep(200)
+        }
+      }
+      f.newMaster = r.newMaster.port
+      f.killedAt = r.killedAt
+      f.promotedMs = r.promotedMs
+      f.settledMs = r.settledMs
+    } catch (err) {
+      f.error = err.message.split('\n')[0]
+      f.detail = err.message.slice(0, 4_000)
+    }
+    f.end = Date.now()
+  }
+  // On its own clock, not between two faults: the other faults go on during the failover (a pause
+  // may even be running when the master dies), as they would in production.
+  const failover = sleep(Math.max(0, killAt - Date.now())).then(killMaster)
+
+  for (;;) {
+    await sleep(rand.int(150, 700))
+    if (Date.now() >= until) break
+    const kind = rand.weighted(CLUSTER_FAULT_WEIGHTS)
+    // Drawn whatever the kind, so one seed gives one sequence of faults.
+    const pauseMs = rand.int(200, 1_500)
+    const pick = rand.next()
+    const f = { kind, start: Date.now(), end: null }
+    faults.push(f)
+    let node = null
+    try {
+      const map = await slotMapOf(cluster, paused)
+      const pool = kind === 'kill-normal' ? mastersOf(cluster, map) : liveNodes(cluster)
+      node = pool[Math.floor(pick * pool.length)]
+      f.node = node.port
+      f.role = map.some((r) => r.master === node.port) ? 'master' : 'replica'
+      if (kind === 'kill-normal') f.killed = await node.cmd('CLIENT', 'KILL', 'TYPE', 'normal')
+      else if (kind === 'kill-pubsub') f.killed = await node.cmd('CLIENT', 'KILL', 'TYPE', 'pubsub')
+      else {
+        f.ms = pauseMs
+        if (signalNode(node, 'SIGSTOP')) paused.add(node)
+        await sleep(pauseMs)
+        paused.delete(node)
+        signalNode(node, 'SIGCONT')
+      }
+    } catch (err) {
+      f.error = err.message.split('\n')[0]
+      if (node && paused.delete(node)) signalNode(node, 'SIGCONT')
+    }
+    f.end = Date.now()
+  }
+  await failover
+}
+
+/** Each node's port and role now, and the owner of each key's slot: what a pause may have changed. */
+async function clusterLayout(cluster, keys) {
+  const map = await cluster.slotMap()
+  // The slot is the hash tag's ({key}): any namespace gives the same one.
+  const slots = await cluster.keySlots(keys.map((k) => valueKey('x', k)))
+  return {
+    masters: mastersOf(cluster, map).map((n) => n.port),
+    dead: cluster.nodes.filter((n) => !n.alive).map((n) => n.port),
+    owners: Object.fromEntries(keys.map((k, i) => [k, map.find((r) => slots[i] >= r.start && slots[i] <= r.end).master])),
+  }
+}
+
+/**
+ * The cluster mode, on a started RedisCluster the caller owns (it outlives the run: one cluster
+ * per test file; the soak replaces it once no master with a replica is left). Each worker gets
+ * every live node as a seed, rotated, so the workers' bus subscribers start on different nodes.
+ */
+function clusterBackend(cluster) {
+  const paused = new Set()
+  let keyOwners = {}
+  let seeds = []
+  const backend = {
+    mode: 'cluster',
+    info: { nodes: [], keySlots: {}, before: null, after: null },
+    async start() {
+      await cluster.waitHealthy({ timeout: 20_000 })
+      // Just after `redis-cli --cluster create` a master may not list its replica yet (waitHealthy
+      // passes while a replica is still an empty master): give the replicas a moment to attach.
+      await waitFor(async () => (await killableMasters(cluster)).length > 0, { timeout: 10_000, interval: 100, what: 'a master with a replica' }).catch(() => {
+        throw new Error('the cluster has no master with a replica left to kill: start a new one')
+      })
+      seeds = liveNodes(cluster).map((n) => n.url)
+      const map = await cluster.slotMap()
+      backend.info.nodes = liveNodes(cluster).map((n) => ({ port: n.port, role: map.some((r) => r.master === n.port) ? 'master' : 'replica' }))
+    },
+    describe: () => `cluster ${backend.info.nodes.map((n) => `:${n.port}${n.role === 'master' ? '(m)' : ''}`).join(' ')}`,
+    async keys(namespace, n) {
+      const spread = await spreadKeys(cluster, namespace, n)
+      keyOwners = spread.owners
+      backend.info.keySlots = spread.slots
+      backend.info.before = await clusterLayout(cluster, spread.keys)
+      return spread
+    },
+    cacheRedis: (i) => ({ cluster: seeds.map((_, j) => seeds[(j + 2 * i) % seeds.length]) }),
+    faults: ({ seed, t0, durationMs, until, faults }) => injectClusterFaults({ cluster, seed, t0, durationMs, until, faults, paused, keyOwners }),
+    async recover(keys) {
+      for (const n of paused) signalNode(n, 'SIGCONT')
+      paused.clear()
+      await cluster.waitHealthy({ timeout: 30_000 }).catch(async (err) => {
+        throw new Error(`${err.message}\n${await cluster.describe()}`)
+      })
+      backend.info.after = await clusterLayout(cluster, keys)
+    },
+    async envelopes(namespace, keys) {
+      const map = await cluster.slotMap()
+      const slots = await cluster.keySlots(keys.map((k) => valueKey(namespace, k)))
+      const replies = await Promise.all(
+        keys.map(async (k, i) => {
+          const owner = cluster.nodeByPort(map.find((r) => slots[i] >= r.start && slots[i] <= r.end).master)
+          return owner.cmd('GET', valueKey(namespace, k))
+        }),
+      )
+      return parseEnvelopes(keys, replies)
+    },
+    async dispose() {
+      // Never leave a node stopped: the next run (or the cluster's dispose) needs it.
+      for (const n of paused) signalNode(n, 'SIGCONT')
+      paused.clear()
+    },
+  }
+  return backend
+}
+
 // ---- one run ---------------------------------------------------------------------------------
 
 const DEFAULTS = {
@@ -211,21 +508,26 @@ const DEFAULTS = {
   faults: true,
   /** The pub/sub bound of API.md ("Redis": 100 ms), with room for a loaded machine. */
   busBoundMs: 500,
+  /** A started RedisCluster (helpers/redis-topology.js) to run against instead of a private redis-server. */
+  cluster: null,
   /** Called with progress lines (the soak prints them with --verbose). */
   log: () => {},
 }
 const JITTER = 0.1
 
+/** Runs in this process, so two cluster runs of one seed (--repeat) never share a namespace. */
+let runCount = 0
+
 /**
- * Runs one seeded history and checks it. Resolves with the record: { seed, t0, keys, config,
- * ops, loads, bumps, faults, finals, redisBefore, redisAfter, reports, violations, ... }.
- * Never leaves a process behind.
+ * Runs one seeded history and checks it. Resolves with the record: { seed, mode, t0, keys, config,
+ * ops, loads, bumps, faults, finals, redisBefore, redisAfter, reports, violations, cluster, ... }.
+ * Never leaves a process behind (in cluster mode the cluster stays: it is the caller's).
  */
 async function runHistory(options = {}) {
   const o = { ...DEFAULTS, ...options }
   const seed = o.seed >>> 0
   const rand = makeRand(streamSeed(seed, 'config'))
-  const keys = Array.from({ length: o.keys }, (_, i) => `k${i}`)
+  const backend = o.cluster ? clusterBackend(o.cluster) : serverBackend()
   const cfg = {
     maxLoadMs: 300,
     maxGapMs: 40,
@@ -236,11 +538,12 @@ async function runHistory(options = {}) {
     // A write retried for this long without resolving, with the faults over long since, is lost.
     writeGiveUpMs: 20_000,
   }
-  const namespace = `hist${seed}p${process.pid}`
-  const db = new Database(keys)
+  runCount++
+  const namespace = backend.mode === 'cluster' ? `hist${seed}p${process.pid}c${runCount}` : `hist${seed}p${process.pid}`
   const h = {
     seed,
-    keys,
+    mode: backend.mode,
+    keys: [],
     namespace,
     cfg,
     startedAt: Date.now(),
@@ -250,7 +553,7 @@ async function runHistory(options = {}) {
     loads: [],
     faults: [],
     finals: [],
-    bumps: db.bumps,
+    bumps: [],
     db: null,
     redisBefore: null,
     redisAfter: null,
@@ -258,14 +561,18 @@ async function runHistory(options = {}) {
     workerErrors: [],
     loadTimeoutSupported: true,
     violations: [],
+    cluster: backend.mode === 'cluster' ? backend.info : undefined,
   }
-  const redis = new RedisServer()
   const workers = []
   try {
-    await redis.start()
+    await backend.start()
+    const { keys } = await backend.keys(namespace, o.keys)
+    h.keys = keys
+    const db = new Database(keys)
+    h.bumps = db.bumps
     for (let i = 0; i < o.workers; i++) {
       const name = `w${i}`
-      const cache = { redis: redis.url, namespace, ttl: rand.int(o.ttl[0], o.ttl[1]), hardTtl: o.hardTtl, lockTtl: o.lockTtl, loadTimeout: o.loadTimeout }
+      const cache = { redis: backend.cacheRedis(i), namespace, ttl: rand.int(o.ttl[0], o.ttl[1]), hardTtl: o.hardTtl, lockTtl: o.lockTtl, loadTimeout: o.loadTimeout }
       h.config.push({ name, ...cache })
       const w = new CacheWorker(name, { name, cache }, { script: WORKER_SCRIPT })
       workers.push(w)
@@ -273,7 +580,8 @@ async function runHistory(options = {}) {
     }
     await Promise.all(workers.map((w) => w.hello))
     const maxTtl = Math.max(...h.config.map((c) => c.ttl))
-    o.log(`seed ${seed}: redis :${redis.port}, ${o.workers} workers (ttl ${h.config.map((c) => c.ttl).join('/')} ms), keys ${keys.join(' ')}`)
+    const where = backend.mode === 'cluster' ? ` (${keys.map((k) => `${k}@:${h.cluster.before.owners[k]}`).join(' ')})` : ''
+    o.log(`seed ${seed}: ${backend.describe()}, ${o.workers} workers (ttl ${h.config.map((c) => c.ttl).join('/')} ms), keys ${keys.join(' ')}${where}`)
 
     h.t0 = Date.now() + 300
     const runTimeout = o.durationMs + 2 * cfg.hangBound + cfg.writeGiveUpMs + 10_000
@@ -293,7 +601,7 @@ async function runHistory(options = {}) {
     // Settles with the injector's error (or null), so a failure waits for the workers' runs.
     const faulting = o.faults
       ? sleep(h.t0 - Date.now())
-          .then(() => injectFaults({ redis, rand: makeRand(streamSeed(seed, 'faults')), until: h.t0 + o.durationMs, faults: h.faults }))
+          .then(() => backend.faults({ seed, t0: h.t0, durationMs: o.durationMs, until: h.t0 + o.durationMs, faults: h.faults }))
           .then(() => null, (err) => err)
       : Promise.resolve(null)
     const results = await Promise.allSettled(runs)
@@ -311,11 +619,10 @@ async function runHistory(options = {}) {
     h.opsEndedAt = Date.now()
     o.log(`seed ${seed}: ${h.ops.length} operations, ${h.faults.length} faults; settling`)
 
-    // Settle: Redis answers, background refreshes end, then the bus bound and the longest ttl
-    // (with jitter) pass. No operation and no fault runs from here on.
-    redis.resume()
-    if (!redis.proc) await redis.start()
-    await waitFor(() => redis.cmd('PING').then((r) => r === 'PONG', () => false), { timeout: 15_000, what: 'Redis to answer PING' })
+    // Settle: Redis answers (every node resumed, the cluster healthy), background refreshes end,
+    // then the bus bound and the longest ttl (with jitter) pass. No operation and no fault runs
+    // from here on.
+    await backend.recover(keys)
     const live = workers.filter((w) => !w.exitInfo)
     const settles = await Promise.allSettled(live.map((w) => w.request('settle', {}, { timeout: cfg.hangBound + 5_000 })))
     settles.forEach((r, i) => {
@@ -325,7 +632,7 @@ async function runHistory(options = {}) {
     h.db = Object.fromEntries(db.versions)
     h.checkedAt = Date.now()
 
-    h.redisBefore = await envelopes(redis, namespace, keys)
+    h.redisBefore = await backend.envelopes(namespace, keys)
     const finals = await Promise.allSettled(live.map((w) => w.request('final', { keys, cfg }, { timeout: keys.length * cfg.hangBound + 5_000 })))
     finals.forEach((r, i) => {
       if (r.status === 'fulfilled') {
@@ -334,7 +641,7 @@ async function runHistory(options = {}) {
         h.workerErrors.push({ proc: live[i].name, phase: 'final', message: r.reason.message })
       }
     })
-    h.redisAfter = await envelopes(redis, namespace, keys)
+    h.redisAfter = await backend.envelopes(namespace, keys)
     const reports = await Promise.allSettled(live.map((w) => w.request('report', {}, { timeout: 5_000 })))
     for (const r of reports) if (r.status === 'fulfilled') h.reports.push(r.value)
     // The full records: loader calls and late settlements that ended after `run` returned. A
@@ -348,16 +655,15 @@ async function runHistory(options = {}) {
     })
   } finally {
     await Promise.all(workers.map((w) => w.kill('SIGKILL')))
-    await redis.dispose()
+    await backend.dispose()
   }
   h.endedAt = Date.now()
   h.violations = checkHistory(h)
   return h
 }
 
-/** key -> { raw, v } of each value key in Redis now (v: the version, null for none, 'bad' for unreadable). */
-async function envelopes(redis, namespace, keys) {
-  const replies = await redis.pipeline(keys.map((k) => ['GET', `${namespace}:v:{${k}}`]))
+/** GET replies of the value keys as key -> { raw, v } (v: the version, null for none, 'bad' for unreadable). */
+function parseEnvelopes(keys, replies) {
   const out = {}
   keys.forEach((k, i) => {
     const raw = replies[i]
@@ -552,6 +858,18 @@ function describeOp(h, op) {
   return `${head} -> ${result}${extra.length ? ` (${extra.join(', ')})` : ''}`
 }
 
+function describeFault(h, f) {
+  const on = f.node ? ` on :${f.node}${f.role ? ` (${f.role})` : ''}` : ''
+  let what
+  if (f.kind === 'pause') what = `pause ${f.ms} ms${on}`
+  else if (f.kind === 'restart') what = `restart ${f.signal}`
+  else if (f.kind === 'kill-master') {
+    what = `kill-master SIGKILL :${f.node ?? '?'} (owns ${(f.keys ?? []).join(' ') || '?'})`
+    if (f.newMaster) what += `; replica :${f.newMaster} promoted at ${rel(h, f.killedAt + f.promotedMs)}, every node agreed at ${rel(h, f.killedAt + f.settledMs)}`
+  } else what = `${f.kind}${on} (${f.killed ?? '?'} clients)`
+  return `${what} ${span(h, f.start, f.end)}${f.error ? ` error: ${f.error}` : ''}`
+}
+
 /**
  * The history of `key` across processes from `from` (or as far back as `n` events go) to `until`
  * (+100 ms), at most `n` events: when more, the first quarter and the last three quarters.
@@ -565,10 +883,7 @@ function historyOf(h, key, until, n = 40, from = null) {
     const flags = [l.slow ? 'slow' : null, l.stale !== undefined ? `stale v${l.stale}` : null, l.abortedAt ? `signal aborted ${rel(h, l.abortedAt)}` : null].filter(Boolean)
     events.push({ t: l.start, text: `loader   ${l.proc} (op #${l.op}) ${key} ${span(h, l.start, l.end)} read v${l.read} at ${rel(h, l.readAt)}${flags.length ? ` (${flags.join(', ')})` : ''}` })
   }
-  for (const f of h.faults) {
-    const what = f.kind === 'pause' ? `pause ${f.ms} ms` : f.kind === 'restart' ? `restart ${f.signal}` : `${f.kind} (${f.killed ?? '?'} clients)`
-    events.push({ t: f.start, text: `FAULT    ${what} ${span(h, f.start, f.end)}${f.error ? ` error: ${f.error}` : ''}` })
-  }
+  for (const f of h.faults) events.push({ t: f.start, text: `FAULT    ${describeFault(h, f)}` })
   for (const r of h.reports) {
     for (const e of r.errors.samples) if (e.key === key) events.push({ t: e.at, text: `onError  ${r.proc} ${e.op} ${e.code}: ${e.message}` })
   }
@@ -584,7 +899,7 @@ function historyOf(h, key, until, n = 40, from = null) {
 
 /** One violation, with the seed, how to replay it and the key's history. */
 function formatViolation(h, v, { historyLines = 40 } = {}) {
-  const lines = [`[seed ${h.seed}] ${v.kind}: ${v.message}`, `  replay: npm run soak -- --seed ${h.seed}`]
+  const lines = [`[seed ${h.seed}${h.mode === 'cluster' ? ' cluster' : ''}] ${v.kind}: ${v.message}`, `  replay: npm run soak -- --seed ${h.seed}${h.mode === 'cluster' ? ' --cluster' : ''}`]
   if (v.key) {
     lines.push(`  history of ${v.key} (ms from the run's start; db = the database; writers hold a per-key slot):`)
     lines.push(...historyOf(h, v.key, v.at, historyLines, v.from ?? null))
@@ -620,12 +935,22 @@ function summarize(h) {
   const retried = h.ops.filter((o) => WRITES.has(o.op) && (o.attempts?.length ?? 0) > 1).length
   const rejectedWrites = h.ops.filter((o) => WRITES.has(o.op) && (o.attempts ?? []).some((a) => a.outcomes.some((x) => x === 'ERR_REDIS'))).length
   const redisErrors = h.reports.reduce((s, r) => s + (r.stats?.redisErrors ?? 0), 0)
+  let cluster = ''
+  if (h.mode === 'cluster') {
+    const kill = h.faults.find((f) => f.kind === 'kill-master')
+    const c = h.cluster
+    const moved = c && c.before && c.after ? h.keys.filter((k) => c.before.owners[k] !== c.after.owners[k]).length : '?'
+    const others = c && c.before && c.after ? c.after.masters.filter((p) => !c.before.masters.includes(p) && p !== kill?.newMaster).length : 0
+    cluster =
+      `, cluster: ${kill ? (kill.newMaster ? `master :${kill.node} killed at ${rel(h, kill.killedAt)}, :${kill.newMaster} promoted after ${kill.promotedMs} ms (agreed ${kill.settledMs} ms)` : `master kill failed: ${kill.error}`) : 'no master killed'}` +
+      `${others ? `, ${others} more failover(s) from pauses` : ''}, ${moved}/${h.keys.length} keys changed master`
+  }
   return (
-    `seed ${h.seed}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
+    `seed ${h.seed}${h.mode === 'cluster' ? ' [cluster]' : ''}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
     `${h.loads.length} loader calls, ${h.faults.length} faults (${Object.entries(faults).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'}), ` +
-    `redisErrors ${redisErrors}, ${h.violations.length} violations${h.loadTimeoutSupported ? '' : ' [this build refuses loadTimeout: ran without it]'} ` +
+    `redisErrors ${redisErrors}${cluster}, ${h.violations.length} violations${h.loadTimeoutSupported ? '' : ' [this build refuses loadTimeout: ran without it]'} ` +
     `(${((h.endedAt - h.startedAt) / 1000).toFixed(1)} s)`
   )
 }
 
-module.exports = { mulberry32, streamSeed, makeRand, runHistory, checkHistory, formatViolation, formatViolations, summarize, historyOf, countBy, DEFAULTS }
+module.exports = { mulberry32, streamSeed, makeRand, runHistory, clusterUsable, checkHistory, formatViolation, formatViolations, summarize, historyOf, countBy, DEFAULTS }
