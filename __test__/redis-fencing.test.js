@@ -323,6 +323,37 @@ test("finding 2: one instance's writes of a key reach Redis in call order", { ti
   assert.equal(tally(wDel.out), tally(Array(runs).fill('"marker"')))
 })
 
+// get(k) and a write of k started together in one instance (B wrote v1 before): after the write
+// resolves, the instance must not serve what the get read from Redis before the write.
+const GET_WITH_OWN_WRITE = `
+  const wrong = []
+  for (let i = 0; i < args.runs; i++) {
+    const k = args.prefix + i
+    const read = tools.outcome(cache.get(k))
+    const write = tools.outcome(args.write === 'set' ? cache.set(k, 'v2') : cache.delete(k))
+    await Promise.all([read, write])
+    const after = await tools.outcome(cache.get(k))
+    const seen = after.undef ? 'undefined' : JSON.stringify(after.value)
+    if (seen !== (args.write === 'set' ? '"v2"' : 'undefined')) wrong.push(k + '=' + seen)
+  }
+  return wrong
+`
+
+test('finding 2 (history seeds 134, 152): a get overlapping its own instance\'s set or delete is not kept over it', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { spawnWorker } = await setup(t)
+  const A = await spawnWorker('A', { ttl: 60_000 })
+  const B = await spawnWorker('B', { ttl: 60_000 })
+  const runs = 150
+  for (const write of ['set', 'delete']) {
+    const prefix = `gw:${write}:`
+    for (let i = 0; i < runs; i++) assert.ok((await B.request('set', { key: prefix + i, value: 'v1' })).ok)
+    // get() first: its Redis read is on its way when the write starts (get before set in call order).
+    const wrong = await A.request('run', { body: GET_WITH_OWN_WRITE, args: { runs, prefix, write } })
+    t.diagnostic(`get + ${write}: ${wrong.length} of ${runs} served the older value afterwards`)
+    assert.deepEqual(wrong, [], `after its own ${write} resolved, A served the value its overlapping get read`)
+  }
+})
+
 // Waits on another process's lock, closes the cache, and reports how the wait ended and
 // whether the loader ever ran (watched until well past the other process's lockTtl).
 const WAIT_THEN_CLOSE = `

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stampede_cache::envelope::Envelope;
-use stampede_cache::inbox::Inbox;
+use stampede_cache::inbox::{Inbox, Stamp};
 use stampede_cache::stats::Stats;
 use stampede_cache::store::redis::{Fetched, Gate, RedisConfig, RedisTier, WriteBack};
 
@@ -297,7 +297,7 @@ async fn refresh_is_skipped_while_another_holds_the_lock_and_backs_off_after_a_f
         Gate::Found(r) => assert_eq!(r.envelope.retry_after, retry_after),
         other => panic!("the recorded backoff must hold the refresh back, got {other:?}"),
     }
-    match b.fetch("k").await {
+    match b.fetch("k", Stamp(0)).await {
         Fetched::Found(r) => {
             assert_eq!(r.value_json.as_deref(), Some("1"), "the stale value stays")
         }
@@ -314,7 +314,7 @@ async fn an_unreachable_redis_degrades_at_once_after_the_first_failure() {
         .port();
     let (t, stats) = tier(&format!("redis://127.0.0.1:{port}"));
     let started = Instant::now();
-    assert_eq!(t.fetch("k").await, Fetched::Unavailable);
+    assert_eq!(t.fetch("k", Stamp(0)).await, Fetched::Unavailable);
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "bounded by the connect timeout"
@@ -357,7 +357,7 @@ async fn close_drops_the_bus_and_the_command_connection_with_the_tier() {
     let mut admin = server.conn().await;
     let baseline = connected_clients(&mut admin).await;
     let (t, _) = tier(&server.url);
-    assert_eq!(t.fetch("k").await, Fetched::Missing);
+    assert_eq!(t.fetch("k", Stamp(0)).await, Fetched::Missing);
     let deadline = Instant::now() + Duration::from_secs(5);
     while connected_clients(&mut admin).await < baseline + 2 {
         assert!(
@@ -368,7 +368,7 @@ async fn close_drops_the_bus_and_the_command_connection_with_the_tier() {
     }
     t.close(Vec::new());
     assert_eq!(
-        t.fetch("k").await,
+        t.fetch("k", Stamp(0)).await,
         Fetched::Unavailable,
         "closed: no more commands"
     );

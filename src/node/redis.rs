@@ -152,11 +152,13 @@ pub fn redis_gate(
 #[napi]
 pub fn redis_fetch(env: &Env, id: u32, key: String) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
     let tier = tier_of(id, &key);
+    // Here, on the JS thread, before a set or delete called after this read can touch it.
+    let stamp = engine(id).map(|e| e.borrow().cache.inbox().stamp(&key));
     env.spawn_future(async move {
-        let Some((tier, _, _)) = tier else {
+        let (Some((tier, _, _)), Some(stamp)) = (tier, stamp) else {
             return Ok(RedisAnswer::kind(GATE_UNAVAILABLE, None));
         };
-        Ok(match tier.fetch(&key).await {
+        Ok(match tier.fetch(&key, stamp).await {
             Fetched::Found(r) => RedisAnswer::found(r),
             Fetched::Missing => RedisAnswer::kind(GATE_MISSING, None),
             Fetched::Unavailable => RedisAnswer::kind(GATE_UNAVAILABLE, None),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::{lock::Fence, new_token, RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Envelope, State};
+use crate::inbox::Stamp;
 
 /// How long a generation key lives after the `set`/`delete` that wrote it. A load whose fence is
 /// older than this (less a margin) is not written back: a generation key written after the
@@ -50,10 +51,12 @@ pub fn usable(bytes: &[u8]) -> Option<(Envelope, Option<String>)> {
 }
 
 impl RedisTier {
-    /// Reads the key's envelope.
-    pub async fn fetch(&self, key: &str) -> Fetched {
+    /// Reads the key's envelope. `stamp`: the key's invalidation stamp when the read was asked
+    /// for, taken by the caller on its own thread before any later write of this process could
+    /// change it (taken here, on a runtime thread, it could already include such a write, and
+    /// the older value read would be kept over it).
+    pub async fn fetch(&self, key: &str, stamp: Stamp) -> Fetched {
         let vkey = self.value_key(key);
-        let stamp = self.inbox.stamp(key);
         let raw = self
             .run("get", key, |mut c| async move {
                 match redis::cmd("GET")
