@@ -14,7 +14,7 @@
 
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
-const { RedisServer, CacheWorker, barrier, waitFor, sleep, killAllSync } = require('./helpers/redis-server')
+const { setupRedis, RedisServer, barrier, waitFor, sleep, killAllSync } = require('./helpers/redis-server')
 const { TcpProxy } = require('./helpers/tcp-proxy')
 
 /** A hang fails its test instead of blocking the run. */
@@ -22,35 +22,8 @@ const TEST_TIMEOUT = 45_000
 
 after(() => killAllSync())
 
-let nsCounter = 0
-function newNamespace() {
-  return `scfault${process.pid}n${++nsCounter}${Math.random().toString(36).slice(2, 6)}`
-}
-
-/** Its own redis-server plus `workers` worker processes, all torn down after the test. */
-async function setup(t, { workers = 0, options = {} } = {}) {
-  const redis = new RedisServer()
-  t.after(() => redis.dispose())
-  await redis.start()
-  const namespace = newNamespace()
-  const base = { redis: redis.url, namespace, jitter: 0, ...options }
-  const spawned = []
-  t.after(() => Promise.all(spawned.map((w) => w.kill('SIGKILL'))))
-  const spawnWorker = async (name, extra = {}) => {
-    const w = new CacheWorker(name, { ...base, ...extra })
-    spawned.push(w)
-    await w.hello
-    return w
-  }
-  const ws = await Promise.all(Array.from({ length: workers }, (_, i) => spawnWorker(`w${i}`)))
-  return {
-    redis,
-    ws,
-    namespace,
-    spawnWorker,
-    vkey: (k) => `${namespace}:v:{${k}}`,
-  }
-}
+/** Its own redis-server plus `workers` worker processes (see setupRedis). */
+const setup = (t, { workers = 0, options = {} } = {}) => setupRedis(t, { workers, options, prefix: 'scfault' })
 
 /** The value in a Redis envelope (undefined when the key is absent). */
 function envelopeValue(raw) {

@@ -12,7 +12,7 @@
 
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
-const { RedisServer, CacheWorker, waitFor, sleep, killAllSync } = require('./helpers/redis-server')
+const { setupRedis, waitFor, sleep, killAllSync } = require('./helpers/redis-server')
 
 /** A hang fails its test instead of blocking the run. */
 const TEST_TIMEOUT = 45_000
@@ -23,35 +23,8 @@ const BUS_MS = 250
 
 after(() => killAllSync())
 
-let nsCounter = 0
-function newNamespace() {
-  return `scfence${process.pid}n${++nsCounter}${Math.random().toString(36).slice(2, 6)}`
-}
-
-/** Its own redis-server; workers spawned through it are torn down after the test. */
-async function setup(t, options = {}) {
-  const redis = new RedisServer()
-  t.after(() => redis.dispose())
-  await redis.start()
-  const namespace = newNamespace()
-  const base = { redis: redis.url, namespace, jitter: 0, ...options }
-  const spawned = []
-  t.after(() => Promise.all(spawned.map((w) => w.kill('SIGKILL'))))
-  const spawnWorker = async (name, extra = {}) => {
-    const w = new CacheWorker(name, { ...base, ...extra })
-    spawned.push(w)
-    await w.hello
-    return w
-  }
-  const vkey = (k) => `${namespace}:v:{${k}}`
-  const lkey = (k) => `${namespace}:lock:{${k}}`
-  /** The value key as the raw client sees it: `{ exists, value }` (value from the JSON envelope). */
-  const stored = async (k) => {
-    const raw = await redis.cmd('GET', vkey(k))
-    return raw === null ? { exists: false } : { exists: true, value: JSON.parse(raw).value }
-  }
-  return { redis, namespace, spawnWorker, vkey, lkey, stored }
-}
+/** Its own redis-server; `options` are every worker's (see setupRedis). */
+const setup = (t, options = {}) => setupRedis(t, { options, prefix: 'scfence' })
 
 /** Rejects with `what` when `promise` has not settled within `ms` (a hang fails, not blocks). */
 function within(promise, ms, what) {

@@ -17,7 +17,7 @@ const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { spawn } = require('node:child_process')
 const path = require('node:path')
-const { RedisServer, CacheWorker, barrier, freePort, waitFor, sleep, killAllSync } = require('./helpers/redis-server')
+const { setupRedis, barrier, freePort, waitFor, sleep, killAllSync } = require('./helpers/redis-server')
 
 const ROOT = path.join(__dirname, '..')
 /** A hang fails its test instead of blocking the run. */
@@ -25,36 +25,8 @@ const TEST_TIMEOUT = 60_000
 
 after(() => killAllSync())
 
-let nsCounter = 0
-function newNamespace() {
-  return `sctest${process.pid}n${++nsCounter}${Math.random().toString(36).slice(2, 6)}`
-}
-
-/** Its own redis-server plus `workers` worker processes, all torn down after the test. */
-async function setup(t, { workers = 0, options = {} } = {}) {
-  const redis = new RedisServer()
-  t.after(() => redis.dispose())
-  await redis.start()
-  const namespace = newNamespace()
-  const base = { redis: redis.url, namespace, jitter: 0, ...options }
-  const spawned = []
-  t.after(() => Promise.all(spawned.map((w) => w.kill('SIGKILL'))))
-  const spawnWorker = async (name, extra = {}) => {
-    const w = new CacheWorker(name, { ...base, ...extra })
-    spawned.push(w)
-    await w.hello
-    return w
-  }
-  const ws = await Promise.all(Array.from({ length: workers }, (_, i) => spawnWorker(`w${i}`)))
-  return {
-    redis,
-    ws,
-    namespace,
-    spawnWorker,
-    vkey: (k) => `${namespace}:v:{${k}}`,
-    lkey: (k) => `${namespace}:lock:{${k}}`,
-  }
-}
+/** Its own redis-server plus `workers` worker processes (see setupRedis). */
+const setup = (t, { workers = 0, options = {} } = {}) => setupRedis(t, { workers, options, prefix: 'sctest' })
 
 /** Every read of a `read` result resolved (none rejected). */
 function assertAllOk(result, label) {

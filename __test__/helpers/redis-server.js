@@ -435,4 +435,43 @@ async function waitFor(fn, { timeout = 10_000, interval = 20, what = 'condition'
   }
 }
 
-module.exports = { RedisServer, RespError, CacheWorker, barrier, freePort, command, pipeline, waitFor, sleep, killAllSync, encodeCommand, parseReply }
+// ---- a test's own server and workers ------------------------------------------------------
+
+let nsCounter = 0
+
+/** A namespace no other test (or test process) uses. */
+function newNamespace(prefix = 'sctest') {
+  return `${prefix}${process.pid}n${++nsCounter}${Math.random().toString(36).slice(2, 6)}`
+}
+
+/**
+ * A private redis-server plus `workers` worker processes built from `options`, all torn down
+ * after the test. Returns the server, the workers, `spawnWorker(name, extraOptions)` for more,
+ * the namespace, its key names (`vkey`, `lkey`) and `stored(k)`: the value key as the raw client
+ * sees it, `{ exists, value }`.
+ */
+async function setupRedis(t, { workers = 0, options = {}, prefix } = {}) {
+  const redis = new RedisServer()
+  t.after(() => redis.dispose())
+  await redis.start()
+  const namespace = newNamespace(prefix)
+  const base = { redis: redis.url, namespace, jitter: 0, ...options }
+  const spawned = []
+  t.after(() => Promise.all(spawned.map((w) => w.kill('SIGKILL'))))
+  const spawnWorker = async (name, extra = {}) => {
+    const w = new CacheWorker(name, { ...base, ...extra })
+    spawned.push(w)
+    await w.hello
+    return w
+  }
+  const ws = await Promise.all(Array.from({ length: workers }, (_, i) => spawnWorker(`w${i}`)))
+  const vkey = (k) => `${namespace}:v:{${k}}`
+  const lkey = (k) => `${namespace}:lock:{${k}}`
+  const stored = async (k) => {
+    const raw = await redis.cmd('GET', vkey(k))
+    return raw === null ? { exists: false } : { exists: true, value: JSON.parse(raw).value }
+  }
+  return { redis, ws, namespace, spawnWorker, vkey, lkey, stored }
+}
+
+module.exports = { setupRedis, newNamespace, RedisServer, RespError, CacheWorker, barrier, freePort, command, pipeline, waitFor, sleep, killAllSync, encodeCommand, parseReply }
