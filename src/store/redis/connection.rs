@@ -6,11 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionLike;
 use redis::io::tcp::{socket2, TcpSettings};
-use redis::{
-    Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
-};
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 use super::topology::{Connection, Topology};
 
@@ -50,30 +47,12 @@ pub fn classify(e: &RedisError) -> Fault {
     }
 }
 
-/// One connection the tier hands out; `id` names it, so a failure replaces only that one.
+/// One connection the tier hands out (commands go to `inner`); `id` names it, so a failure
+/// replaces only that one.
 #[derive(Clone)]
 pub struct Conn {
     pub id: u64,
     pub inner: Connection,
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        self.inner.req_packed_command(cmd)
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        self.inner.req_packed_commands(cmd, offset, count)
-    }
-
-    fn get_db(&self) -> i64 {
-        self.inner.get_db()
-    }
 }
 
 /// TCP settings for every connection: keepalive probes notice a peer that vanished without a

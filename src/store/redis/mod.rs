@@ -296,9 +296,11 @@ impl RedisTier {
         let started = Instant::now();
         let mut used = None;
         let answered = async {
-            let mut conn = self.connection(started).await?;
+            let conn = self.connection(started).await?;
             used = Some(conn.id);
-            redis::cmd("PING").query_async::<String>(&mut conn).await
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn.inner.clone())
+                .await
         };
         match tokio::time::timeout(self.link.command_timeout, answered).await {
             Ok(Ok(_)) => self.succeeded(),
@@ -371,7 +373,7 @@ impl RedisTier {
     /// other error replies fail this command alone. Every failure is counted and reported.
     async fn run<T, F, Fut>(&self, op: &'static str, key: &str, f: F) -> Result<T, Unavailable>
     where
-        F: FnOnce(connection::Conn) -> Fut,
+        F: FnOnce(topology::Connection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         if !self.admit(op) {
@@ -385,7 +387,7 @@ impl RedisTier {
             }
         };
         let id = conn.id;
-        match tokio::time::timeout(self.link.command_timeout, f(conn)).await {
+        match tokio::time::timeout(self.link.command_timeout, f(conn.inner)).await {
             Ok(Ok(v)) => {
                 self.succeeded();
                 Ok(v)
