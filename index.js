@@ -277,6 +277,8 @@ class StampedeCache {
       }
       if (gate.kind === GATE_CLOSED) {
         this.#flights.delete(flight)
+        // A background refresh just ends (the stale value it had is what its readers got).
+        if (purpose === REFRESH) return stale
         throw closedError()
       }
     }
