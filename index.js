@@ -9,7 +9,30 @@
 // `waitUntil`, and honour AbortSignals.
 
 const { AsyncLocalStorage } = require('node:async_hooks')
+const dc = require('node:diagnostics_channel')
 const native = require('./binding.js')
+
+// Observability (README, "Observability"): a TracingChannel around every loader call and a plain
+// channel per event. Every publication sits behind `hasSubscribers`, so nothing is built or
+// published while nobody listens; the fresh hit pays one such check.
+const loadChannel = dc.tracingChannel('stampede-cache:load')
+const hitChannel = dc.channel('stampede-cache:hit')
+const missChannel = dc.channel('stampede-cache:miss')
+const coalesceChannel = dc.channel('stampede-cache:coalesce')
+const lockChannel = dc.channel('stampede-cache:lock')
+const invalidateChannel = dc.channel('stampede-cache:invalidate')
+const loadTimeoutChannel = dc.channel('stampede-cache:load-timeout')
+const redisErrorChannel = dc.channel('stampede-cache:redis-error')
+// TracingChannel#hasSubscribers arrived in Node 20.13; before it, ask its five channels.
+const loadTraced =
+  typeof loadChannel.hasSubscribers === 'boolean'
+    ? () => loadChannel.hasSubscribers
+    : () =>
+        loadChannel.start.hasSubscribers ||
+        loadChannel.end.hasSubscribers ||
+        loadChannel.asyncStart.hasSubscribers ||
+        loadChannel.asyncEnd.hasSubscribers ||
+        loadChannel.error.hasSubscribers
 
 /** The request-scoped waitUntil set by withWaitUntil(), for every cache used in that scope. */
 const requestScope = new AsyncLocalStorage()
@@ -67,6 +90,7 @@ const engine = {
 }
 const { peek, beginRefresh, complete, fail, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
 const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
+const { observeInvalidations, takeInvalidations } = native
 
 const STEP_SERVE = 0
 const STEP_LEAD = 1
@@ -84,6 +108,12 @@ const POLICY_LOAD_TIMEOUT = 5
 const COLD = 0
 const REFRESH = 1
 const FORCE = 2
+// As the channels name them, by the numbers above and the engine's (src/node).
+const REASONS = ['cold', 'refresh', 'force']
+// A hit is `slot * 8 + kind * 2 + refresh` (src/node/mod.rs, encode_hit).
+const HIT_STATES = ['fresh', 'stale', 'negative']
+// RedisAnswer.lock (src/node/redis.rs): 0 is no bid.
+const LOCK_OUTCOMES = [undefined, 'won', 'waited', 'took_over', 'gave_up', 'skipped']
 const noop = () => {}
 
 function invalidArgument(message) {
@@ -172,6 +202,10 @@ class StampedeCache {
   #redis = false
   #waitUntil
   #onError
+  /** The Redis key prefix, for the channels' messages. */
+  #namespace
+  /** The engine keeps the invalidations it applies for us (someone listens to them). */
+  #watchingInvalidations = false
 
   constructor(options) {
     if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
@@ -187,6 +221,8 @@ class StampedeCache {
     this.#loadTimeout = defaultPolicy(this.#id)[POLICY_LOAD_TIMEOUT]
     this.#waitUntil = waitUntil
     this.#onError = onError
+    // Validated by the engine above.
+    this.#namespace = options?.namespace ?? 'sc'
   }
 
   getOrLoad(key, loader, options) {
@@ -194,10 +230,11 @@ class StampedeCache {
       return Promise.reject(invalidArgument(`the loader must be a function, got ${loader === null ? 'null' : typeof loader}`))
     }
     if (options === undefined && typeof key === 'string') {
-      // The hot path: slot * 2 + (1 if a background refresh is due), or -1.
+      // The hot path: slot * 8 + kind * 2 + (1 if a background refresh is due), or -1.
       const r = peek(this.#id, key)
       if (r >= 0) {
-        const value = this.#values[r >> 1]
+        const value = this.#values[r >> 3]
+        if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', HIT_STATES[(r >> 1) & 3])
         if (r & 1) this.#refresh(key, loader, null, undefined, value)
         return Promise.resolve(value)
       }
@@ -224,9 +261,12 @@ class StampedeCache {
     }
     const k = engine.encodeKey(key)
     if (signal?.aborted) throw abortError(signal)
+    this.#watchInvalidations()
     const step = engine.lookup(this.#id, k, policy, force)
+    this.#publishInvalidations()
     if (step.kind === STEP_SERVE) {
-      const value = this.#values[step.n >> 1]
+      const value = this.#values[step.n >> 3]
+      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', HIT_STATES[(step.n >> 1) & 3])
       if (step.n & 1) this.#refresh(k, loader, policy, waitUntil, value)
       return value
     }
@@ -236,6 +276,11 @@ class StampedeCache {
       load = this.#lead(k, step.n, loader, policy, stale, force ? FORCE : COLD, waitUntil)
     } else {
       load = this.#flights.get(step.n)
+    }
+    // Once the flight is registered: a subscriber that calls the cache joins it.
+    if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+    if (step.kind !== STEP_LEAD && coalesceChannel.hasSubscribers) {
+      coalesceChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     }
     return signal ? withSignal(load, signal) : load
   }
@@ -260,9 +305,15 @@ class StampedeCache {
     if (this.#redis) {
       gate = await redisGate(this.#id, k, purpose)
       this.#drainRedisReports()
+      if (gate.lock !== 0 && lockChannel.hasSubscribers) {
+        lockChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], outcome: LOCK_OUTCOMES[gate.lock] })
+      }
       if (gate.kind === GATE_FOUND) {
         this.#flights.delete(flight)
         const value = this.#adopt(k, flight, gate)
+        // A cold load answered by Redis is that tier's hit; a refresh found refreshed elsewhere is
+        // not a read.
+        if (purpose === COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(gate))
         // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
         if (purpose === COLD && gate.freshUntil <= Date.now() && gate.retryAfter <= Date.now()) {
           this.#refresh(k, loader, policy, waitUntil, value)
@@ -301,6 +352,8 @@ class StampedeCache {
       answer.stamp,
     )
     if (slot >= 0) this.#values[slot] = value
+    // After the value is in place: a subscriber may read the cache.
+    this.#publishInvalidations()
     return value
   }
 
@@ -310,7 +363,12 @@ class StampedeCache {
     const started = performance.now()
     let value
     try {
-      value = await this.#callLoader(k, loader, stale, policy)
+      if (loadTraced()) {
+        const context = { cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose] }
+        value = await loadChannel.tracePromise(this.#callLoader, context, this, k, loader, stale, policy, purpose)
+      } else {
+        value = await this.#callLoader(k, loader, stale, policy, purpose)
+      }
     } catch (err) {
       await this.#loadFailed(k, flight, token)
       // A caller that has a value (forceRefresh of a live entry) gets it instead of a timeout.
@@ -334,21 +392,24 @@ class StampedeCache {
       this.#held.delete(flight)
       // In Redis (or dropped there as older than what Redis holds, and the lock released)
       // before any caller sees it; the flight stays open meanwhile so callers keep joining it.
-      const outcome = await writeBack(this.#id, k, flight, computeMs, negative, policy, json, token, gate?.fence ?? null, gate?.fencedAt ?? -1, purpose === FORCE)
+      const written = writeBack(this.#id, k, flight, computeMs, negative, policy, json, token, gate?.fence ?? null, gate?.fencedAt ?? -1, purpose === FORCE)
+      this.#publishInvalidations()
+      const outcome = await written
       this.#flights.delete(flight)
       slot = finishWrite(this.#id, k, flight, outcome !== DROPPED, gate?.stamp ?? -1)
-      this.#drainRedisReports()
     } else {
       this.#flights.delete(flight)
       slot = complete(this.#id, k, flight, computeMs, negative, policy)
     }
     if (slot >= 0) this.#values[slot] = stored
+    this.#publishInvalidations()
+    this.#drainRedisReports()
     return stored
   }
 
   // Calls the loader with its context; rejects with ERR_LOAD_TIMEOUT (and aborts ctx.signal)
   // once it has run for loadTimeout. A late result is ignored by the caller of this.
-  #callLoader(k, loader, stale, policy) {
+  #callLoader(k, loader, stale, policy, purpose) {
     const control = new AbortController()
     this.#loads.add(control)
     const timeout = policy === null ? this.#loadTimeout : policy[POLICY_LOAD_TIMEOUT]
@@ -357,6 +418,9 @@ class StampedeCache {
       if (timeout !== Infinity) {
         timer = setTimeout(() => {
           const err = new StampedeCacheError('ERR_LOAD_TIMEOUT', `the loader of ${JSON.stringify(k)} ran longer than loadTimeout (${timeout} ms)`)
+          if (loadTimeoutChannel.hasSubscribers) {
+            loadTimeoutChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], timeout })
+          }
           control.abort(err)
           reject(err)
         }, timeout)
@@ -387,8 +451,37 @@ class StampedeCache {
   #drainRedisReports() {
     for (const r of takeRedisReports(this.#id)) {
       const err = new StampedeCacheError('ERR_REDIS', r.message)
-      this.#report(err, `redis:${r.op}`, r.key ?? undefined)
+      const key = r.key ?? undefined
+      if (redisErrorChannel.hasSubscribers) redisErrorChannel.publish({ cache: this, namespace: this.#namespace, op: r.op, key, error: err })
+      this.#report(err, `redis:${r.op}`, key)
     }
+  }
+
+  #publishHit(key, tier, state) {
+    hitChannel.publish({ cache: this, namespace: this.#namespace, key, tier, state })
+  }
+
+  // Has the engine keep the invalidations it applies from other processes while anyone listens
+  // (checked before each call that may apply them; the hot path leaves pending ones to us).
+  #watchInvalidations() {
+    const on = invalidateChannel.hasSubscribers
+    if (on !== this.#watchingInvalidations) {
+      this.#watchingInvalidations = on
+      observeInvalidations(this.#id, on)
+    }
+  }
+
+  // Publishes what the engine applied from other processes since the last call.
+  #publishInvalidations() {
+    if (!this.#watchingInvalidations) return
+    const keys = takeInvalidations(this.#id)
+    for (let i = 0; i < keys.length; i++) {
+      this.#publishInvalidation(keys[i] ?? undefined, 'bus')
+    }
+  }
+
+  #publishInvalidation(key, source) {
+    if (invalidateChannel.hasSubscribers) invalidateChannel.publish({ cache: this, namespace: this.#namespace, key, source })
   }
 
   // Starts the background refresh the engine asked for and hands it to waitUntil at once.
@@ -422,12 +515,21 @@ class StampedeCache {
   async get(key) {
     if (this.#closed) throw closedError()
     const k = engine.encodeKey(key)
-    const slot = engine.getEntry(this.#id, k)
-    if (slot >= 0) return this.#values[slot]
+    this.#watchInvalidations()
+    const hit = engine.getEntry(this.#id, k)
+    this.#publishInvalidations()
+    if (hit >= 0) {
+      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', HIT_STATES[(hit >> 1) & 3])
+      return this.#values[hit >> 3]
+    }
+    if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     if (!this.#redis) return undefined
     const answer = await redisFetch(this.#id, k)
     this.#drainRedisReports()
-    return answer.kind === GATE_FOUND ? this.#adopt(k, -1, answer) : undefined
+    if (answer.kind !== GATE_FOUND) return undefined
+    const value = this.#adopt(k, -1, answer)
+    if (hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(answer))
+    return value
   }
 
   async set(key, value, options) {
@@ -439,8 +541,11 @@ class StampedeCache {
       policy = engine.resolvePolicy(this.#id, options, true)
     }
     const { json, stored } = toStored(value)
+    this.#watchInvalidations()
     const slot = engine.setEntry(this.#id, k, stored === null || stored === undefined, policy)
     if (slot >= 0) this.#values[slot] = stored
+    this.#publishInvalidations()
+    this.#publishInvalidation(k, 'local')
     if (!this.#redis) return
     // A zero TTL caches nothing: an older copy in Redis must not come back either.
     const sent = await redisWrite(this.#id, k, json, slot === -2)
@@ -451,8 +556,11 @@ class StampedeCache {
   async delete(key) {
     if (this.#closed) throw closedError()
     const k = engine.encodeKey(key)
+    this.#watchInvalidations()
     const [slot, removed] = engine.deleteEntry(this.#id, k)
     if (slot >= 0) this.#values[slot] = undefined
+    this.#publishInvalidations()
+    this.#publishInvalidation(k, 'local')
     if (!this.#redis) return removed === 1
     const removedRemote = await redisWrite(this.#id, k, undefined, true)
     this.#drainRedisReports()
@@ -463,7 +571,9 @@ class StampedeCache {
   async inspect(key) {
     if (this.#closed) throw closedError()
     const k = engine.encodeKey(key)
+    this.#watchInvalidations()
     const local = engine.inspectEntry(this.#id, k)
+    this.#publishInvalidations()
     if (local || !this.#redis) return local ?? undefined
     const answer = await redisFetch(this.#id, k)
     this.#drainRedisReports()
@@ -479,6 +589,11 @@ class StampedeCache {
 
   stats() {
     return stats(this.#id)
+  }
+
+  /** The namespace this cache was built with (its Redis key prefix, and the metrics' label). */
+  get namespace() {
+    return this.#namespace
   }
 
   /**
@@ -508,6 +623,11 @@ class StampedeCache {
     const [engineFlights, entries, lockWaiters, unsentWrites, inboxKeys] = debugCounts(this.#id)
     return { engineFlights, facadeFlights: this.#flights.size, background: this.#background.size, entries, lockWaiters, unsentWrites, inboxKeys }
   }
+}
+
+// The state of an entry read from Redis, as the hit channel names it.
+function remoteState(answer) {
+  return answer.negative ? 'negative' : answer.freshUntil > Date.now() ? 'fresh' : 'stale'
 }
 
 function withWaitUntil(waitUntil, fn) {

@@ -90,7 +90,7 @@ export declare function fail(id: number, key: string, flight: number): number
  */
 export declare function finishWrite(id: number, key: string, flight: number, keep: boolean, stamp: number): number
 
-/** The slot of a fresh, stale or negative entry (never loads), or -1. */
+/** A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or -1. */
 export declare function getEntry(id: number, key: string): number
 
 export declare function hasRedis(id: number): boolean
@@ -99,7 +99,7 @@ export declare function inspectEntry(id: number, key: string): EntryInfo | null
 
 export declare function lookup(id: number, key: string, policy: Array<number> | undefined | null, force: boolean): LookupStep
 
-/** `kind` 0: serve `n` (= slot * 2 + refresh); 1: lead flight `n`; 2: join flight `n`. */
+/** `kind` 0: serve `n` (see `encode_hit`); 1: lead flight `n`; 2: join flight `n`. */
 export interface LookupStep {
   kind: number
   n: number
@@ -107,6 +107,12 @@ export interface LookupStep {
 
 /** The loader of `flight` is about to run. */
 export declare function noteLoaderCall(id: number, key: string, flight: number): void
+
+/**
+ * Starts or stops keeping the invalidations applied from other processes for
+ * `take_invalidations` (the facade turns it on while its invalidation channel has listeners).
+ */
+export declare function observeInvalidations(id: number, on: boolean): void
 
 /**
  * A Redis answer. `found`: the envelope's times and the value as JSON (`json` absent for a
@@ -129,6 +135,8 @@ export interface RedisAnswer {
    * `finishWrite`); -1 for none.
    */
   stamp: number
+  /** What became of the bid for the lock (`LOCK_*`), for the facade's lock channel. */
+  lock: number
 }
 
 /**
@@ -184,6 +192,12 @@ export interface Stats {
   lockWaits: number
   redisErrors: number
 }
+
+/**
+ * The keys dropped because other processes changed them, in the order applied, since the last
+ * call; `null` stands for everything (the bus reconnected, or too many to remember).
+ */
+export declare function takeInvalidations(id: number): Array<string | undefined | null>
 
 /** Redis failures waiting for `onError` (already rate-limited). */
 export declare function takeRedisReports(id: number): Array<RedisReport>

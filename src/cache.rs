@@ -102,7 +102,16 @@ pub struct Cache<C: Clock = SystemClock> {
     /// Draws for XFetch and jitter; a fast non-cryptographic generator is all they need.
     rng: SmallRng,
     closed: bool,
+    /// Whether the embedder observes the invalidations applied from the inbox (someone listens);
+    /// while it does, `applied` keeps them, in order, until it takes them.
+    observing: bool,
+    /// Keys dropped from the inbox since the embedder last took them; `None`: everything.
+    applied: Vec<Option<Box<str>>>,
 }
+
+/// Applied invalidations kept between two `take_applied` calls at most (the embedder takes them
+/// after every call that applies the inbox, so this only bounds a misbehaving one).
+pub const MAX_APPLIED: usize = 4 * crate::inbox::MAX_PENDING_KEYS;
 
 impl Cache<SystemClock> {
     pub fn new(options: Options) -> Self {
@@ -121,6 +130,8 @@ impl<C: Clock> Cache<C> {
             clock,
             rng,
             closed: false,
+            observing: false,
+            applied: Vec::new(),
         }
     }
 
@@ -135,11 +146,33 @@ impl<C: Clock> Cache<C> {
             let d = self.inbox.take();
             if d.clear_all {
                 self.store.clear();
+                self.note_applied(None);
             }
             for key in d.keys {
                 self.store.remove(&key);
+                self.note_applied(Some(key));
             }
         }
+    }
+
+    fn note_applied(&mut self, key: Option<Box<str>>) {
+        if self.observing && self.applied.len() < MAX_APPLIED {
+            self.applied.push(key);
+        }
+    }
+
+    /// Starts or stops keeping the invalidations applied from the inbox for the embedder (it
+    /// reports them to whoever listens; nothing is kept while nobody does).
+    pub fn observe_invalidations(&mut self, on: bool) {
+        self.observing = on;
+        if !on {
+            self.applied = Vec::new();
+        }
+    }
+
+    /// The invalidations applied since the last call, in order (`None`: everything was dropped).
+    pub fn take_applied(&mut self) -> Vec<Option<Box<str>>> {
+        std::mem::take(&mut self.applied)
     }
 
     pub fn options(&self) -> &Options {
@@ -460,12 +493,28 @@ impl<C: Clock> Cache<C> {
 
     /// Fresh, stale or negative value for `get` (never loads, never refreshes).
     pub fn get(&mut self, key: &str) -> Result<Option<Slot>> {
+        Ok(self.get_hit(key)?.map(Hit::slot))
+    }
+
+    /// As `get`, saying what kind of hit it was.
+    pub fn get_hit(&mut self, key: &str) -> Result<Option<Hit>> {
         self.ensure_open()?;
         let hit = self.peek(key, 0.0);
         if hit.is_none() {
             self.stats.misses.incr();
         }
-        Ok(hit.map(Hit::slot))
+        // `get` never refreshes: a hit that asks for one is reported without the request.
+        Ok(hit.map(|h| match h {
+            Hit::Fresh { slot, .. } => Hit::Fresh {
+                slot,
+                refresh: false,
+            },
+            Hit::Stale { slot, .. } => Hit::Stale {
+                slot,
+                refresh: false,
+            },
+            n => n,
+        }))
     }
 
     pub fn inspect(&mut self, key: &str) -> Result<Option<EntryInfo>> {
@@ -869,6 +918,36 @@ mod inbox_tests {
         );
         assert!(c.complete("k", new, 1.0, false, &p).is_some());
         assert_eq!(c.flights_in_progress(), 0);
+    }
+
+    #[test]
+    fn applied_invalidations_are_kept_in_order_only_while_observed() {
+        let (mut c, _) = cache();
+        fill(&mut c, "a");
+        c.inbox().invalidate("a");
+        assert_eq!(c.peek("a", 1.0), None);
+        assert!(
+            c.take_applied().is_empty(),
+            "nothing is kept while unobserved"
+        );
+        c.observe_invalidations(true);
+        fill(&mut c, "a");
+        c.inbox().invalidate_all();
+        c.inbox().invalidate("b");
+        assert_eq!(c.peek("a", 1.0), None);
+        assert_eq!(c.take_applied(), vec![None, Some("b".into())]);
+        assert!(c.take_applied().is_empty(), "taken once");
+        for i in 0..MAX_APPLIED / crate::inbox::MAX_PENDING_KEYS + 2 {
+            for k in 0..crate::inbox::MAX_PENDING_KEYS {
+                c.inbox().invalidate(&format!("{i}:{k}"));
+            }
+            c.peek("x", 1.0);
+        }
+        assert_eq!(c.take_applied().len(), MAX_APPLIED, "bounded");
+        c.inbox().invalidate("c");
+        c.observe_invalidations(false);
+        c.peek("c", 1.0);
+        assert!(c.take_applied().is_empty());
     }
 
     #[test]

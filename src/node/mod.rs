@@ -450,8 +450,8 @@ const MISS: i32 = -1;
 /// have filled at least `KEY_BUF - 4` = MAX_KEY_BYTES + 1 bytes.
 const KEY_BUF: usize = key::MAX_KEY_BYTES + 5;
 
-/// The hot path: a usable entry for a string key under the default policy, as
-/// `slot * 2 + refresh` (refresh = 1 asks the facade to start a background refresh), or -1.
+/// The hot path: a usable entry for a string key under the default policy, as `encode_hit`
+/// (refresh = 1 asks the facade to start a background refresh), or -1.
 ///
 /// Registered as a raw N-API callback rather than through `#[napi]`: the macro's per-call
 /// machinery (argument validation, borrow scopes) cost more than the lookup itself, and this
@@ -517,6 +517,11 @@ fn peek_key(id: u32, key: &[u8]) -> i32 {
             return MISS;
         };
         let cache = &mut engine.borrow_mut().cache;
+        // Invalidations from other processes are applied on the slow path, where the facade
+        // reports them to its invalidation channel if anyone listens (once per delivery).
+        if cache.inbox().has_pending() {
+            return MISS;
+        }
         let beta = cache.options().defaults.beta;
         cache.peek(key, beta).map_or(MISS, encode_hit)
     })
@@ -554,8 +559,15 @@ pub fn register_raw_functions(exports: Object, env: Env) -> napi::Result<()> {
     Ok(())
 }
 
+/// A hit as one integer: `slot * 8 + kind * 2 + refresh`, kind 0 fresh, 1 stale, 2 negative
+/// (the facade reports the kind to its hit channel; the slot is `n >> 3`).
 fn encode_hit(hit: Hit) -> i32 {
-    (hit.slot() as i32) * 2 + hit.wants_refresh() as i32
+    let kind = match hit {
+        Hit::Fresh { .. } => 0,
+        Hit::Stale { .. } => 1,
+        Hit::Negative { .. } => 2,
+    };
+    (hit.slot() as i32) * 8 + kind * 2 + hit.wants_refresh() as i32
 }
 
 /// Validates a key and returns its string form (array keys encoded, see `key.rs`).
@@ -678,7 +690,7 @@ pub const STEP_SERVE: u32 = 0;
 pub const STEP_LEAD: u32 = 1;
 pub const STEP_JOIN: u32 = 2;
 
-/// `kind` 0: serve `n` (= slot * 2 + refresh); 1: lead flight `n`; 2: join flight `n`.
+/// `kind` 0: serve `n` (see `encode_hit`); 1: lead flight `n`; 2: join flight `n`.
 #[napi(object)]
 pub struct LookupStep {
     pub kind: u32,
@@ -796,10 +808,31 @@ pub fn delete_entry(id: u32, key: String) -> Result<Vec<i32>, JsErr> {
     })
 }
 
-/// The slot of a fresh, stale or negative entry (never loads), or -1.
+/// A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or -1.
 #[napi]
 pub fn get_entry(id: u32, key: String) -> Result<i32, JsErr> {
-    with_engine(id, |c| Ok(c.cache.get(&key)?.map_or(-1, |s| s as i32)))
+    with_engine(id, |c| Ok(c.cache.get_hit(&key)?.map_or(MISS, encode_hit)))
+}
+
+/// Starts or stops keeping the invalidations applied from other processes for
+/// `take_invalidations` (the facade turns it on while its invalidation channel has listeners).
+#[napi]
+pub fn observe_invalidations(id: u32, on: bool) {
+    if let Some(e) = engine(id) {
+        e.borrow_mut().cache.observe_invalidations(on);
+    }
+}
+
+/// The keys dropped because other processes changed them, in the order applied, since the last
+/// call; `null` stands for everything (the bus reconnected, or too many to remember).
+#[napi]
+pub fn take_invalidations(id: u32) -> Vec<Option<String>> {
+    engine(id)
+        .map(|e| e.borrow_mut().cache.take_applied())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|k| k.map(String::from))
+        .collect()
 }
 
 #[napi(object)]

@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use super::{engine, policy_of, with_engine};
 use crate::envelope::Envelope;
 use crate::inbox::Stamp;
-use crate::store::redis::{Fence, Fetched, Gate, RedisTier, Remote, WriteBack};
+use crate::store::redis::{Fence, Fetched, Gate, LockOutcome, RedisTier, Remote, WriteBack};
 
 /// The tier, lockTtl, and the in-process copy's freshUntil (0 if none) of a live cache.
 fn tier_of(id: u32, key: &str) -> Option<(Arc<RedisTier>, f64, f64)> {
@@ -62,6 +62,27 @@ pub struct RedisAnswer {
     /// The key's invalidation stamp before Redis was asked (hand it back to `adopt` or
     /// `finishWrite`); -1 for none.
     pub stamp: f64,
+    /// What became of the bid for the lock (`LOCK_*`), for the facade's lock channel.
+    pub lock: u32,
+}
+
+/// `lock`: no bid, won, waited, took over, gave up, skipped (see `LockOutcome`).
+pub const LOCK_NONE: u32 = 0;
+pub const LOCK_WON: u32 = 1;
+pub const LOCK_WAITED: u32 = 2;
+pub const LOCK_TOOK_OVER: u32 = 3;
+pub const LOCK_GAVE_UP: u32 = 4;
+pub const LOCK_SKIPPED: u32 = 5;
+
+fn lock_code(outcome: LockOutcome) -> u32 {
+    match outcome {
+        LockOutcome::None => LOCK_NONE,
+        LockOutcome::Won => LOCK_WON,
+        LockOutcome::Waited => LOCK_WAITED,
+        LockOutcome::TookOver => LOCK_TOOK_OVER,
+        LockOutcome::GaveUp => LOCK_GAVE_UP,
+        LockOutcome::Skipped => LOCK_SKIPPED,
+    }
 }
 
 impl RedisAnswer {
@@ -78,6 +99,7 @@ impl RedisAnswer {
             negative: false,
             retry_after: 0.0,
             stamp: stamp.map_or(-1.0, |s| s.0 as f64),
+            lock: LOCK_NONE,
         }
     }
 
@@ -110,13 +132,22 @@ pub fn redis_gate(
         let Some((tier, lock_ttl, local_fresh_until)) = tier else {
             return Ok(RedisAnswer::kind(GATE_CLOSED, stamp));
         };
-        let gate = match purpose {
+        let (gate, lock) = match purpose {
             PURPOSE_REFRESH => {
-                tier.refresh_gate(&key, lock_ttl as u64, local_fresh_until)
-                    .await
+                let gate = tier
+                    .refresh_gate(&key, lock_ttl as u64, local_fresh_until)
+                    .await;
+                // The refresh gate takes the lock before it looks (a value found was refreshed
+                // elsewhere meanwhile; the lock is given back): a win, as `lockWins` counts.
+                let lock = match &gate {
+                    Gate::Lead { token: Some(_), .. } | Gate::Found(_) => LockOutcome::Won,
+                    Gate::Skip => LockOutcome::Skipped,
+                    _ => LockOutcome::None,
+                };
+                (gate, lock)
             }
-            PURPOSE_FORCE => tier.force_gate(&key).await,
-            _ => tier.cold_gate(&key, lock_ttl as u64).await,
+            PURPOSE_FORCE => (tier.force_gate(&key).await, LockOutcome::None),
+            _ => tier.cold_gate_observed(&key, lock_ttl as u64).await,
         };
         // Closed while asking: no loader runs, and a lock just taken is given back at once.
         let gate = if tier.closed() {
@@ -130,8 +161,12 @@ pub fn redis_gate(
         } else {
             gate
         };
+        let lock = lock_code(lock);
         Ok(match gate {
-            Gate::Found(r) => RedisAnswer::found(r),
+            Gate::Found(r) => RedisAnswer {
+                lock,
+                ..RedisAnswer::found(r)
+            },
             Gate::Lead {
                 token,
                 fence,
@@ -140,9 +175,13 @@ pub fn redis_gate(
                 token,
                 fenced_at: fence.as_ref().map_or(-1.0, |f| f.read_at_ms),
                 fence: fence.map(|f| f.state),
+                lock,
                 ..RedisAnswer::kind(GATE_LEAD, looked.or(stamp))
             },
-            Gate::Skip => RedisAnswer::kind(GATE_SKIP, stamp),
+            Gate::Skip => RedisAnswer {
+                lock,
+                ..RedisAnswer::kind(GATE_SKIP, stamp)
+            },
             Gate::Closed => RedisAnswer::kind(GATE_CLOSED, stamp),
         })
     })

@@ -50,6 +50,23 @@ pub enum Gate {
     Closed,
 }
 
+/// What became of a load's bid for the lock, for observers (`stats` counts the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockOutcome {
+    /// No bid (Redis had the value at once, was unavailable, or the cache closed).
+    None,
+    /// Took the lock at the first look (`lockWins`).
+    Won,
+    /// Another process held it; its value came (or Redis went away) while waiting (`lockWaits`).
+    Waited,
+    /// Waited, then took the lock: the holder failed or its lock expired (both counters).
+    TookOver,
+    /// Waited past two holders' lockTtl: loads without the lock (`lockWaits`).
+    GaveUp,
+    /// A background refresh: another process holds the lock and refreshes the key.
+    Skipped,
+}
+
 impl Gate {
     fn unfenced() -> Gate {
         Gate::Lead {
@@ -65,6 +82,15 @@ enum Look {
     Value(Vec<u8>),
     Locked(String),
     Held(String, u64),
+}
+
+/// A bid that ends without the lock: `Waited` if it waited for another holder.
+fn no_lock(waited: bool) -> LockOutcome {
+    if waited {
+        LockOutcome::Waited
+    } else {
+        LockOutcome::None
+    }
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -142,6 +168,11 @@ impl RedisTier {
     /// than lockTtl, and no waiter waits for more than two (2 x lockTtl in all): then it loads
     /// without the lock (fenced like any load). Ends at once when the cache closes.
     pub async fn cold_gate(&self, key: &str, lock_ttl_ms: u64) -> Gate {
+        self.cold_gate_observed(key, lock_ttl_ms).await.0
+    }
+
+    /// `cold_gate`, with what became of the bid for the lock.
+    pub async fn cold_gate_observed(&self, key: &str, lock_ttl_ms: u64) -> (Gate, LockOutcome) {
         let token = new_token();
         let lock_ttl = Duration::from_millis(lock_ttl_ms);
         let started = Instant::now();
@@ -151,7 +182,7 @@ impl RedisTier {
         let mut waited = false;
         loop {
             if self.closed() {
-                return Gate::Closed;
+                return (Gate::Closed, LockOutcome::None);
             }
             // Registered before looking, so an announcement between the look and the wait
             // still wakes us.
@@ -164,14 +195,15 @@ impl RedisTier {
             // Past an unusable value for one look only: a holder may write a good one meanwhile.
             let past = std::mem::take(&mut past_value);
             let left = match self.look(key, &token, lock_ttl_ms, past).await {
-                Err(Unavailable) => return Gate::unfenced(),
+                Err(Unavailable) => return (Gate::unfenced(), no_lock(waited)),
                 Ok(Look::Value(bytes)) => match usable(&bytes) {
                     Some((envelope, value_json)) => {
-                        return Gate::Found(Remote {
+                        let found = Gate::Found(Remote {
                             envelope,
                             value_json,
                             stamp,
-                        })
+                        });
+                        return (found, no_lock(waited));
                     }
                     None => {
                         // Not ours or expired by our clock: a miss; take the lock past it.
@@ -181,11 +213,17 @@ impl RedisTier {
                 },
                 Ok(Look::Locked(generation)) => {
                     self.stats.lock_wins.incr();
-                    return Gate::Lead {
+                    let lead = Gate::Lead {
                         token: Some(token),
                         fence: Some(self.fence(generation)),
                         stamp: Some(stamp),
                     };
+                    let outcome = if waited {
+                        LockOutcome::TookOver
+                    } else {
+                        LockOutcome::Won
+                    };
+                    return (lead, outcome);
                 }
                 Ok(Look::Held(generation, left_ms)) => {
                     if !waited {
@@ -198,11 +236,12 @@ impl RedisTier {
                         // The holder we waited for is gone and another took over: wait for it
                         // (or the first holder's late value) too, but never past `give_up`.
                         if now >= give_up {
-                            return Gate::Lead {
+                            let lead = Gate::Lead {
                                 token: None,
                                 fence: Some(self.fence(generation)),
                                 stamp: Some(stamp),
                             };
+                            return (lead, LockOutcome::GaveUp);
                         }
                         deadline = (now + left.min(lock_ttl)).min(give_up);
                     }
@@ -210,7 +249,7 @@ impl RedisTier {
                 }
             };
             if self.closed() {
-                return Gate::Closed;
+                return (Gate::Closed, LockOutcome::None);
             }
             let wait = if self.bus_up() {
                 left

@@ -33,7 +33,7 @@ use crate::stats::Stats;
 pub use bus::{channel, Waiters};
 pub use connection::{classify, Fault};
 pub use envelopes::{Fetched, WriteBack};
-pub use lock::{new_token, Fence, Gate};
+pub use lock::{new_token, Fence, Gate, LockOutcome};
 pub use order::WriteOrder;
 pub use topology::{RedisConfig, TlsOptions};
 
