@@ -293,6 +293,8 @@ export class StampedeCache {
   inspect(key: Key): Promise<EntryInfo | undefined>
   /** Counters since construction. */
   stats(): Stats
+  /** The namespace this cache was built with: its Redis key prefix, and the label of its metrics. */
+  readonly namespace: string
   /** Resolves when every background refresh started so far has ended. */
   settle(): Promise<void>
   /** Ends background work; later calls reject with `ERR_CLOSED`. */
@@ -306,3 +308,76 @@ export class StampedeCache {
 
 /** The same as `cache.withWaitUntil`, for code that has no cache at hand. */
 export function withWaitUntil<R>(waitUntil: (p: Promise<unknown>) => void, fn: () => R): R
+
+// ---------------------------------------------------------------------------------------------
+// Observability: what the cache publishes through node:diagnostics_channel (README,
+// "Observability"). Nothing is published while a channel has no subscriber.
+
+/** Every message names the cache that published it and its namespace. */
+export interface CacheEvent {
+  cache: StampedeCache
+  namespace: string
+}
+
+/** Why a loader runs: a missing entry, a background refresh, or `forceRefresh`. */
+export type LoadReason = 'cold' | 'refresh' | 'force'
+
+/**
+ * The context of the TracingChannel `stampede-cache:load`, around every loader call: `start`
+ * before it, `end` once it returned its promise, then `asyncStart`/`asyncEnd` when it settled;
+ * `error` (with `error`) when it failed or ran past `loadTimeout`. `result` is the loader's value.
+ */
+export interface LoadContext extends CacheEvent {
+  key: string
+  reason: LoadReason
+  result?: unknown
+  error?: unknown
+}
+
+/** `stampede-cache:hit`: a read answered by the in-process tier ('memory') or by Redis. */
+export interface HitEvent extends CacheEvent {
+  key: string
+  tier: 'memory' | 'redis'
+  state: 'fresh' | 'stale' | 'negative'
+}
+
+/** `stampede-cache:miss` (the in-process tier had nothing usable) and `stampede-cache:coalesce` (the call joined a running load). */
+export interface KeyEvent extends CacheEvent {
+  key: string
+}
+
+/**
+ * `stampede-cache:lock`: what became of a load's bid for the Redis lock. `won`: took it;
+ * `waited`: another process held it and its value came; `took_over`: waited, then took it (the
+ * holder failed or its lock expired); `gave_up`: waited past two holders' lockTtl, loads without
+ * it; `skipped`: a background refresh left to the process that holds it.
+ */
+export interface LockEvent extends CacheEvent {
+  key: string
+  reason: 'cold' | 'refresh'
+  outcome: 'won' | 'waited' | 'took_over' | 'gave_up' | 'skipped'
+}
+
+/**
+ * `stampede-cache:invalidate`: an in-process entry dropped or replaced. `local`: `set` or `delete`
+ * in this instance; `bus`: another process changed the key (no `key`: everything was dropped,
+ * as when the bus reconnects).
+ */
+export interface InvalidateEvent extends CacheEvent {
+  key: string | undefined
+  source: 'local' | 'bus'
+}
+
+/** `stampede-cache:load-timeout`: a loader ran past `timeout` ms; its callers reject with ERR_LOAD_TIMEOUT. */
+export interface LoadTimeoutEvent extends CacheEvent {
+  key: string
+  reason: LoadReason
+  timeout: number
+}
+
+/** `stampede-cache:redis-error`: a Redis failure, as `onError` gets it (at most one per `op` a second). */
+export interface RedisErrorEvent extends CacheEvent {
+  op: string
+  key: string | undefined
+  error: StampedeCacheError
+}

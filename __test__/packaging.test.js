@@ -43,7 +43,14 @@ const MAIN_FILES = [
   'nestjs.d.ts',
   'nestjs.js',
   'nestjs.mjs',
+  'observability.js',
+  'otel.d.ts',
+  'otel.js',
+  'otel.mjs',
   'package.json',
+  'prometheus.d.ts',
+  'prometheus.js',
+  'prometheus.mjs',
 ]
 
 // The rust targets of package.json, as napi names their packages (napi's own parser).
