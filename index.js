@@ -620,8 +620,9 @@ class StampedeCache {
 
   /** For tests: loads in flight (engine and facade) and entries held. Not part of the API. */
   _debugCounts() {
-    const [engineFlights, entries, lockWaiters, unsentWrites, inboxKeys] = debugCounts(this.#id)
-    return { engineFlights, facadeFlights: this.#flights.size, background: this.#background.size, entries, lockWaiters, unsentWrites, inboxKeys }
+    const [engineFlights, entries, lockWaiters, unsentWrites, inboxKeys, keptInvalidations] = debugCounts(this.#id)
+    const facadeFlights = this.#flights.size
+    return { engineFlights, facadeFlights, background: this.#background.size, entries, lockWaiters, unsentWrites, inboxKeys, keptInvalidations }
   }
 }
 

@@ -53,7 +53,7 @@ export declare function currentSlot(id: number, key: string): number
 
 /**
  * Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes,
- * inbox keys]`.
+ * inbox keys, applied invalidations kept for the facade and not yet taken]`.
  */
 export declare function debugCounts(id: number): Array<number>
 

@@ -175,6 +175,11 @@ impl<C: Clock> Cache<C> {
         std::mem::take(&mut self.applied)
     }
 
+    /// Applied invalidations not yet taken (for tests: none may pile up).
+    pub fn applied_kept(&self) -> usize {
+        self.applied.len()
+    }
+
     pub fn options(&self) -> &Options {
         &self.options
     }

@@ -916,7 +916,7 @@ pub fn close_engine(id: u32, held: Option<Vec<Vec<String>>>) {
 }
 
 /// Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes,
-/// inbox keys]`.
+/// inbox keys, applied invalidations kept for the facade and not yet taken]`.
 #[napi]
 pub fn debug_counts(id: u32) -> Vec<u32> {
     engine(id)
@@ -930,9 +930,10 @@ pub fn debug_counts(id: u32) -> Vec<u32> {
                 waiting as u32,
                 (c.written.len() + c.prepared.len() + unsent) as u32,
                 c.cache.inbox().pending_keys() as u32,
+                c.cache.applied_kept() as u32,
             ]
         })
-        .unwrap_or_else(|| vec![0, 0, 0, 0, 0])
+        .unwrap_or_else(|| vec![0; 6])
 }
 
 /// The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or -1.
