@@ -29,6 +29,9 @@ const EXPECTED_OUTPUT = {
   'quickstart.mjs': [/^1$/, /^string$/],
   'quickstart.cjs': [/^2$/],
   'types-demo.ts': [/^\d{4}$/, /^ERR_INVALID_KEY$/],
+  'observe.cjs': [/^miss user:1$/, /^miss user:1$/, /^load user:1 cold$/, /^loaded user:1 \{"id":1\}$/, /^hit user:1 memory fresh$/],
+  'otel.cjs': [/^100$/, /^stampede_cache\.load cold$/],
+  'metrics.cjs': [/^stampede_cache_coalesced_calls_total\{namespace="feeds"\} 999$/, /^stampede_cache_loads_total\{namespace="feeds"\} 1$/],
 }
 
 // Code blocks whose language is code; shell commands and sample output are not run.
@@ -67,7 +70,7 @@ function makeApp(name, type) {
   const dir = path.join(work, name)
   fs.mkdirSync(path.join(dir, 'node_modules', '@types'), { recursive: true })
   fs.symlinkSync(root, path.join(dir, 'node_modules', 'stampede-cache'), DIR_LINK)
-  for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs']) {
+  for (const dep of ['@nestjs', 'reflect-metadata', 'rxjs', '@opentelemetry', 'prom-client']) {
     fs.symlinkSync(path.join(root, 'node_modules', dep), path.join(dir, 'node_modules', dep), DIR_LINK)
   }
   fs.symlinkSync(path.join(root, 'node_modules', '@types', 'node'), path.join(dir, 'node_modules', '@types', 'node'), DIR_LINK)
