@@ -263,9 +263,9 @@ class StampedeCache {
     if (signal?.aborted) throw abortError(signal)
     this.#watchInvalidations()
     const step = engine.lookup(this.#id, k, policy, force)
-    this.#publishInvalidations()
     if (step.kind === STEP_SERVE) {
       const value = this.#values[step.n >> 3]
+      this.#publishInvalidations()
       if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', HIT_STATES[(step.n >> 1) & 3])
       if (step.n & 1) this.#refresh(k, loader, policy, waitUntil, value)
       return value
@@ -278,6 +278,7 @@ class StampedeCache {
       load = this.#flights.get(step.n)
     }
     // Once the flight is registered: a subscriber that calls the cache joins it.
+    this.#publishInvalidations()
     if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     if (step.kind !== STEP_LEAD && coalesceChannel.hasSubscribers) {
       coalesceChannel.publish({ cache: this, namespace: this.#namespace, key: k })

@@ -191,6 +191,38 @@ test('in process: nothing reaches a subscriber that has left, and an array key i
   assert.equal((await cache.inspect(['user', 42]))?.state, 'fresh')
 })
 
+test('a subscriber that calls the cache while it is told of a miss, a hit or a load joins what runs (one load)', { timeout: 10_000 }, async (t) => {
+  const cache = new StampedeCache({ namespace: 'reentrant' })
+  t.after(() => cache.close())
+  let loads = 0
+  const loader = async () => {
+    loads++
+    await sleep(5)
+    return { n: loads }
+  }
+  const inner = []
+  let calls = 0
+  const onEvent = (m) => {
+    // Counted before the call: the inner call publishes too.
+    if (m.cache === cache && m.key === 'k' && calls++ < 3) inner.push(cache.getOrLoad('k', loader))
+  }
+  const tracing = { start: onEvent }
+  dc.subscribe('stampede-cache:miss', onEvent)
+  dc.subscribe('stampede-cache:hit', onEvent)
+  loadChannel.subscribe(tracing)
+  t.after(() => {
+    dc.unsubscribe('stampede-cache:miss', onEvent)
+    dc.unsubscribe('stampede-cache:hit', onEvent)
+    loadChannel.unsubscribe(tracing)
+  })
+  const outer = await cache.getOrLoad('k', loader)
+  const values = await Promise.all(inner)
+  assert.equal(loads, 1)
+  assert.deepEqual(outer, { n: 1 })
+  assert.equal(values.length, 3)
+  for (const v of values) assert.deepEqual(v, { n: 1 })
+})
+
 test("Redis: two instances; lock outcomes, Redis hits and bus invalidations reach each instance's subscribers in order", { timeout: 60_000 }, async (t) => {
   const redis = new RedisServer()
   t.after(() => redis.dispose())
