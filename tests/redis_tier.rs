@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use stampede_cache::envelope::Envelope;
 use stampede_cache::inbox::{Inbox, Stamp};
 use stampede_cache::stats::Stats;
-use stampede_cache::store::redis::{Fetched, Gate, RedisConfig, RedisTier, WriteBack};
+use stampede_cache::store::redis::{Fetched, Gate, LockOutcome, RedisConfig, RedisTier, WriteBack};
 
 struct RedisServer {
     child: Child,
@@ -381,4 +381,72 @@ async fn close_drops_the_bus_and_the_command_connection_with_the_tier() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_bid_for_the_lock_says_how_it_ended() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url);
+    let (b, b_stats) = tier(&server.url);
+    let mut c = server.conn().await;
+    let set_lock = |key: &str, px: u64| {
+        redis::cmd("SET")
+            .arg(format!("t:lock:{{{key}}}"))
+            .arg("someone-else")
+            .arg("PX")
+            .arg(px)
+            .clone()
+    };
+
+    // A free lock: won at the first look.
+    let (gate, outcome) = b.cold_gate_observed("free", 1_000).await;
+    assert!(
+        matches!(gate, Gate::Lead { token: Some(_), .. }),
+        "{gate:?}"
+    );
+    assert_eq!(outcome, LockOutcome::Won);
+
+    // Held by a process that writes its value: waited, then found it.
+    let held = lead(&a, "filled", 10_000).await;
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.cold_gate_observed("filled", 10_000).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        write_back(&a, "filled", &held, "1").await,
+        WriteBack::Written
+    );
+    let (gate, outcome) = waiter.await.unwrap();
+    assert!(matches!(gate, Gate::Found(_)), "{gate:?}");
+    assert_eq!(outcome, LockOutcome::Waited);
+
+    // Held by a holder that vanishes (its lock expires): waited, then took it over.
+    let _: () = set_lock("expiring", 150).query_async(&mut c).await.unwrap();
+    let (gate, outcome) = b.cold_gate_observed("expiring", 5_000).await;
+    assert!(
+        matches!(gate, Gate::Lead { token: Some(_), .. }),
+        "{gate:?}"
+    );
+    assert_eq!(outcome, LockOutcome::TookOver);
+
+    // Held past two lockTtls: waited, then gave up and loads without the lock (fenced).
+    let _: () = set_lock("stuck", 60_000).query_async(&mut c).await.unwrap();
+    let (gate, outcome) = b.cold_gate_observed("stuck", 150).await;
+    assert!(
+        matches!(
+            gate,
+            Gate::Lead {
+                token: None,
+                fence: Some(_),
+                ..
+            }
+        ),
+        "{gate:?}"
+    );
+    assert_eq!(outcome, LockOutcome::GaveUp);
+
+    // The counters agree: won and took over are wins; every bid that waited is one wait.
+    let s = b_stats.snapshot();
+    assert_eq!((s.lock_wins, s.lock_waits), (2, 3));
 }
