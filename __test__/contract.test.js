@@ -1,5 +1,5 @@
 'use strict'
-// Behaviour tests of the public contract (/work/shared/API.md), in-process tier only (no `redis`).
+// Behaviour tests of the public contract (docs/CONTRACT.md), in-process tier only (no `redis`).
 // One describe per numbered point of "getOrLoad", then "The rest", constructor options and ESM.
 //
 // Timing: ttls are small and waits comfortably past them; nothing asserts how long something took.

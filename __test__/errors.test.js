@@ -1,5 +1,5 @@
 'use strict'
-// Bad input: every error code of the contract (/work/shared/API.md), and what must never happen
+// Bad input: every error code of the contract (docs/CONTRACT.md), and what must never happen
 // whatever the input: a crash, a hang, a synchronous throw from an async method, an unhandled
 // rejection, or a cache left poisoned (a leaked flight, a cached error, a value under the wrong key).
 // In-process tier only (no `redis`).

@@ -1,5 +1,5 @@
 'use strict'
-// The randomized history test of issue 8 (/work/shared/API.md getOrLoad 9-10, "The rest", "Redis"),
+// The randomized history test of issue 8 (docs/CONTRACT.md getOrLoad 9-10, "The rest", "Redis"),
 // Jepsen-style and small: 3 worker processes share one private redis-server, the test owns a
 // versioned database, seeded readers and writers run while connections are killed, Redis is
 // paused and restarted; then every instance and Redis must hold the database's version, no call

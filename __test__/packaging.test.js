@@ -235,7 +235,7 @@ test('the published package.json: every platform package optional at this versio
   assert.equal(manifest.dependencies, undefined, 'no runtime dependencies')
   for (const field of ['repository', 'homepage', 'license', 'keywords', 'engines']) assert.ok(manifest[field], field)
   assert.equal(manifest.license, 'MIT')
-  // A fresh clone still builds the addon on `npm install` (API.md): that is what `prepare` is for.
+  // A fresh clone still builds the addon on `npm install` (docs/CONTRACT.md): that is what `prepare` is for.
   assert.equal(pkg.scripts.prepare, 'npm run build')
   assert.match(pkg.scripts['release:manifest'], /^npm pkg delete scripts\.prepare && napi prepublish -t npm$/)
   for (const t of targets) {

@@ -1,6 +1,6 @@
 'use strict'
 // Faults of the Redis tier that production has and a private redis-server can reproduce (issue 8,
-// findings 3, 4, 7 and 9; /work/shared/API.md, "Redis" and "The rest"):
+// findings 3, 4, 7 and 9; docs/CONTRACT.md, "Redis" and "The rest"):
 //
 //   3. a connection that goes silent (a proxy stops forwarding, keeps the socket open) is replaced;
 //   4. a command error (READONLY after a REPLICAOF demotion) fails that command alone, and the

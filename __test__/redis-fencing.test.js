@@ -1,5 +1,5 @@
 'use strict'
-// Issue 8, findings 1, 2, 5, 6 and 8 (/work/shared/API.md getOrLoad 9-10 and "Redis"): fenced,
+// Issue 8, findings 1, 2, 5, 6 and 8 (docs/CONTRACT.md getOrLoad 9-10 and "Redis"): fenced,
 // ordered writes; lock waiters woken when the bus drops or the cache closes; a lock key without
 // an expiry; loadTimeout.
 //
@@ -18,7 +18,7 @@ const { setupRedis, waitFor, sleep, killAllSync } = require('./helpers/redis-ser
 const TEST_TIMEOUT = 45_000
 /** What no read should return or load while an instance is only being looked at. */
 const MUST_NOT_LOAD = 'must-not-load'
-/** Time for the bus (a 100 ms bound in API.md) before looking at every instance. */
+/** Time for the bus (a 100 ms bound in docs/CONTRACT.md) before looking at every instance. */
 const BUS_MS = 250
 
 after(() => killAllSync())

@@ -1,5 +1,5 @@
 'use strict'
-// The Redis tier (/work/shared/API.md, "Redis" and getOrLoad 2-5): cross-process coalescing, the
+// The Redis tier (docs/CONTRACT.md, "Redis" and getOrLoad 2-5): cross-process coalescing, the
 // refresh lock, shared error backoff, the invalidation bus, and degrading/recovering when Redis
 // is killed, restarted or paused.
 //
@@ -612,7 +612,7 @@ test('12. negative caching through Redis: null/undefined loaded in A are served 
   await assertIdle(B, 'B', 2)
 })
 
-// ---- beyond the list: behaviours of API.md found broken while writing the tests above --------
+// ---- beyond the list: behaviours of docs/CONTRACT.md found broken while writing the tests above --------
 
 test(
   '13. an invalidation that arrives while a Redis read is in flight is not lost (no old value kept past the set)',
@@ -675,7 +675,7 @@ test(
     results.forEach((r, i) => assertAllOk(r, `w${i}`))
     const calls = results.map((r) => r.loaderCallsDuring)
     note(t, `loader calls per process: ${calls.join(', ')}`)
-    assert.ok(calls.reduce((a, b) => a + b, 0) <= 2, `API.md: "if a load outlives lockTtl, the worst case is one extra load"; got ${calls.join('+')}`)
+    assert.ok(calls.reduce((a, b) => a + b, 0) <= 2, `docs/CONTRACT.md: "if a load outlives lockTtl, the worst case is one extra load"; got ${calls.join('+')}`)
   },
 )
 

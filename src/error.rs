@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// Stable error codes. The strings are part of the public contract (API.md); never rename one.
+/// Stable error codes. The strings are part of the public contract (docs/CONTRACT.md); never rename one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
     /// A constructor or call option is unknown or out of range.

@@ -234,7 +234,7 @@ const CLUSTER_FAULT_WEIGHTS = { 'kill-normal': 3, 'kill-pubsub': 2, pause: 3 }
 /** The master is SIGKILLed at a seeded moment in this part of the run (fractions of durationMs). */
 const KILL_WINDOW = [0.2, 0.45]
 
-/** The cache's value key (API.md "Redis"); the test's keys hold no `}` (no hex form). */
+/** The cache's value key (docs/CONTRACT.md "Redis"); the test's keys hold no `}` (no hex form). */
 const valueKey = (namespace, key) => `${namespace}:v:{${key}}`
 
 /** Every node that is alive, in the cluster's fixed order (so a seeded pick is stable). */
@@ -506,7 +506,7 @@ const DEFAULTS = {
   lockTtl: 1_000,
   loadTimeout: 2_000,
   faults: true,
-  /** The pub/sub bound of API.md ("Redis": 100 ms), with room for a loaded machine. */
+  /** The pub/sub bound of docs/CONTRACT.md ("Redis": 100 ms), with room for a loaded machine. */
   busBoundMs: 500,
   /** A started RedisCluster (helpers/redis-topology.js) to run against instead of a private redis-server. */
   cluster: null,
