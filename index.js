@@ -4,12 +4,13 @@
 // The engine decides (fresh, stale, lead, join, refresh, backoff) and keeps every entry's
 // envelope in LRU order; it hands out a dense slot number per entry, and this facade keeps the
 // value itself at that slot in `#values`. So a fresh hit is one synchronous native call that
-// returns an integer, then an array read: no thread hop, no copy, no JSON, no new object.
-// The facade also does what only JS can: call loaders, await promises, hand refreshes to
-// `waitUntil`, and honour AbortSignals.
+// returns an integer, then an array read: no thread hop, no copy, no deserialization, no new
+// object. The facade also does what only JS can: call loaders, await promises, hand refreshes
+// to `waitUntil`, honour AbortSignals, and run the serializer (once per write or Redis read).
 
 const { AsyncLocalStorage } = require('node:async_hooks')
 const dc = require('node:diagnostics_channel')
+const v8 = require('node:v8')
 const native = require('./binding.js')
 
 // Observability (README, "Observability"): a TracingChannel around every loader call and a plain
@@ -88,9 +89,11 @@ const engine = {
   getEntry: fromNative(native.getEntry),
   inspectEntry: fromNative(native.inspectEntry),
 }
-const { peek, beginRefresh, complete, fail, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
+const { peek, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
 const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
+const deleteTags = fromNative(native.deleteTags)
+const clearEntries = fromNative(native.clearEntries)
 
 const STEP_SERVE = 0
 const STEP_LEAD = 1
@@ -102,12 +105,17 @@ const GATE_CLOSED = 5
 const DROPPED = 0
 // redisWrite: Redis could not take the change.
 const REDIS_UNAVAILABLE = -1
-// Index of loadTimeout in a resolved policy (src/node/mod.rs, policy_vec).
+// Indexes in a resolved policy (src/node/mod.rs, policy_vec).
+const POLICY_TTL = 0
+const POLICY_HARD_TTL = 1
+const POLICY_NEGATIVE_TTL = 2
 const POLICY_LOAD_TIMEOUT = 5
-// What a flight is for.
+// What a flight is for (redisGate's purpose; PAST_VALUE: a cold load past a value Redis has
+// that this cache's serializer could not read).
 const COLD = 0
 const REFRESH = 1
 const FORCE = 2
+const PAST_VALUE = 3
 // As the channels name them, by the numbers above and the engine's (src/node).
 const REASONS = ['cold', 'refresh', 'force']
 // A hit is `slot * 8 + kind * 2 + refresh` (src/node/mod.rs, encode_hit).
@@ -115,6 +123,16 @@ const HIT_STATES = ['fresh', 'stale', 'negative']
 // RedisAnswer.lock (src/node/redis.rs): 0 is no bid.
 const LOCK_OUTCOMES = [undefined, 'won', 'waited', 'took_over', 'gave_up', 'skipped']
 const noop = () => {}
+// How a value is written in the Redis envelope (src/envelope.rs, Fmt).
+const FMT_JSON = 0
+const FMT_V8 = 1
+const FMT_TEXT = 2
+const FMT_BYTES = 3
+// Tags per entry, and per deleteByTag call, at most.
+const MAX_TAGS = 64
+const MAX_TAG_BYTES = 1024
+/** What decoding a Redis value returns when this cache's serializer cannot read it. */
+const UNREADABLE = Symbol('unreadable')
 
 function invalidArgument(message) {
   return new StampedeCacheError('ERR_INVALID_ARGUMENT', message)
@@ -145,21 +163,125 @@ function isAbortSignal(s) {
   return typeof s === 'object' && s !== null && typeof s.aborted === 'boolean' && typeof s.addEventListener === 'function'
 }
 
-// JSON semantics, as every tier stores JSON: what a hit returns equals
-// JSON.parse(JSON.stringify(value)). Returns the JSON text (for Redis) and the copy to cache and
-// hand out; null and undefined (not-found markers) stay as they are.
-function toStored(value) {
-  if (value === null || value === undefined) return { json: value === null ? 'null' : undefined, stored: value }
-  let json
-  try {
-    json = JSON.stringify(value)
-  } catch (cause) {
-    throw new StampedeCacheError('ERR_VALUE_NOT_SERIALIZABLE', `the value cannot be stored as JSON: ${cause.message}`, { cause })
+function notSerializable(message, cause) {
+  return new StampedeCacheError('ERR_VALUE_NOT_SERIALIZABLE', message, cause === undefined ? undefined : { cause })
+}
+
+// A serializer, as a codec. `encode(value)` returns what every tier keeps of a value: `text`
+// (the JSON text embedded in the Redis envelope), `stored` (the copy cached in process and handed
+// to every caller: deserialize(serialize(value)), so a hit returns the same in every tier),
+// `size` (serialized bytes, for l1.maxBytes and stats) and `fmt` (the envelope's format marker).
+// `decode(text, fmt)` reads a value back from Redis, and throws if it cannot.
+
+// JSON semantics: what a hit returns equals JSON.parse(JSON.stringify(value)).
+const JSON_CODEC = {
+  kind: 'json',
+  fmt: FMT_JSON,
+  encode(value) {
+    let json
+    try {
+      json = JSON.stringify(value)
+    } catch (cause) {
+      throw notSerializable(`the value cannot be stored as JSON: ${cause.message}`, cause)
+    }
+    if (json === undefined) throw notSerializable(`the value cannot be stored as JSON (a ${typeof value} at the top)`)
+    return { text: json, stored: JSON.parse(json), size: Buffer.byteLength(json), fmt: FMT_JSON }
+  },
+  decode(text) {
+    return JSON.parse(text)
+  },
+}
+
+// node:v8 structured serialization (Date, Map, Set, BigInt, typed arrays, Buffers, cycles); in
+// Redis as a JSON string of base64, so the envelope stays readable JSON.
+const V8_CODEC = {
+  kind: 'v8',
+  fmt: FMT_V8,
+  encode(value) {
+    let bytes
+    try {
+      bytes = v8.serialize(value)
+    } catch (cause) {
+      throw notSerializable(`the value cannot be stored with the v8 serializer: ${cause.message}`, cause)
+    }
+    return { text: `"${bytes.toString('base64')}"`, stored: v8.deserialize(bytes), size: bytes.length, fmt: FMT_V8 }
+  },
+  decode(text) {
+    return v8.deserialize(Buffer.from(JSON.parse(text), 'base64'))
+  },
+}
+
+// A user's { serialize, deserialize } (superjson, msgpack, ...): a string is kept as a JSON
+// string, bytes as base64.
+function customCodec(serializer) {
+  const { serialize, deserialize } = serializer
+  const roundTrip = (data) => {
+    try {
+      return deserialize.call(serializer, data)
+    } catch (cause) {
+      throw notSerializable(`the serializer could not read back what it wrote: ${cause?.message ?? cause}`, cause)
+    }
   }
-  if (json === undefined) {
-    throw new StampedeCacheError('ERR_VALUE_NOT_SERIALIZABLE', `the value cannot be stored as JSON (a ${typeof value} at the top)`)
+  return {
+    kind: 'custom',
+    fmt: FMT_TEXT,
+    encode(value) {
+      let data
+      try {
+        data = serialize.call(serializer, value)
+      } catch (cause) {
+        throw notSerializable(`the serializer could not serialize the value: ${cause?.message ?? cause}`, cause)
+      }
+      if (typeof data === 'string') {
+        return { text: JSON.stringify(data), stored: roundTrip(data), size: Buffer.byteLength(data), fmt: FMT_TEXT }
+      }
+      if (data instanceof Uint8Array) {
+        const bytes = Buffer.from(data.buffer, data.byteOffset, data.byteLength)
+        return { text: `"${bytes.toString('base64')}"`, stored: roundTrip(data), size: data.byteLength, fmt: FMT_BYTES }
+      }
+      throw notSerializable(`serializer.serialize must return a string or a Uint8Array, got ${data === null ? 'null' : typeof data}`)
+    },
+    decode(text, fmt) {
+      const data = JSON.parse(text)
+      return deserialize.call(serializer, fmt === FMT_BYTES ? Buffer.from(data, 'base64') : data)
+    },
   }
-  return { json, stored: JSON.parse(json) }
+}
+
+function codecOf(serializer) {
+  if (serializer === undefined || serializer === 'json') return JSON_CODEC
+  if (serializer === 'v8') return V8_CODEC
+  if (typeof serializer === 'object' && serializer !== null && typeof serializer.serialize === 'function' && typeof serializer.deserialize === 'function') {
+    return customCodec(serializer)
+  }
+  throw invalidOption('serializer', "must be 'json', 'v8' or { serialize(value), deserialize(data) }")
+}
+
+// What every tier keeps of a loaded or set value (see the codecs). null and undefined
+// (not-found markers) skip the serializer and stay as they are.
+function toStored(codec, value) {
+  if (value === null) return { text: 'null', stored: null, size: 4, fmt: codec.fmt }
+  if (value === undefined) return { text: undefined, stored: undefined, size: 0, fmt: codec.fmt }
+  return codec.encode(value)
+}
+
+// Validates tags (an array of non-empty strings) and returns them without repeats; `fail(why)`
+// makes the error.
+function checkTags(tags, fail) {
+  if (!Array.isArray(tags)) return fail('must be an array of strings')
+  if (tags.length > MAX_TAGS) return fail(`must hold at most ${MAX_TAGS} tags, got ${tags.length}`)
+  for (const tag of tags) {
+    if (typeof tag !== 'string' || tag.length === 0) return fail('must hold non-empty strings')
+    if (!tag.isWellFormed()) return fail('must not hold lone surrogates')
+    if (Buffer.byteLength(tag) > MAX_TAG_BYTES) return fail(`must hold tags of at most ${MAX_TAG_BYTES} bytes`)
+  }
+  return tags.length < 2 ? tags : [...new Set(tags)]
+}
+
+function tagsOption(tags) {
+  return checkTags(tags, (why) => {
+    throw invalidOption('tags', why)
+  })
 }
 
 // Rejects this caller when its signal aborts; the shared promise goes on for the others.
@@ -206,6 +328,10 @@ class StampedeCache {
   #namespace
   /** The engine keeps the invalidations it applies for us (someone listens to them). */
   #watchingInvalidations = false
+  /** The serializer, as a codec (see JSON_CODEC). */
+  #codec
+  /** l1.maxBytes is set: slots the engine frees are released here too (see #keep). */
+  #bytesBounded = false
 
   constructor(options) {
     if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
@@ -215,7 +341,12 @@ class StampedeCache {
     if (waitUntil !== undefined && typeof waitUntil !== 'function') throw invalidOption('waitUntil', 'must be a function')
     const onError = options?.onError
     if (onError !== undefined && typeof onError !== 'function') throw invalidOption('onError', 'must be a function')
-    this.#token = engine.create(options)
+    this.#codec = codecOf(options?.serializer)
+    // The engine knows the serializer by name only (envelopes of another serializer are misses);
+    // its functions stay here.
+    this.#token = engine.create(options?.serializer === undefined ? options : { ...options, serializer: this.#codec.kind })
+    const l1 = options?.l1
+    this.#bytesBounded = typeof l1 === 'object' && l1 !== null && l1.maxBytes !== undefined
     this.#id = engineId(this.#token)
     this.#redis = hasRedis(this.#id)
     this.#loadTimeout = defaultPolicy(this.#id)[POLICY_LOAD_TIMEOUT]
@@ -248,10 +379,12 @@ class StampedeCache {
     let signal
     let waitUntil
     let force = false
+    let tags = null
     if (options !== undefined) {
       if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
       policy = engine.resolvePolicy(this.#id, options, false)
       ;({ signal, waitUntil } = options)
+      if (options.tags !== undefined) tags = tagsOption(options.tags)
       if (signal !== undefined && !isAbortSignal(signal)) throw invalidOption('signal', 'must be an AbortSignal')
       if (waitUntil !== undefined && typeof waitUntil !== 'function') throw invalidOption('waitUntil', 'must be a function')
       if (options.forceRefresh !== undefined && typeof options.forceRefresh !== 'boolean') {
@@ -267,13 +400,13 @@ class StampedeCache {
       const value = this.#values[step.n >> 3]
       this.#publishInvalidations()
       if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', HIT_STATES[(step.n >> 1) & 3])
-      if (step.n & 1) this.#refresh(k, loader, policy, waitUntil, value)
+      if (step.n & 1) this.#refresh(k, loader, policy, waitUntil, value, tags)
       return value
     }
     let load
     if (step.kind === STEP_LEAD) {
       const stale = force ? this.#currentValue(k) : undefined
-      load = this.#lead(k, step.n, loader, policy, stale, force ? FORCE : COLD, waitUntil)
+      load = this.#lead(k, step.n, loader, policy, stale, force ? FORCE : COLD, waitUntil, tags)
     } else {
       load = this.#flights.get(step.n)
     }
@@ -292,35 +425,44 @@ class StampedeCache {
     return slot >= 0 ? this.#values[slot] : undefined
   }
 
-  #lead(k, flight, loader, policy, stale, purpose, waitUntil) {
+  #lead(k, flight, loader, policy, stale, purpose, waitUntil, tags) {
     // The loader runs a microtask later, once the flight is registered, so a loader that reads
     // the same key joins its own flight instead of finding an unknown one.
-    const load = Promise.resolve().then(() => this.#runFlight(k, flight, loader, policy, stale, purpose, waitUntil))
+    const load = Promise.resolve().then(() => this.#runFlight(k, flight, loader, policy, stale, purpose, waitUntil, tags))
     this.#flights.set(flight, load)
     return load
   }
 
   // One flight: ask Redis first (if configured), then call the loader if still needed.
-  async #runFlight(k, flight, loader, policy, stale, purpose, waitUntil) {
+  async #runFlight(k, flight, loader, policy, stale, purpose, waitUntil, tags) {
     let gate = null
     if (this.#redis) {
-      gate = await redisGate(this.#id, k, purpose)
-      this.#drainRedisReports()
-      if (gate.lock !== 0 && lockChannel.hasSubscribers) {
-        lockChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], outcome: LOCK_OUTCOMES[gate.lock] })
-      }
-      if (gate.kind === GATE_FOUND) {
-        this.#flights.delete(flight)
-        const value = this.#adopt(k, flight, gate)
-        // A cold load answered by Redis is that tier's hit; a refresh found refreshed elsewhere is
-        // not a read.
-        if (purpose === COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(gate))
-        // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
-        if (purpose === COLD && gate.freshUntil <= Date.now() && gate.retryAfter <= Date.now()) {
-          this.#refresh(k, loader, policy, waitUntil, value)
+      gate = await this.#gate(k, purpose, purpose)
+      // A value this cache's serializer cannot read (another custom serializer, corrupt data)
+      // is a miss: look again, taking the lock past it. A few times at most, then load without
+      // Redis (nothing is written there).
+      for (let tries = 0; gate.kind === GATE_FOUND; tries++) {
+        const value = this.#decode(gate)
+        if (value !== UNREADABLE) {
+          this.#flights.delete(flight)
+          this.#adoptDecoded(k, flight, gate, value)
+          // A cold load answered by Redis is that tier's hit; a refresh found refreshed
+          // elsewhere is not a read.
+          if (purpose === COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(gate))
+          // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
+          if (purpose === COLD && gate.freshUntil <= Date.now() && gate.retryAfter <= Date.now()) {
+            this.#refresh(k, loader, policy, waitUntil, value, tags)
+          }
+          return value
         }
-        return value
+        if (tries >= 2) {
+          gate = null
+          break
+        }
+        gate = await this.#gate(k, PAST_VALUE, purpose)
       }
+    }
+    if (gate !== null) {
       if (gate.kind === GATE_SKIP) {
         // Another process holds the refresh and will announce its result.
         this.#flights.delete(flight)
@@ -335,12 +477,34 @@ class StampedeCache {
       }
     }
     if (gate?.token) this.#held.set(flight, [k, gate.token])
-    return this.#runLoader(k, flight, loader, policy, stale, purpose, gate)
+    return this.#runLoader(k, flight, loader, policy, stale, purpose, gate, tags)
   }
 
-  // Takes an envelope read from Redis into the in-process tier; returns its value.
-  #adopt(k, flight, answer) {
-    const value = answer.json === undefined || answer.json === null ? undefined : JSON.parse(answer.json)
+  // Asks Redis before a load (`ask`: the gate's purpose); publishes the lock outcome under the
+  // flight's `purpose`.
+  async #gate(k, ask, purpose) {
+    const gate = await redisGate(this.#id, k, ask)
+    this.#drainRedisReports()
+    if (gate.lock !== 0 && lockChannel.hasSubscribers) {
+      lockChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], outcome: LOCK_OUTCOMES[gate.lock] })
+    }
+    return gate
+  }
+
+  // The value of an envelope read from Redis, or UNREADABLE when this cache's serializer
+  // cannot read it (never a throw: a miss, as for any value this cache did not write).
+  #decode(answer) {
+    if (answer.json === undefined || answer.json === null) return undefined
+    try {
+      return answer.negative ? JSON.parse(answer.json) : this.#codec.decode(answer.json, answer.fmt)
+    } catch {
+      return UNREADABLE
+    }
+  }
+
+  // Takes an envelope read from Redis into the in-process tier, with its decoded value.
+  #adoptDecoded(k, flight, answer, value) {
+    const size = answer.json === undefined || answer.json === null ? 0 : Buffer.byteLength(answer.json)
     const slot = adopt(
       this.#id,
       k,
@@ -351,26 +515,41 @@ class StampedeCache {
       answer.negative,
       answer.retryAfter,
       answer.stamp,
+      answer.born,
+      answer.tags ?? null,
+      size,
     )
-    if (slot >= 0) this.#values[slot] = value
+    this.#keep(slot, value)
     // After the value is in place: a subscriber may read the cache.
     this.#publishInvalidations()
-    return value
   }
 
-  async #runLoader(k, flight, loader, policy, stale, purpose, gate) {
+  // Keeps `value` at `slot` (if the engine gave one). Under l1.maxBytes, first drops the values
+  // at slots the engine freed since (evicted by size, removed), so memory, not just the count,
+  // stays within the budget; before writing, as `slot` may be one of them, reused.
+  #keep(slot, value) {
+    if (this.#bytesBounded) {
+      for (const freed of takeReleased(this.#id)) this.#values[freed] = undefined
+    }
+    if (slot >= 0) this.#values[slot] = value
+  }
+
+  async #runLoader(k, flight, loader, policy, stale, purpose, gate, tags) {
     const token = gate?.token ?? null
     noteLoaderCall(this.#id, k, flight)
     const started = performance.now()
+    // What the loader says about its result (ctx.setTtl, setTags, skipCache).
+    const result = { policy, tags: null, skip: false, done: false }
     let value
     try {
       if (loadTraced()) {
         const context = { cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose] }
-        value = await loadChannel.tracePromise(this.#callLoader, context, this, k, loader, stale, policy, purpose)
+        value = await loadChannel.tracePromise(this.#callLoader, context, this, k, loader, stale, policy, purpose, result)
       } else {
-        value = await this.#callLoader(k, loader, stale, policy, purpose)
+        value = await this.#callLoader(k, loader, stale, policy, purpose, result)
       }
     } catch (err) {
+      result.done = true
       await this.#loadFailed(k, flight, token)
       // A caller that has a value (forceRefresh of a live entry) gets it instead of a timeout.
       if (err instanceof StampedeCacheError && err.code === 'ERR_LOAD_TIMEOUT' && purpose === FORCE && stale !== undefined) {
@@ -378,39 +557,118 @@ class StampedeCache {
       }
       throw err
     }
+    result.done = true
     const computeMs = performance.now() - started
-    let json
+    let text
     let stored
+    let size
+    let fmt
     try {
-      ;({ json, stored } = toStored(value))
+      // Even a result not cached goes through the serializer: callers get what a hit returns.
+      ;({ text, stored, size, fmt } = toStored(this.#codec, value))
     } catch (err) {
       await this.#loadFailed(k, flight, token)
       throw err
     }
+    if (result.skip) {
+      await this.#skipped(k, flight, token)
+      return stored
+    }
+    policy = result.policy
     const negative = stored === null || stored === undefined
+    // The call's tags and the loader's; with neither, a refresh keeps the tags of the entry
+    // it replaces (the engine knows them in process; the gate read them from Redis).
+    tags = tags === null ? result.tags : result.tags === null ? tags : [...new Set([...tags, ...result.tags])]
+    const inherit = purpose !== COLD
+    if (tags === null && inherit && gate?.tags) tags = gate.tags
     let slot
     if (this.#redis) {
       this.#held.delete(flight)
       // In Redis (or dropped there as older than what Redis holds, and the lock released)
       // before any caller sees it; the flight stays open meanwhile so callers keep joining it.
-      const written = writeBack(this.#id, k, flight, computeMs, negative, policy, json, token, gate?.fence ?? null, gate?.fencedAt ?? -1, purpose === FORCE)
+      const written = writeBack(
+        this.#id,
+        k,
+        flight,
+        computeMs,
+        negative,
+        policy,
+        text,
+        token,
+        gate?.fence ?? null,
+        gate?.fencedAt ?? -1,
+        purpose === FORCE,
+        tags,
+        inherit,
+        size,
+        gate?.born ?? -1,
+        fmt,
+      )
       this.#publishInvalidations()
       const outcome = await written
       this.#flights.delete(flight)
       slot = finishWrite(this.#id, k, flight, outcome !== DROPPED, gate?.stamp ?? -1)
     } else {
       this.#flights.delete(flight)
-      slot = complete(this.#id, k, flight, computeMs, negative, policy)
+      slot = complete(this.#id, k, flight, computeMs, negative, policy, tags, inherit, size)
     }
-    if (slot >= 0) this.#values[slot] = stored
+    this.#keep(slot, stored)
     this.#publishInvalidations()
     this.#drainRedisReports()
     return stored
   }
 
+  // The loader called ctx.skipCache(): its callers get the result, nothing is written anywhere,
+  // and the lock is released (announced, so other processes waiting for it load themselves).
+  async #skipped(k, flight, token) {
+    this.#flights.delete(flight)
+    this.#held.delete(flight)
+    skip(this.#id, k, flight)
+    if (this.#redis && token !== null) {
+      await redisFailed(this.#id, k, token, 0)
+      this.#drainRedisReports()
+    }
+  }
+
+  // The loader's ctx. Its setters change `result` until the loader has settled, and are
+  // ignored after.
+  #context(k, stale, signal, result) {
+    const id = this.#id
+    return {
+      key: k,
+      stale,
+      signal,
+      setTtl(ttl, hardTtl) {
+        let own
+        try {
+          own = engine.resolvePolicy(id, hardTtl === undefined ? { ttl } : { ttl, hardTtl }, true)
+        } catch (err) {
+          throw new StampedeCacheError('ERR_INVALID_ARGUMENT', `ctx.setTtl: ${err.message}`)
+        }
+        if (result.done) return
+        const p = [...(result.policy ?? defaultPolicy(id))]
+        p[POLICY_TTL] = own[POLICY_TTL]
+        p[POLICY_HARD_TTL] = own[POLICY_HARD_TTL]
+        // A not-found result lives this ttl too.
+        p[POLICY_NEGATIVE_TTL] = own[POLICY_TTL]
+        result.policy = p
+      },
+      setTags(tags) {
+        const list = checkTags(tags, (why) => {
+          throw invalidArgument(`ctx.setTags: tags ${why}`)
+        })
+        if (result.done) return
+        result.tags = result.tags === null ? list : [...new Set([...result.tags, ...list])]
+      },
+      skipCache() {
+        if (!result.done) result.skip = true
+      },
+    }
+  }
+
   // Calls the loader with its context; rejects with ERR_LOAD_TIMEOUT (and aborts ctx.signal)
   // once it has run for loadTimeout. A late result is ignored by the caller of this.
-  #callLoader(k, loader, stale, policy, purpose) {
+  #callLoader(k, loader, stale, policy, purpose, result) {
     const control = new AbortController()
     this.#loads.add(control)
     const timeout = policy === null ? this.#loadTimeout : policy[POLICY_LOAD_TIMEOUT]
@@ -430,7 +688,7 @@ class StampedeCache {
       }
       // A loader may throw synchronously or return a plain value: both become this promise.
       Promise.resolve()
-        .then(() => loader({ key: k, stale, signal: control.signal }))
+        .then(() => loader(this.#context(k, stale, control.signal, result)))
         .then(resolve, reject)
     })
     return loaded.finally(() => {
@@ -481,15 +739,19 @@ class StampedeCache {
     }
   }
 
-  #publishInvalidation(key, source) {
-    if (invalidateChannel.hasSubscribers) invalidateChannel.publish({ cache: this, namespace: this.#namespace, key, source })
+  // `tags`: a deleteByTag here (no key).
+  #publishInvalidation(key, source, tags) {
+    if (!invalidateChannel.hasSubscribers) return
+    const message = { cache: this, namespace: this.#namespace, key, source }
+    if (tags !== undefined) message.tags = tags
+    invalidateChannel.publish(message)
   }
 
   // Starts the background refresh the engine asked for and hands it to waitUntil at once.
-  #refresh(k, loader, policy, waitUntil, stale) {
+  #refresh(k, loader, policy, waitUntil, stale, tags = null) {
     const flight = beginRefresh(this.#id, k)
     if (flight < 0) return
-    const load = this.#lead(k, flight, loader, policy, stale, REFRESH, undefined)
+    const load = this.#lead(k, flight, loader, policy, stale, REFRESH, undefined, tags)
     const done = load.then(noop, (err) => this.#report(err, 'refresh', k))
     this.#background.add(done)
     done.then(() => this.#background.delete(done))
@@ -525,10 +787,12 @@ class StampedeCache {
     }
     if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     if (!this.#redis) return undefined
-    const answer = await redisFetch(this.#id, k)
+    const answer = await redisFetch(this.#id, k, true)
     this.#drainRedisReports()
     if (answer.kind !== GATE_FOUND) return undefined
-    const value = this.#adopt(k, -1, answer)
+    const value = this.#decode(answer)
+    if (value === UNREADABLE) return undefined
+    this.#adoptDecoded(k, -1, answer, value)
     if (hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(answer))
     return value
   }
@@ -537,19 +801,21 @@ class StampedeCache {
     if (this.#closed) throw closedError()
     const k = engine.encodeKey(key)
     let policy = null
+    let tags = null
     if (options !== undefined) {
       if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
       policy = engine.resolvePolicy(this.#id, options, true)
+      if (options.tags !== undefined) tags = tagsOption(options.tags)
     }
-    const { json, stored } = toStored(value)
+    const { text, stored, size, fmt } = toStored(this.#codec, value)
     this.#watchInvalidations()
-    const slot = engine.setEntry(this.#id, k, stored === null || stored === undefined, policy)
-    if (slot >= 0) this.#values[slot] = stored
+    const slot = engine.setEntry(this.#id, k, stored === null || stored === undefined, policy, tags, size)
+    this.#keep(slot, stored)
     this.#publishInvalidations()
     this.#publishInvalidation(k, 'local')
     if (!this.#redis) return
     // A zero TTL caches nothing: an older copy in Redis must not come back either.
-    const sent = await redisWrite(this.#id, k, json, slot === -2)
+    const sent = await redisWrite(this.#id, k, text, slot === -2, fmt)
     this.#drainRedisReports()
     if (sent === REDIS_UNAVAILABLE) throw redisError('set')
   }
@@ -563,7 +829,7 @@ class StampedeCache {
     this.#publishInvalidations()
     this.#publishInvalidation(k, 'local')
     if (!this.#redis) return removed === 1
-    const removedRemote = await redisWrite(this.#id, k, undefined, true)
+    const removedRemote = await redisWrite(this.#id, k, undefined, true, FMT_JSON)
     this.#drainRedisReports()
     if (removedRemote === REDIS_UNAVAILABLE) throw redisError('delete')
     return removed === 1 || removedRemote === 1
@@ -576,7 +842,7 @@ class StampedeCache {
     const local = engine.inspectEntry(this.#id, k)
     this.#publishInvalidations()
     if (local || !this.#redis) return local ?? undefined
-    const answer = await redisFetch(this.#id, k)
+    const answer = await redisFetch(this.#id, k, false)
     this.#drainRedisReports()
     if (answer.kind !== GATE_FOUND) return undefined
     const now = Date.now()
@@ -586,6 +852,44 @@ class StampedeCache {
       hardUntil: answer.hardUntil,
       computeMs: answer.computeMs,
     }
+  }
+
+  /**
+   * Removes every entry carrying one of `tags`, in this process at once and, with Redis, in every
+   * instance sharing it; a load that began before never writes its result back. Costs one Redis
+   * key per tag, however many entries carry it.
+   */
+  async deleteByTag(tags) {
+    if (this.#closed) throw closedError()
+    const list = checkTags(typeof tags === 'string' ? [tags] : tags, (why) => {
+      throw invalidArgument(`deleteByTag takes a tag or an array of tags: tags ${why}`)
+    })
+    if (list.length === 0) return
+    this.#watchInvalidations()
+    const sent = deleteTags(this.#id, list)
+    this.#publishInvalidations()
+    this.#publishInvalidation(undefined, 'local', list)
+    const outcome = await sent
+    this.#drainRedisReports()
+    if (outcome === REDIS_UNAVAILABLE) throw redisError('deleteByTag')
+  }
+
+  /**
+   * Removes every entry of this namespace, in this process at once and, with Redis, in every
+   * instance sharing it (no KEYS: the namespace's value keys are swept with SCAN, one batch at a
+   * time); a load that began before never writes its result back. Other namespaces are untouched.
+   */
+  async clear() {
+    if (this.#closed) throw closedError()
+    this.#watchInvalidations()
+    const sent = clearEntries(this.#id)
+    // The engine dropped every entry; their values go too.
+    this.#values = []
+    this.#publishInvalidations()
+    this.#publishInvalidation(undefined, 'local')
+    const outcome = await sent
+    this.#drainRedisReports()
+    if (outcome === REDIS_UNAVAILABLE) throw redisError('clear')
   }
 
   stats() {

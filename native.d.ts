@@ -21,12 +21,21 @@ export declare function abandon(id: number, key: string, flight: number): void
 
 /**
  * Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
- * The slot for the value; -1 when the tier keeps nothing; -2 when superseded or expired.
+ * The slot for the value; -1 when the tier keeps nothing; -2 when superseded, expired or dead.
  */
-export declare function adopt(id: number, key: string, flight: number, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number): number
+export declare function adopt(id: number, key: string, flight: number, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number): number
 
 /** Registers the background refresh a hit asked for: its flight id, or -1 if one already runs. */
 export declare function beginRefresh(id: number, key: string): number
+
+/**
+ * `clear()`: applied here at once (every entry dropped, every running load superseded), then
+ * in Redis after this instance's earlier writes: the clear clock (every entry born before it
+ * is dead everywhere), then a sweep that deletes those entries (SCAN, one batch at a time).
+ * Resolves 1 once Redis holds the clear (a failed sweep is reported, not thrown: the entries
+ * are dead already), 0 without Redis, -1 when Redis could not take it.
+ */
+export declare function clearEntries(id: number): Promise<number>
 
 /**
  * Closes the engine. `held` are `[key, token]` of the Redis locks that loads still running
@@ -38,9 +47,10 @@ export declare function closeEngine(id: number, held?: Array<Array<string>> | un
 /**
  * The loader of `flight` returned (a cache without Redis; with Redis, `write_back` then
  * `finish_write`): the slot to keep the value at, -1 when the in-process tier keeps nothing,
- * -2 when the flight was superseded (its result is written nowhere).
+ * -2 when the flight was superseded (its result is written nowhere). `tags`: the result's;
+ * `inherit` (a refresh): none given keeps the replaced entry's. `size`: serialized bytes.
  */
-export declare function complete(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy?: Array<number> | undefined | null): number
+export declare function complete(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy: Array<number> | undefined | null, tags: Array<string> | undefined | null, inherit: boolean, size: number): number
 
 /**
  * Validates the constructor's options and creates an engine. The facade checks the two
@@ -66,6 +76,14 @@ export declare function defaultPolicy(id: number): Array<number>
 /** `[freedSlot or -1, 1 if a live entry was removed else 0]`. */
 export declare function deleteEntry(id: number, key: string): Array<number>
 
+/**
+ * `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
+ * that began before and will carry one, is dead), then in Redis after this instance's earlier
+ * writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis, -1 when
+ * Redis could not take it.
+ */
+export declare function deleteTags(id: number, tags: Array<string>): Promise<number>
+
 /** Validates a key and returns its string form (array keys encoded, see `key.rs`). */
 export declare function encodeKey(key: unknown): string
 
@@ -90,7 +108,10 @@ export declare function fail(id: number, key: string, flight: number): number
  */
 export declare function finishWrite(id: number, key: string, flight: number, keep: boolean, stamp: number): number
 
-/** A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or -1. */
+/**
+ * A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or -1.
+ * With Redis, a miss here is counted by the Redis read that follows.
+ */
 export declare function getEntry(id: number, key: string): number
 
 export declare function hasRedis(id: number): boolean
@@ -115,9 +136,11 @@ export declare function noteLoaderCall(id: number, key: string, flight: number):
 export declare function observeInvalidations(id: number, on: boolean): void
 
 /**
- * A Redis answer. `found`: the envelope's times and the value as JSON (`json` absent for a
- * cached `undefined`). `lead`: call the loader, holding the lock if `token` is set, fenced by
- * `fence`/`fencedAt` if set (hand them back to `writeBack`).
+ * A Redis answer. `found`: the envelope's times, its tags, and the value as JSON (`json`
+ * absent for a cached `undefined`; for a v8 or custom serializer, a JSON string of base64 or
+ * text, as `fmt` says). `lead`: call the loader, holding the lock if `token` is set, fenced by
+ * `fence`/`fencedAt` if set, born at `born` (hand them back to `writeBack`); `tags`: the
+ * refreshed entry's.
  */
 export interface RedisAnswer {
   kind: number
@@ -137,6 +160,14 @@ export interface RedisAnswer {
   stamp: number
   /** What became of the bid for the lock (`LOCK_*`), for the facade's lock channel. */
   lock: number
+  /**
+   * The namespace clock the entry was born at (found), or Redis had at the gate (lead); -1
+   * for none.
+   */
+  born: number
+  tags?: Array<string>
+  /** 0 json, 1 v8, 2 custom string, 3 custom bytes. */
+  fmt: number
 }
 
 /**
@@ -145,8 +176,11 @@ export interface RedisAnswer {
  */
 export declare function redisFailed(id: number, key: string, token: string | undefined | null, retryAfter: number): Promise<undefined>
 
-/** Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. */
-export declare function redisFetch(id: number, key: string): Promise<RedisAnswer>
+/**
+ * Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. `count`
+ * (for `get`): counted as an l2Hit or a miss.
+ */
+export declare function redisFetch(id: number, key: string, count: boolean): Promise<RedisAnswer>
 
 /** Asks Redis before a load (`purpose`: cold, refresh or force): found / lead / skip / closed. */
 export declare function redisGate(id: number, key: string, purpose: number): Promise<RedisAnswer>
@@ -162,7 +196,7 @@ export interface RedisReport {
  * instance's earlier writes of the key. Resolves 1 when a value key existed before, 0 when not,
  * -1 when Redis could not take the change.
  */
-export declare function redisWrite(id: number, key: string, valueJson: string | undefined | null, delete: boolean): Promise<number>
+export declare function redisWrite(id: number, key: string, valueJson: string | undefined | null, delete: boolean, fmt: number): Promise<number>
 
 /**
  * Validates a call's options (`getOrLoad` or `set`) and returns the policy its entry is written
@@ -174,7 +208,13 @@ export declare function resolvePolicy(id: number, options: object, forSet: boole
  * Writes a value given to `set`: its slot, -1 when the in-process tier keeps nothing, -2 when a
  * zero TTL caches nothing at all.
  */
-export declare function setEntry(id: number, key: string, negative: boolean, policy?: Array<number> | undefined | null): number
+export declare function setEntry(id: number, key: string, negative: boolean, policy: Array<number> | undefined | null, tags: Array<string> | undefined | null, size: number): number
+
+/**
+ * The loader of `flight` declined caching (`ctx.skipCache()`): the flight ends, nothing is
+ * written anywhere.
+ */
+export declare function skip(id: number, key: string, flight: number): void
 
 /** Counters since construction (still readable after `close`). */
 export declare function stats(id: number): Stats
@@ -191,6 +231,9 @@ export interface Stats {
   lockWins: number
   lockWaits: number
   redisErrors: number
+  l2Hits: number
+  l1Entries: number
+  l1Bytes: number
 }
 
 /**
@@ -203,9 +246,16 @@ export declare function takeInvalidations(id: number): Array<string | undefined 
 export declare function takeRedisReports(id: number): Array<RedisReport>
 
 /**
+ * Slots whose values the facade should drop (freed under `l1.maxBytes`); take them before
+ * keeping a value at a slot just handed out.
+ */
+export declare function takeReleased(id: number): Array<number>
+
+/**
  * The loader of `flight` returned: prepares its entry (the flight stays registered, so callers
  * keep joining it) and writes it back to Redis, fenced by what the gate read, after this
  * instance's earlier writes of the key; always releases `token`'s lock. Resolves with what
- * became of it; then call `finish_write`, whose `keep` is "not dropped".
+ * became of it; then call `finish_write`, whose `keep` is "not dropped". `tags`, `inherit`,
+ * `size` as for `complete`; `born`: the gate's (-1: none); `fmt`: the value's format code.
  */
-export declare function writeBack(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy: Array<number> | undefined | null, valueJson: string | undefined | null, token: string | undefined | null, fence: string | undefined | null, fencedAt: number, forced: boolean): Promise<number>
+export declare function writeBack(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy: Array<number> | undefined | null, valueJson: string | undefined | null, token: string | undefined | null, fence: string | undefined | null, fencedAt: number, forced: boolean, tags: Array<string> | undefined | null, inherit: boolean, size: number, born: number, fmt: number): Promise<number>

@@ -35,6 +35,9 @@ const STATS_KEYS = [
   'lockWins',
   'lockWaits',
   'redisErrors',
+  'l2Hits',
+  'l1Entries',
+  'l1Bytes',
 ]
 
 /** Waits until `cache.inspect(key)` reports `state` (polling), at most `ms`. */
@@ -1418,6 +1421,10 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
         lockWins: 0,
         lockWaits: 0,
         redisErrors: 0,
+        l2Hits: 0,
+        // The in-process tier now: a ('"A"', 3 bytes as JSON), n (null, 4), c ('"C2"', 4).
+        l1Entries: 3,
+        l1Bytes: 11,
       })
       // A snapshot: mutating it changes nothing.
       const s = cache.stats()
@@ -1486,10 +1493,14 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
       ['set', () => cache.set('k', 4)],
       ['delete', () => cache.delete('k')],
       ['inspect', () => cache.inspect('k')],
+      ['deleteByTag', () => cache.deleteByTag('t')],
+      ['clear', () => cache.clear()],
     ]
     for (const [label, call] of calls_) await rejectsWithCode(call, 'ERR_CLOSED', undefined, label)
     assert.equal(calls, 0)
-    assert.deepEqual(cache.stats(), before, 'stats() still answers, with the counts from before close')
+    // The counters are those from before close; the in-process tier is gone.
+    assert.deepEqual(before.l1Entries, 2)
+    assert.deepEqual(cache.stats(), { ...before, l1Entries: 0, l1Bytes: 0 }, 'stats() still answers, with the counts from before close')
     // close() and settle() again: never hang and never fail with anything but ERR_CLOSED.
     for (const [label, call] of [['close again', () => cache.close()], ['settle', () => cache.settle()]]) {
       try {

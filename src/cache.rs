@@ -3,7 +3,8 @@
 //! the loader, keeps values at the slots the store hands out, hands refreshes to `waitUntil`).
 //!
 //! Everything here runs on one thread (in Node, the JS thread), so a fresh hit is one synchronous
-//! call: a hash lookup, a time read, one random draw for XFetch, no allocation.
+//! call: a hash lookup, a time read, one random draw for XFetch, no allocation. A tagged entry's
+//! hit also reads its tags' clocks (see `inbox.rs`); an untagged one reads nothing more.
 
 use std::sync::Arc;
 
@@ -13,12 +14,12 @@ use rand::{Rng, SeedableRng};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Envelope, State};
 use crate::error::{Error, ErrorCode, Result};
-use crate::inbox::{Inbox, Stamp};
+use crate::inbox::{tag_bucket, Inbox, Stamp, Tentative};
 use crate::jitter;
 use crate::policy::{EntryPolicy, Options};
 use crate::singleflight::{FlightId, FlightKind, Role, Singleflight};
 use crate::stats::Stats;
-use crate::store::memory::{MemoryStore, Slot};
+use crate::store::memory::{MemoryStore, Slot, Tags};
 use crate::xfetch;
 
 /// What a read found.
@@ -62,6 +63,36 @@ pub enum Step {
 pub struct Written {
     pub slot: Option<Slot>,
     pub envelope: Envelope,
+}
+
+/// What a write carries besides its times: the entry's tags and its value's serialized size.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extra {
+    pub tags: Vec<String>,
+    /// Bytes, for `l1.maxBytes`.
+    pub size: u64,
+}
+
+/// A load's result ready to be written: its envelope (born when the load began) and extras.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    pub envelope: Envelope,
+    pub extra: Extra,
+}
+
+/// The in-process tags of `names` (`None` for none).
+fn tag_set(names: &[String]) -> Option<Box<Tags>> {
+    if names.is_empty() {
+        return None;
+    }
+    Some(Box::new(Tags {
+        names: names.to_vec().into(),
+        buckets: names.iter().map(|t| tag_bucket(t)).collect(),
+    }))
+}
+
+fn buckets(names: &[String]) -> Vec<u16> {
+    names.iter().map(|t| tag_bucket(t)).collect()
 }
 
 /// What `inspect` reports.
@@ -122,7 +153,7 @@ impl Cache<SystemClock> {
 impl<C: Clock> Cache<C> {
     pub fn with_clock(options: Options, clock: C, rng: SmallRng) -> Self {
         Cache {
-            store: MemoryStore::new(options.l1_max_entries),
+            store: MemoryStore::new(options.l1_max_entries, options.l1_max_bytes),
             options,
             flights: Singleflight::default(),
             stats: Arc::new(Stats::default()),
@@ -208,8 +239,9 @@ impl<C: Clock> Cache<C> {
         let env = entry.envelope;
         let slot = entry.slot;
         // Fast proof of freshness: far enough from expiry that no XFetch draw could refresh,
-        // by a cheap upper bound of the time. Most hits on a hot key end here.
-        if !env.negative
+        // by a cheap upper bound of the time. Most hits on a hot key end here. `plain` (neither
+        // negative nor tagged) is one byte, tested as `!negative` was before tags existed.
+        if entry.plain
             && self.clock.upper_bound_ms() < env.fresh_until - xfetch::horizon(env.compute_ms, beta)
         {
             self.stats.hits.incr();
@@ -217,6 +249,23 @@ impl<C: Clock> Cache<C> {
                 slot,
                 refresh: false,
             });
+        }
+        if let Some(tags) = &entry.tags {
+            // Cleared or tag-deleted since it was born: gone.
+            if self.inbox.dead(env.born, &tags.buckets) {
+                self.store.remove(key);
+                return None;
+            }
+            if !env.negative
+                && self.clock.upper_bound_ms()
+                    < env.fresh_until - xfetch::horizon(env.compute_ms, beta)
+            {
+                self.stats.hits.incr();
+                return Some(Hit::Fresh {
+                    slot,
+                    refresh: false,
+                });
+            }
         }
         let now = self.clock.now_ms();
         let hit = match env.state(now) {
@@ -263,15 +312,25 @@ impl<C: Clock> Cache<C> {
                 return Ok(Step::Serve(hit));
             }
         }
-        self.stats.misses.incr();
+        // The callers of a flight count as misses, or as l2Hits when Redis answers, as it ends.
         // A load that began before the key was last invalidated (a write elsewhere, or here) is
         // not joined: its result is older than that write.
         let stamp = self.inbox.stamp(key).0;
-        let role = self.flights.lead_or_join(key, FlightKind::Load, stamp);
+        let born = self.inbox.clock();
+        let role = self
+            .flights
+            .lead_or_join(key, FlightKind::Load, stamp, born);
         if let Role::Join(_) = role {
             self.stats.coalesced.incr();
         }
         Ok(role.into())
+    }
+
+    /// Counts the callers of a flight that ended other than by an answer from Redis.
+    fn missed(&self, flight: Option<crate::singleflight::Flight>) {
+        if let Some(f) = flight {
+            self.stats.misses.add(f.callers());
+        }
     }
 
     /// Starts the background refresh a [`Hit`] asked for; `None` if one already runs.
@@ -280,7 +339,8 @@ impl<C: Clock> Cache<C> {
             return None;
         }
         let stamp = self.inbox.stamp(key).0;
-        self.flights.lead(key, FlightKind::Refresh, stamp)
+        let born = self.inbox.clock();
+        self.flights.lead(key, FlightKind::Refresh, stamp, born)
     }
 
     /// The loader is about to run for flight `id` (not every flight calls it: another process
@@ -304,9 +364,12 @@ impl<C: Clock> Cache<C> {
         compute_ms: f64,
         negative: bool,
         policy: &EntryPolicy,
+        extra: Extra,
+        inherit: bool,
     ) -> Option<Written> {
-        let envelope = self.prepare(key, id, compute_ms, negative, policy)?;
-        let slot = self.finish_write(key, id, envelope, true, None);
+        let prepared = self.prepare(key, id, compute_ms, negative, policy, extra, inherit, None)?;
+        let envelope = prepared.as_ref().map(|p| p.envelope);
+        let slot = self.finish_write(key, id, prepared, true, None);
         envelope.map(|envelope| Written { slot, envelope })
     }
 
@@ -314,6 +377,10 @@ impl<C: Clock> Cache<C> {
     /// flight stays registered (callers keep joining it, not starting another load) until
     /// [`Cache::finish_write`]. `None`: superseded or closed, write it nowhere; `Some(None)`:
     /// nothing to cache (a zero TTL), though the flight still ends with `finish_write`.
+    ///
+    /// The entry is born when the flight began, or at `gate_born` (the namespace clock Redis
+    /// gave as the load passed its gate, before the loader ran) if later. `inherit` (a refresh
+    /// or forceRefresh): a result given no tags keeps the tags of the entry it replaces.
     pub fn prepare(
         &mut self,
         key: &str,
@@ -321,12 +388,28 @@ impl<C: Clock> Cache<C> {
         compute_ms: f64,
         negative: bool,
         policy: &EntryPolicy,
-    ) -> Option<Option<Envelope>> {
+        mut extra: Extra,
+        inherit: bool,
+        gate_born: Option<u64>,
+    ) -> Option<Option<Prepared>> {
         self.apply_inbox();
-        if self.closed || self.flights.current(key).is_none_or(|f| f.id != id) {
+        if self.closed {
             return None;
         }
-        Some(self.entry_envelope(compute_ms, negative, policy))
+        let born = self.flights.current(key).filter(|f| f.id == id)?.born;
+        let born = born.max(gate_born.unwrap_or(0));
+        if extra.tags.is_empty() && inherit {
+            if let Some(tags) = self.store.peek(key).and_then(|e| e.tags.as_ref()) {
+                extra.tags = tags.names.to_vec();
+            }
+        }
+        Some(
+            self.entry_envelope(compute_ms, negative, policy)
+                .map(|e| Prepared {
+                    envelope: e.born_at(born),
+                    extra,
+                }),
+        )
     }
 
     /// Ends flight `id` once its result was written back (or dropped). The entry is kept in
@@ -337,19 +420,29 @@ impl<C: Clock> Cache<C> {
         &mut self,
         key: &str,
         id: FlightId,
-        envelope: Option<Envelope>,
+        prepared: Option<Prepared>,
         keep: bool,
         stamp: Option<Stamp>,
     ) -> Option<Slot> {
         self.apply_inbox();
-        if !self.flights.finish(key, id) || self.closed || !keep {
+        let flight = self.flights.take(key, id)?;
+        self.missed(Some(flight));
+        if self.closed || !keep {
             return None;
         }
         if stamp.is_some_and(|s| s != self.inbox.stamp(key)) {
             return None;
         }
-        match envelope {
-            Some(e) => self.store.insert(key, e),
+        match prepared {
+            // A clear, or a deleteByTag of one of its tags, since the load began: the result
+            // is older than that, and so is any copy here.
+            Some(p) if self.inbox.dead(p.envelope.born, &buckets(&p.extra.tags)) => {
+                self.store.remove(key);
+                None
+            }
+            Some(p) => self
+                .store
+                .insert(key, p.envelope, tag_set(&p.extra.tags), p.extra.size),
             None => {
                 // A zero TTL caches nothing, and an older copy must not outlive it.
                 self.store.remove(key);
@@ -362,18 +455,19 @@ impl<C: Clock> Cache<C> {
     /// `stamp` is the key's invalidation stamp taken before the read was sent: if the key was
     /// invalidated since, the read may predate a write elsewhere and is not kept. `None` when
     /// not kept (superseded, invalidated since, or already expired).
+    /// `extra`: the entry's tags and its value's size. Its callers count as l2Hits.
     pub fn adopt(
         &mut self,
         key: &str,
         id: Option<FlightId>,
         envelope: Envelope,
+        extra: Extra,
         stamp: Option<Stamp>,
     ) -> Option<Option<Slot>> {
         self.apply_inbox();
         if let Some(id) = id {
-            if !self.flights.finish(key, id) {
-                return None;
-            }
+            let flight = self.flights.take(key, id)?;
+            self.stats.l2_hits.add(flight.callers());
         }
         if self.closed || envelope.state(self.clock.now_ms()) == State::Expired {
             return None;
@@ -381,13 +475,24 @@ impl<C: Clock> Cache<C> {
         if stamp.is_some_and(|s| s != self.inbox.stamp(key)) {
             return None;
         }
-        Some(self.store.insert(key, envelope))
+        if self.inbox.dead(envelope.born, &buckets(&extra.tags)) {
+            // Redis checked it against what it knew; an invalidation heard since wins.
+            self.store.remove(key);
+            return None;
+        }
+        Some(
+            self.store
+                .insert(key, envelope, tag_set(&extra.tags), extra.size),
+        )
     }
 
     /// Ends flight `id` without writing (another process holds the refresh), and holds local
     /// refresh attempts of the key back for `hold_ms`: that process will publish its result.
     pub fn abandon(&mut self, key: &str, id: FlightId, hold_ms: f64) {
-        if self.flights.finish(key, id) {
+        let flight = self.flights.take(key, id);
+        let ended = flight.is_some();
+        self.missed(flight);
+        if ended {
             let until = self.clock.now_ms() + hold_ms;
             if let Some(e) = self.store.get(key) {
                 e.envelope.retry_after = e.envelope.retry_after.max(until);
@@ -400,11 +505,8 @@ impl<C: Clock> Cache<C> {
     /// for `errorBackoff`.
     /// Returns the refresh's retry-after (epoch ms), for the Redis envelope; `None` otherwise.
     pub fn fail(&mut self, key: &str, id: FlightId) -> Option<f64> {
-        let flight = self.flights.current(key).copied()?;
-        if flight.id != id {
-            return None;
-        }
-        self.flights.finish(key, id);
+        let flight = self.flights.take(key, id)?;
+        self.missed(Some(flight));
         if flight.kind != FlightKind::Refresh {
             return None;
         }
@@ -416,20 +518,30 @@ impl<C: Clock> Cache<C> {
         Some(retry_after)
     }
 
-    /// Writes a value given by `set`; any flight of the key is superseded. `None`: nothing is
-    /// cached (a zero TTL).
+    /// The loader of flight `id` declined caching its result (`ctx.skipCache()`): the flight
+    /// ends, nothing is written, no backoff is recorded, and the entry already there (if any) is
+    /// left as it was.
+    pub fn skip(&mut self, key: &str, id: FlightId) {
+        let flight = self.flights.take(key, id);
+        self.missed(flight);
+    }
+
+    /// Writes a value given by `set`, born now; any flight of the key is superseded. `None`:
+    /// nothing is cached (a zero TTL).
     pub fn set(
         &mut self,
         key: &str,
         negative: bool,
         policy: &EntryPolicy,
+        extra: &Extra,
     ) -> Result<Option<Written>> {
         self.ensure_open()?;
         self.apply_inbox();
-        self.flights.supersede(key);
+        let superseded = self.flights.supersede(key);
+        self.missed(superseded);
         // A Redis read of the key already on its way predates this write: not to be kept.
         self.inbox.touch(key);
-        Ok(self.write(key, 0.0, negative, policy))
+        Ok(self.write(key, 0.0, negative, policy, extra))
     }
 
     fn write(
@@ -438,12 +550,18 @@ impl<C: Clock> Cache<C> {
         compute_ms: f64,
         negative: bool,
         p: &EntryPolicy,
+        extra: &Extra,
     ) -> Option<Written> {
         match self.entry_envelope(compute_ms, negative, p) {
-            Some(envelope) => Some(Written {
-                slot: self.store.insert(key, envelope),
-                envelope,
-            }),
+            Some(envelope) => {
+                let envelope = envelope.born_at(self.inbox.clock());
+                Some(Written {
+                    slot: self
+                        .store
+                        .insert(key, envelope, tag_set(&extra.tags), extra.size),
+                    envelope,
+                })
+            }
             None => {
                 // negativeTtl 0 caches no not-found; ttl = hardTtl = 0 caches nothing.
                 self.store.remove(key);
@@ -487,7 +605,8 @@ impl<C: Clock> Cache<C> {
     pub fn delete(&mut self, key: &str) -> Result<(Option<Slot>, bool)> {
         self.ensure_open()?;
         self.apply_inbox();
-        self.flights.supersede(key);
+        let superseded = self.flights.supersede(key);
+        self.missed(superseded);
         self.inbox.touch(key);
         let now = self.clock.now_ms();
         Ok(match self.store.remove(key) {
@@ -496,16 +615,17 @@ impl<C: Clock> Cache<C> {
         })
     }
 
-    /// Fresh, stale or negative value for `get` (never loads, never refreshes).
-    pub fn get(&mut self, key: &str) -> Result<Option<Slot>> {
-        Ok(self.get_hit(key)?.map(Hit::slot))
+    /// Fresh, stale or negative value for `get` (never loads, never refreshes). A miss here is
+    /// counted unless Redis is asked next (`count_miss` false), which counts what it finds.
+    pub fn get(&mut self, key: &str, count_miss: bool) -> Result<Option<Slot>> {
+        Ok(self.get_hit(key, count_miss)?.map(Hit::slot))
     }
 
     /// As `get`, saying what kind of hit it was.
-    pub fn get_hit(&mut self, key: &str) -> Result<Option<Hit>> {
+    pub fn get_hit(&mut self, key: &str, count_miss: bool) -> Result<Option<Hit>> {
         self.ensure_open()?;
         let hit = self.peek(key, 0.0);
-        if hit.is_none() {
+        if hit.is_none() && count_miss {
             self.stats.misses.incr();
         }
         // `get` never refreshes: a hit that asks for one is reported without the request.
@@ -520,6 +640,66 @@ impl<C: Clock> Cache<C> {
             },
             n => n,
         }))
+    }
+
+    /// `deleteByTag` here, at once: every entry carrying one of `tags` (and every load that
+    /// began before and will carry one) is dead. `owns_clock` (no Redis): the clock advances
+    /// here. With Redis, the tags are marked one past the clock known here until Redis gives
+    /// the deleteByTag's own clock; the [`Tentative`] says what to put back if Redis cannot
+    /// take it.
+    pub fn delete_tags(&mut self, tags: &[String], owns_clock: bool) -> Result<Tentative> {
+        self.ensure_open()?;
+        self.apply_inbox();
+        let clock = if owns_clock {
+            self.inbox.tick()
+        } else {
+            self.inbox.clock() + 1
+        };
+        let mut before = Vec::with_capacity(tags.len());
+        for b in buckets(tags) {
+            before.push((b, self.inbox.tag_clock(b)));
+            self.inbox.invalidate_tag(b, clock);
+        }
+        Ok(Tentative {
+            clock,
+            tags: before,
+            cleared: None,
+        })
+    }
+
+    /// `clear` here, at once: every entry dropped, every running load superseded, and (with
+    /// Redis) every Redis entry born up to now treated as dead until Redis gives the clear's
+    /// own clock (see [`Cache::delete_tags`]).
+    pub fn clear(&mut self, owns_clock: bool) -> Result<Tentative> {
+        self.ensure_open()?;
+        self.apply_inbox();
+        let before = self.inbox.cleared();
+        let clock = if owns_clock {
+            self.inbox.tick()
+        } else {
+            self.inbox.clock() + 1
+        };
+        self.inbox.clear_at(clock);
+        let callers = self.flights.clear();
+        self.stats.misses.add(callers);
+        self.store.clear();
+        // A Redis read already on its way predates the clear: not to be kept.
+        self.inbox.touch_all();
+        Ok(Tentative {
+            clock,
+            tags: Vec::new(),
+            cleared: Some(before),
+        })
+    }
+
+    /// Slots freed since the last call whose values the embedder should drop (a byte budget).
+    pub fn take_released(&mut self) -> Vec<Slot> {
+        self.store.take_released()
+    }
+
+    /// Entries in the in-process tier, and the sum of their values' sizes.
+    pub fn l1_usage(&self) -> (usize, u64) {
+        (self.store.len(), self.store.bytes())
     }
 
     pub fn inspect(&mut self, key: &str) -> Result<Option<EntryInfo>> {
@@ -559,7 +739,8 @@ impl<C: Clock> Cache<C> {
     pub fn close(&mut self) {
         self.closed = true;
         self.store.clear();
-        self.flights.clear();
+        let callers = self.flights.clear();
+        self.stats.misses.add(callers);
     }
 
     /// Flights still registered: zero once every load has ended (tests assert no leak).
@@ -606,7 +787,7 @@ mod tests {
             panic!("expected to lead")
         };
         c.note_loader_call(key, id);
-        c.complete(key, id, compute_ms, false, &policy)
+        c.complete(key, id, compute_ms, false, &policy, Extra::default(), false)
             .unwrap()
             .slot
             .unwrap()
@@ -623,7 +804,11 @@ mod tests {
         }
         let p = c.options().defaults;
         c.note_loader_call("k", id);
-        let slot = c.complete("k", id, 3.0, false, &p).unwrap().slot.unwrap();
+        let slot = c
+            .complete("k", id, 3.0, false, &p, Extra::default(), false)
+            .unwrap()
+            .slot
+            .unwrap();
         assert_eq!(
             c.peek("k", 1.0),
             Some(Hit::Fresh {
@@ -661,7 +846,9 @@ mod tests {
         assert_eq!(c.begin_refresh("k"), None);
         let p = c.options().defaults;
         assert_eq!(
-            c.complete("k", id, 10.0, false, &p).unwrap().slot,
+            c.complete("k", id, 10.0, false, &p, Extra::default(), false)
+                .unwrap()
+                .slot,
             Some(slot)
         );
         assert!(matches!(c.peek("k", 1.0), Some(Hit::Fresh { .. })));
@@ -754,7 +941,11 @@ mod tests {
         let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
             panic!()
         };
-        let slot = c.complete("k", id, 1.0, true, &p).unwrap().slot.unwrap();
+        let slot = c
+            .complete("k", id, 1.0, true, &p, Extra::default(), false)
+            .unwrap()
+            .slot
+            .unwrap();
         assert_eq!(c.peek("k", 1.0), Some(Hit::Negative { slot }));
         assert_eq!(c.inspect("k").unwrap().unwrap().state, EntryState::Negative);
         clock.advance(500.0);
@@ -769,7 +960,10 @@ mod tests {
         let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
             panic!()
         };
-        assert_eq!(c.complete("k", id, 1.0, true, &p), None);
+        assert_eq!(
+            c.complete("k", id, 1.0, true, &p, Extra::default(), false),
+            None
+        );
         assert_eq!(c.entries(), 0);
     }
 
@@ -783,11 +977,16 @@ mod tests {
         let (_, removed) = c.delete("k").unwrap();
         assert!(!removed);
         assert_eq!(
-            c.complete("k", old, 1.0, false, &p),
+            c.complete("k", old, 1.0, false, &p, Extra::default(), false),
             None,
             "a load started before delete must not write"
         );
-        let slot = c.set("k", false, &p).unwrap().unwrap().slot.unwrap();
+        let slot = c
+            .set("k", false, &p, &Extra::default())
+            .unwrap()
+            .unwrap()
+            .slot
+            .unwrap();
         let (freed, removed) = c.delete("k").unwrap();
         assert_eq!((freed, removed), (Some(slot), true));
     }
@@ -815,7 +1014,7 @@ mod tests {
             let Step::Lead(id) = c.lookup(&key, 1.0, false).unwrap() else {
                 panic!()
             };
-            c.complete(&key, id, 1.0, false, &p);
+            c.complete(&key, id, 1.0, false, &p, Extra::default(), false);
             let info = c.inspect(&key).unwrap().unwrap();
             let ttl = info.fresh_until - c.now();
             assert!((8_000.0..12_000.0).contains(&ttl), "{ttl}");
@@ -854,7 +1053,7 @@ mod tests {
         let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
             panic!()
         };
-        c.complete("k", id, 1.0, false, &p);
+        c.complete("k", id, 1.0, false, &p, Extra::default(), false);
         let info = c.inspect("k").unwrap().unwrap();
         assert_eq!(info.fresh_until - c.now(), 50.0);
         assert_eq!(info.hard_until - c.now(), 500.0);
@@ -887,7 +1086,8 @@ mod inbox_tests {
         let Step::Lead(id) = c.lookup(key, 1.0, false).unwrap() else {
             panic!()
         };
-        c.complete(key, id, 1.0, false, &p).unwrap();
+        c.complete(key, id, 1.0, false, &p, Extra::default(), false)
+            .unwrap();
     }
 
     #[test]
@@ -917,11 +1117,13 @@ mod inbox_tests {
         assert_eq!(c.lookup("k", 1.0, false).unwrap(), Step::Join(new));
         let p = c.options().defaults;
         assert_eq!(
-            c.complete("k", old, 1.0, false, &p),
+            c.complete("k", old, 1.0, false, &p, Extra::default(), false),
             None,
             "the older load writes nothing"
         );
-        assert!(c.complete("k", new, 1.0, false, &p).is_some());
+        assert!(c
+            .complete("k", new, 1.0, false, &p, Extra::default(), false)
+            .is_some());
         assert_eq!(c.flights_in_progress(), 0);
     }
 
@@ -973,7 +1175,10 @@ mod inbox_tests {
         let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
             panic!()
         };
-        let slot = c.adopt("k", Some(id), env, None).unwrap().unwrap();
+        let slot = c
+            .adopt("k", Some(id), env, Extra::default(), None)
+            .unwrap()
+            .unwrap();
         assert_eq!(
             c.peek("k", 0.0),
             Some(Hit::Fresh {
@@ -988,7 +1193,7 @@ mod inbox_tests {
         );
         assert_eq!(c.flights_in_progress(), 0);
         let expired = Envelope::new(clock.now_ms() - 1_000.0, 10.0, 20.0, 0.0, false);
-        assert_eq!(c.adopt("x", None, expired, None), None);
+        assert_eq!(c.adopt("x", None, expired, Extra::default(), None), None);
     }
 
     #[test]
@@ -997,10 +1202,12 @@ mod inbox_tests {
         let stamp = c.inbox().stamp("k");
         c.inbox().invalidate("k"); // a write elsewhere, announced while our read was on its way
         let env = Envelope::new(clock.now_ms(), 200.0, 400.0, 1.0, false);
-        assert_eq!(c.adopt("k", None, env, Some(stamp)), None);
+        assert_eq!(c.adopt("k", None, env, Extra::default(), Some(stamp)), None);
         assert_eq!(c.peek("k", 0.0), None);
         let fresh_stamp = c.inbox().stamp("k");
-        assert!(c.adopt("k", None, env, Some(fresh_stamp)).is_some());
+        assert!(c
+            .adopt("k", None, env, Extra::default(), Some(fresh_stamp))
+            .is_some());
     }
 
     #[test]
@@ -1016,7 +1223,9 @@ mod inbox_tests {
         // Kept: Redis took it and nothing was heard since the stamp.
         let id = lead(&mut c, "a");
         let stamp = c.inbox().stamp("a");
-        let env = c.prepare("a", id, 1.0, false, &p).unwrap();
+        let env = c
+            .prepare("a", id, 1.0, false, &p, Extra::default(), false, None)
+            .unwrap();
         assert_eq!(
             c.flights_in_progress(),
             1,
@@ -1026,19 +1235,29 @@ mod inbox_tests {
         assert_eq!(c.flights_in_progress(), 0);
         // Dropped by Redis (a newer write there): kept nowhere.
         let id = lead(&mut c, "b");
-        let env = c.prepare("b", id, 1.0, false, &p).unwrap();
+        let env = c
+            .prepare("b", id, 1.0, false, &p, Extra::default(), false, None)
+            .unwrap();
         assert_eq!(c.finish_write("b", id, env, false, None), None);
         assert_eq!(c.peek("b", 0.0), None);
         // Another process announced the key while the load ran.
         let id = lead(&mut c, "c");
         let stamp = c.inbox().stamp("c");
-        let env = c.prepare("c", id, 1.0, false, &p).unwrap();
+        let env = c
+            .prepare("c", id, 1.0, false, &p, Extra::default(), false, None)
+            .unwrap();
         c.inbox().invalidate("c");
         assert_eq!(c.finish_write("c", id, env, true, Some(stamp)), None);
         // A set here while it was written back: the flight was superseded.
         let id = lead(&mut c, "d");
-        let env = c.prepare("d", id, 1.0, false, &p).unwrap();
-        let slot = c.set("d", false, &p).unwrap().unwrap().slot;
+        let env = c
+            .prepare("d", id, 1.0, false, &p, Extra::default(), false, None)
+            .unwrap();
+        let slot = c
+            .set("d", false, &p, &Extra::default())
+            .unwrap()
+            .unwrap()
+            .slot;
         assert_eq!(c.finish_write("d", id, env, true, None), None);
         assert_eq!(c.live_slot("d"), slot, "the set's entry stays");
         assert_eq!(c.flights_in_progress(), 0);
@@ -1053,12 +1272,16 @@ mod inbox_tests {
         for write in ["set", "delete"] {
             let stamp = c.inbox().stamp("k");
             if write == "set" {
-                c.set("k", false, &p).unwrap();
+                c.set("k", false, &p, &Extra::default()).unwrap();
             } else {
                 c.delete("k").unwrap();
             }
             let older = Envelope::new(clock.now_ms(), 200.0, 400.0, 1.0, false);
-            assert_eq!(c.adopt("k", None, older, Some(stamp)), None, "{write}");
+            assert_eq!(
+                c.adopt("k", None, older, Extra::default(), Some(stamp)),
+                None,
+                "{write}"
+            );
         }
     }
 
@@ -1073,5 +1296,166 @@ mod inbox_tests {
         assert!(!c.peek("k", 1.0).unwrap().wants_refresh());
         clock.advance(500.0);
         assert!(c.peek("k", 1.0).unwrap().wants_refresh());
+    }
+}
+
+#[cfg(test)]
+mod tag_tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::policy::RawOptions;
+
+    fn cache(f: impl FnOnce(&mut RawOptions)) -> Cache<ManualClock> {
+        let mut raw = RawOptions::default();
+        raw.ttls.jitter = Some(0.0);
+        f(&mut raw);
+        Cache::with_clock(
+            Options::validate(raw).unwrap(),
+            ManualClock::new(0.0),
+            SmallRng::seed_from_u64(5),
+        )
+    }
+
+    fn tags(names: &[&str]) -> Extra {
+        Extra {
+            tags: names.iter().map(|t| t.to_string()).collect(),
+            size: 10,
+        }
+    }
+
+    fn lead(c: &mut Cache<ManualClock>, key: &str) -> FlightId {
+        let Step::Lead(id) = c.lookup(key, 1.0, false).unwrap() else {
+            panic!("expected to lead")
+        };
+        id
+    }
+
+    fn load(c: &mut Cache<ManualClock>, key: &str, extra: Extra) -> Option<Slot> {
+        let p = c.options().defaults;
+        let id = lead(c, key);
+        c.complete(key, id, 1.0, false, &p, extra, false)?.slot
+    }
+
+    #[test]
+    fn delete_tags_drops_the_entries_carrying_them_and_nothing_else() {
+        let mut c = cache(|_| {});
+        load(&mut c, "a", tags(&["t1"])).unwrap();
+        load(&mut c, "b", tags(&["t2", "t1"])).unwrap();
+        load(&mut c, "c", tags(&["t2"])).unwrap();
+        load(&mut c, "u", Extra::default()).unwrap();
+        c.delete_tags(&["t1".to_string()], true).unwrap();
+        assert_eq!(c.peek("a", 1.0), None);
+        assert_eq!(c.peek("b", 1.0), None);
+        assert!(c.peek("c", 1.0).is_some(), "another tag");
+        assert!(c.peek("u", 1.0).is_some(), "untagged");
+        // Loaded again after the deleteByTag: alive.
+        load(&mut c, "a", tags(&["t1"])).unwrap();
+        assert!(c.peek("a", 1.0).is_some());
+    }
+
+    #[test]
+    fn a_load_that_began_before_delete_tags_or_clear_is_not_kept() {
+        let mut c = cache(|_| {});
+        let p = c.options().defaults;
+        let id = lead(&mut c, "k");
+        c.delete_tags(&["t".to_string()], true).unwrap();
+        // The loader adds the tag (ctx.setTags) only as it returns.
+        let w = c.complete("k", id, 1.0, false, &p, tags(&["t"]), false);
+        assert_eq!(w.and_then(|w| w.slot), None, "born before the deleteByTag");
+        assert_eq!(c.peek("k", 1.0), None);
+        // An untagged result of a load that began before is kept: the tag was not its.
+        let id = lead(&mut c, "u");
+        c.delete_tags(&["t".to_string()], true).unwrap();
+        assert!(c
+            .complete("u", id, 1.0, false, &p, Extra::default(), false)
+            .unwrap()
+            .slot
+            .is_some());
+        // clear supersedes every running load.
+        let id = lead(&mut c, "x");
+        c.clear(true).unwrap();
+        assert_eq!(
+            c.complete("x", id, 1.0, false, &p, Extra::default(), false),
+            None
+        );
+        assert_eq!((c.entries(), c.flights_in_progress()), (0, 0));
+    }
+
+    #[test]
+    fn a_refresh_given_no_tags_keeps_the_entry_s_tags() {
+        let mut c = cache(|r| r.ttls.ttl = Some(10.0));
+        let p = c.options().defaults;
+        load(&mut c, "k", tags(&["t"])).unwrap();
+        let id = c.begin_refresh("k").unwrap();
+        c.complete("k", id, 1.0, false, &p, Extra::default(), true)
+            .unwrap();
+        c.delete_tags(&["t".to_string()], true).unwrap();
+        assert_eq!(
+            c.peek("k", 1.0),
+            None,
+            "the refreshed entry still carries t"
+        );
+        // A cold load given none has none.
+        load(&mut c, "k", Extra::default()).unwrap();
+        c.delete_tags(&["t".to_string()], true).unwrap();
+        assert!(c.peek("k", 1.0).is_some());
+    }
+
+    #[test]
+    fn adopted_entries_born_before_a_known_invalidation_are_not_kept() {
+        let mut c = cache(|_| {});
+        let env = Envelope::new(0.0, 1_000.0, 2_000.0, 1.0, false).born_at(3);
+        c.inbox().invalidate_tag(tag_bucket("t"), 5);
+        assert_eq!(c.adopt("k", None, env, tags(&["t"]), None), None);
+        assert!(c
+            .adopt("k", None, env.born_at(5), tags(&["t"]), None)
+            .is_some());
+        c.inbox().clear_at(9);
+        assert_eq!(
+            c.adopt("j", None, env.born_at(8), Extra::default(), None),
+            None
+        );
+    }
+
+    #[test]
+    fn callers_count_as_misses_or_l2_hits_when_their_flight_ends() {
+        let mut c = cache(|_| {});
+        let p = c.options().defaults;
+        let id = lead(&mut c, "a");
+        for _ in 0..4 {
+            c.lookup("a", 1.0, false).unwrap();
+        }
+        let env = Envelope::new(0.0, 1_000.0, 2_000.0, 1.0, false);
+        c.adopt("a", Some(id), env, Extra::default(), None).unwrap();
+        let s = c.stats.snapshot();
+        assert_eq!((s.l2_hits, s.misses, s.coalesced), (5, 0, 4));
+        let id = lead(&mut c, "b");
+        c.lookup("b", 1.0, false).unwrap();
+        c.complete("b", id, 1.0, false, &p, Extra::default(), false);
+        let id = lead(&mut c, "s");
+        c.skip("s", id);
+        let s = c.stats.snapshot();
+        assert_eq!((s.l2_hits, s.misses), (5, 3));
+        assert_eq!(c.peek("s", 1.0), None, "skipCache: nothing cached");
+        assert_eq!(c.flights_in_progress(), 0);
+    }
+
+    #[test]
+    fn the_byte_budget_bounds_the_tier_and_reports_its_usage() {
+        let mut c = cache(|r| {
+            r.l1 = Some(Some(100.0));
+            r.l1_max_bytes = Some(25_000.0);
+        });
+        let sized = |size| Extra {
+            tags: Vec::new(),
+            size,
+        };
+        for k in ["a", "b", "c"] {
+            load(&mut c, k, sized(10_000)).unwrap();
+        }
+        assert_eq!(c.l1_usage(), (2, 20_000));
+        assert_eq!(c.take_released().len(), 1);
+        assert_eq!(load(&mut c, "big", sized(25_001)), None, "served, not kept");
+        assert_eq!(c.l1_usage(), (2, 20_000));
     }
 }

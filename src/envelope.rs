@@ -1,8 +1,10 @@
 //! The envelope around a cached value: when it stops being fresh (soft TTL), when it is gone
-//! (hard TTL), how long it took to compute (for XFetch), whether it is a not-found marker, and
-//! until when a failed refresh holds further refreshes back (errorBackoff).
+//! (hard TTL), how long it took to compute (for XFetch), whether it is a not-found marker, until
+//! when a failed refresh holds further refreshes back (errorBackoff), and the namespace clock it
+//! was born at (a `clear` or `deleteByTag` at a later clock makes it dead, see `inbox.rs`).
 //!
-//! The same fields travel as JSON in Redis; `decode` treats anything it did not write as a miss.
+//! The same fields travel as JSON in Redis, with the entry's tags and its serializer's format;
+//! `decode` treats anything it did not write as a miss.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -30,6 +32,111 @@ pub struct Envelope {
     pub negative: bool,
     /// Epoch ms before which no refresh may start (set after a failed refresh); 0 for none.
     pub retry_after: f64,
+    /// The namespace clock when the load that made it began (or the set that wrote it): a
+    /// `clear`, or a `deleteByTag` of one of its tags, at a later clock makes the entry dead.
+    pub born: u64,
+}
+
+/// What a cache's serializer reads: an envelope written by another serializer is a miss.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Serializer {
+    #[default]
+    Json,
+    V8,
+    Custom,
+}
+
+impl Serializer {
+    pub fn parse(name: &str) -> Option<Serializer> {
+        match name {
+            "json" => Some(Serializer::Json),
+            "v8" => Some(Serializer::V8),
+            "custom" => Some(Serializer::Custom),
+            _ => None,
+        }
+    }
+
+    /// Whether an envelope whose value is in `fmt` is this serializer's.
+    pub fn reads(self, fmt: Fmt) -> bool {
+        matches!(
+            (self, fmt),
+            (Serializer::Json, Fmt::Json)
+                | (Serializer::V8, Fmt::V8)
+                | (Serializer::Custom, Fmt::Text | Fmt::Bytes)
+        )
+    }
+}
+
+/// How the value inside an envelope is written. `Json`: the value's JSON itself (no marker, as
+/// before serializers existed). The others are JSON strings: `V8` base64 of node:v8 bytes,
+/// `Text` a custom serializer's string, `Bytes` base64 of a custom serializer's bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Fmt {
+    #[default]
+    Json,
+    V8,
+    Text,
+    Bytes,
+}
+
+impl Fmt {
+    /// The facade's code for it (0 json, 1 v8, 2 custom string, 3 custom bytes).
+    pub fn from_code(code: u32) -> Fmt {
+        match code {
+            1 => Fmt::V8,
+            2 => Fmt::Text,
+            3 => Fmt::Bytes,
+            _ => Fmt::Json,
+        }
+    }
+
+    pub fn code(self) -> u32 {
+        match self {
+            Fmt::Json => 0,
+            Fmt::V8 => 1,
+            Fmt::Text => 2,
+            Fmt::Bytes => 3,
+        }
+    }
+
+    fn marker(self) -> Option<&'static str> {
+        match self {
+            Fmt::Json => None,
+            Fmt::V8 => Some("v8"),
+            Fmt::Text => Some("custom"),
+            Fmt::Bytes => Some("custom-b64"),
+        }
+    }
+
+    fn from_marker(marker: Option<&str>) -> Option<Fmt> {
+        match marker {
+            None | Some("json") => Some(Fmt::Json),
+            Some("v8") => Some(Fmt::V8),
+            Some("custom") => Some(Fmt::Text),
+            Some("custom-b64") => Some(Fmt::Bytes),
+            Some(_) => None,
+        }
+    }
+}
+
+/// What an envelope carries besides its times: the value as written (`None`: `undefined`), the
+/// entry's tags, and the value's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Body<'a> {
+    pub value_json: Option<&'a str>,
+    pub tags: &'a [String],
+    pub fmt: Fmt,
+}
+
+impl<'a> Body<'a> {
+    /// A JSON value without tags.
+    pub fn json(value_json: Option<&'a str>) -> Self {
+        Body {
+            value_json,
+            tags: &[],
+            fmt: Fmt::Json,
+        }
+    }
 }
 
 impl Envelope {
@@ -42,7 +149,14 @@ impl Envelope {
             compute_ms: compute_ms.max(0.0),
             negative,
             retry_after: 0.0,
+            born: 0,
         }
+    }
+
+    /// The same envelope, born at `born` (see the field).
+    pub fn born_at(mut self, born: u64) -> Self {
+        self.born = born;
+        self
     }
 
     #[inline]
@@ -67,17 +181,20 @@ impl Envelope {
         (self.hard_until - now).ceil().max(1.0) as u64
     }
 
-    /// The JSON written to Redis. `value_json` is the value already serialized by the caller
-    /// (`None`: the loader returned `undefined`), embedded as is, so it is never re-serialized.
-    /// `generation` (alphanumeric) names this write; it comes first, where the Lua scripts read
-    /// it without parsing the JSON (a load began from another generation is not written back).
-    pub fn encode(&self, value_json: Option<&str>, generation: &str) -> String {
+    /// The JSON written to Redis. `body.value_json` is the value already serialized by the
+    /// caller, embedded as is, so it is never re-serialized. `generation` (alphanumeric) names
+    /// this write; it comes first, then `born`, where the Lua scripts read them without parsing
+    /// the JSON (a load began from another generation is not written back; `clear` sweeps
+    /// entries born before it).
+    pub fn encode(&self, body: &Body<'_>, generation: &str) -> String {
         debug_assert!(generation.bytes().all(|b| b.is_ascii_alphanumeric()));
-        let value = value_json.unwrap_or("null");
-        let mut out = String::with_capacity(value.len() + 128);
+        let value = body.value_json.unwrap_or("null");
+        let mut out = String::with_capacity(value.len() + 160);
         out.push_str("{\"sc\":1,\"gen\":\"");
         out.push_str(generation);
-        out.push_str("\",\"freshUntil\":");
+        out.push_str("\",\"born\":");
+        push_number(&mut out, self.born as f64);
+        out.push_str(",\"freshUntil\":");
         push_number(&mut out, self.fresh_until);
         out.push_str(",\"hardUntil\":");
         push_number(&mut out, self.hard_until);
@@ -88,8 +205,18 @@ impl Envelope {
         if self.negative {
             out.push_str(",\"negative\":true");
         }
-        if value_json.is_none() {
+        if body.value_json.is_none() {
             out.push_str(",\"undefined\":true");
+        }
+        if !body.tags.is_empty() {
+            out.push_str(",\"tags\":");
+            // Strings only: serializing them cannot fail.
+            out.push_str(&serde_json::to_string(body.tags).unwrap_or_else(|_| "[]".into()));
+        }
+        if let Some(marker) = body.fmt.marker() {
+            out.push_str(",\"fmt\":\"");
+            out.push_str(marker);
+            out.push('"');
         }
         // The value goes last, as given: never re-serialized.
         out.push_str(",\"value\":");
@@ -107,6 +234,8 @@ impl Envelope {
             sc: u32,
             #[serde(default, borrow)]
             gen: &'a str,
+            #[serde(default)]
+            born: u64,
             fresh_until: f64,
             hard_until: f64,
             compute_ms: f64,
@@ -116,6 +245,10 @@ impl Envelope {
             negative: bool,
             #[serde(default)]
             undefined: bool,
+            #[serde(default)]
+            tags: Vec<String>,
+            #[serde(default, borrow)]
+            fmt: Option<&'a str>,
             #[serde(borrow)]
             value: &'a RawValue,
         }
@@ -130,6 +263,15 @@ impl Envelope {
         if !sane {
             return None;
         }
+        let fmt = Fmt::from_marker(wire.fmt)?;
+        // A value in another format must be a JSON string (base64, or the serializer's text).
+        if fmt != Fmt::Json
+            && !wire.undefined
+            && !wire.negative
+            && !wire.value.get().starts_with('"')
+        {
+            return None;
+        }
         Some(Decoded {
             generation: wire.gen,
             envelope: Envelope {
@@ -138,12 +280,15 @@ impl Envelope {
                 compute_ms: wire.compute_ms,
                 negative: wire.negative,
                 retry_after: wire.retry_after,
+                born: wire.born,
             },
             value_json: if wire.undefined {
                 None
             } else {
                 Some(wire.value.get())
             },
+            tags: wire.tags,
+            fmt,
         })
     }
 }
@@ -156,6 +301,19 @@ pub struct Decoded<'a> {
     pub generation: &'a str,
     /// `None` when the cached value is `undefined`.
     pub value_json: Option<&'a str>,
+    pub tags: Vec<String>,
+    pub fmt: Fmt,
+}
+
+impl Decoded<'_> {
+    /// What to write to put it back as it was (see `Envelope::encode`).
+    pub fn body(&self) -> Body<'_> {
+        Body {
+            value_json: self.value_json,
+            tags: &self.tags,
+            fmt: self.fmt,
+        }
+    }
 }
 
 fn push_number(out: &mut String, n: f64) {
@@ -202,8 +360,11 @@ mod tests {
         let mut e = Envelope::new(1_700_000_000_000.0, 60_000.0, 600_000.0, 12.5, false);
         e.retry_after = 1_700_000_005_000.0;
         let value = r#"{"b":1,"a":[1,2,{"x":"y"}]}"#;
-        let text = e.encode(Some(value), "g1");
-        assert!(text.starts_with(r#"{"sc":1,"gen":"g1","#), "{text}");
+        let text = e.encode(&Body::json(Some(value)), "g1");
+        assert!(
+            text.starts_with(r#"{"sc":1,"gen":"g1","born":0,"#),
+            "{text}"
+        );
         let back = Envelope::decode(&text).unwrap();
         assert_eq!(back.envelope, e);
         assert_eq!(back.value_json, Some(value));
@@ -213,11 +374,11 @@ mod tests {
     #[test]
     fn negative_null_and_undefined_are_distinct() {
         let e = Envelope::new(0.0, 5.0, 5.0, 1.0, true);
-        let null_text = e.encode(Some("null"), "g");
+        let null_text = e.encode(&Body::json(Some("null")), "g");
         let null = Envelope::decode(&null_text).unwrap();
         assert!(null.envelope.negative);
         assert_eq!(null.value_json, Some("null"));
-        let undef_text = e.encode(None, "g");
+        let undef_text = e.encode(&Body::json(None), "g");
         let undef = Envelope::decode(&undef_text).unwrap();
         assert_eq!(undef.value_json, None);
     }
@@ -240,6 +401,46 @@ mod tests {
         ] {
             assert!(Envelope::decode(text).is_none(), "{text}");
         }
+    }
+
+    #[test]
+    fn tags_born_and_format_round_trip() {
+        let e = Envelope::new(1_000.0, 10.0, 20.0, 1.0, false).born_at(42);
+        let tags = vec!["user:1".to_string(), "a \"quoted\" tag".to_string()];
+        let body = Body {
+            value_json: Some("\"AAEC\""),
+            tags: &tags,
+            fmt: Fmt::V8,
+        };
+        let text = e.encode(&body, "g7");
+        assert!(
+            text.starts_with(r#"{"sc":1,"gen":"g7","born":42,"#),
+            "{text}"
+        );
+        let back = Envelope::decode(&text).unwrap();
+        assert_eq!(back.envelope, e);
+        assert_eq!(back.tags, tags);
+        assert_eq!(back.fmt, Fmt::V8);
+        assert_eq!(back.body(), body);
+        // An untagged JSON envelope carries neither field: it reads as before.
+        let plain = e.encode(&Body::json(Some("1")), "g");
+        assert!(!plain.contains("tags") && !plain.contains("fmt"), "{plain}");
+        // Envelopes written before born existed read as born at 0.
+        let old = r#"{"sc":1,"gen":"g","freshUntil":1,"hardUntil":2,"computeMs":0,"value":1}"#;
+        assert_eq!(Envelope::decode(old).unwrap().envelope.born, 0);
+    }
+
+    #[test]
+    fn serializers_read_only_their_own_format() {
+        use Serializer::*;
+        assert!(Json.reads(Fmt::Json) && !Json.reads(Fmt::V8) && !Json.reads(Fmt::Text));
+        assert!(V8.reads(Fmt::V8) && !V8.reads(Fmt::Json) && !V8.reads(Fmt::Bytes));
+        assert!(Custom.reads(Fmt::Text) && Custom.reads(Fmt::Bytes) && !Custom.reads(Fmt::V8));
+        // An unknown marker, or a non-string value under a marker, is not ours at all.
+        let base = r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0,"#;
+        assert!(Envelope::decode(&format!(r#"{base}"fmt":"msgpack","value":"x"}}"#)).is_none());
+        assert!(Envelope::decode(&format!(r#"{base}"fmt":"v8","value":{{"a":1}}}}"#)).is_none());
+        assert!(Envelope::decode(&format!(r#"{base}"fmt":"v8","value":"AAE="}}"#)).is_some());
     }
 
     #[test]

@@ -2,6 +2,17 @@
 //! invalidations) and whether stale in-process copies may still be trusted. Written from any
 //! thread; applied by the cache on its own thread at its next call, so the hot path pays one
 //! relaxed atomic load while nothing is pending.
+//!
+//! It also holds what `deleteByTag` and `clear` need, which costs nothing per tagged key:
+//! - the *namespace clock*: a counter that every `deleteByTag` and `clear` advances (in Redis,
+//!   `HINCRBY <ns>:meta clock`; without Redis, here). An entry is *born* at the clock its load
+//!   began at (or its set was made at).
+//! - per bucket of tag names, the clock of the newest `deleteByTag` heard of one of them, and
+//!   the clock of the newest `clear`. An entry born before either is dead: a hit on a tagged
+//!   entry checks its tags' buckets (a few atomic loads; untagged entries check nothing), and a
+//!   load that began before the invalidation is born too early to be kept. Buckets are shared
+//!   by tags that hash alike, so a `deleteByTag` may also drop a few entries of an unrelated tag
+//!   (a reload, never a stale value).
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashSet;
@@ -12,6 +23,9 @@ use std::sync::Mutex;
 /// Buckets of invalidation stamps: a key's bucket changes whenever the key (or another key
 /// hashing to the same bucket) is invalidated. A collision only costs a read not being cached.
 const STAMP_BUCKETS: usize = 1024;
+
+/// Buckets of tag clocks: 32 KB per cache; two tags share a bucket with probability 1/4096.
+pub const TAG_BUCKETS: usize = 4096;
 
 /// Distinct keys the inbox holds at most. An idle process (no calls, so nothing applied) that
 /// hears a flood of announcements would otherwise grow without bound; past this, dropping the
@@ -41,6 +55,12 @@ pub struct Inbox {
     sequence: AtomicU64,
     /// Counts clear-alls (they change every key's stamp).
     epoch: AtomicU64,
+    /// The newest namespace clock known here (never ahead of Redis's).
+    clock: AtomicU64,
+    /// Per bucket of tag names, the clock of the newest deleteByTag heard for one of them.
+    tag_clocks: Box<[AtomicU64]>,
+    /// The clock of the newest clear heard.
+    cleared: AtomicU64,
 }
 
 impl Default for Inbox {
@@ -53,8 +73,23 @@ impl Default for Inbox {
             stamps: (0..STAMP_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             sequence: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
+            clock: AtomicU64::new(0),
+            tag_clocks: (0..TAG_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            cleared: AtomicU64::new(0),
         }
     }
+}
+
+/// A `deleteByTag` or `clear` applied here before Redis took it: the clock it was marked at
+/// (one past the clock known here), and what each mark replaced, to put back if Redis cannot
+/// take it (while Redis is unreachable, entries stay usable rather than all dead here).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tentative {
+    pub clock: u64,
+    /// `(bucket, its clock before)`.
+    pub tags: Vec<(u16, u64)>,
+    /// The clear clock before (a clear).
+    pub cleared: Option<u64>,
 }
 
 /// What the cache must apply.
@@ -94,6 +129,11 @@ impl Inbox {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.clear_all.store(true, Ordering::Relaxed);
         self.pending.store(true, Ordering::Release);
+    }
+
+    /// Changes every key's stamp without queueing anything (a clear in this process).
+    pub fn touch_all(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The key's invalidation stamp now; take it before sending a Redis read of the key.
@@ -136,6 +176,70 @@ impl Inbox {
     pub fn trusts_stale(&self) -> bool {
         self.trust_stale.load(Ordering::Relaxed)
     }
+
+    /// The namespace clock an entry written now is born at.
+    pub fn clock(&self) -> u64 {
+        self.clock.load(Ordering::Acquire)
+    }
+
+    /// A clock value learned from Redis (a reply or the bus): the clock only moves forward.
+    pub fn observe_clock(&self, c: u64) {
+        self.clock.fetch_max(c, Ordering::AcqRel);
+    }
+
+    /// Advances the clock here and returns the new value (a cache without Redis owns its clock).
+    pub fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// A deleteByTag of a tag in `bucket` at clock `c`: entries of the bucket born before `c` die.
+    pub fn invalidate_tag(&self, bucket: u16, c: u64) {
+        self.tag_clocks[bucket as usize].fetch_max(c, Ordering::AcqRel);
+    }
+
+    #[inline]
+    pub fn tag_clock(&self, bucket: u16) -> u64 {
+        self.tag_clocks[bucket as usize].load(Ordering::Acquire)
+    }
+
+    /// A clear at clock `c`: every entry born before `c` is dead.
+    pub fn clear_at(&self, c: u64) {
+        self.cleared.fetch_max(c, Ordering::AcqRel);
+    }
+
+    pub fn cleared(&self) -> u64 {
+        self.cleared.load(Ordering::Acquire)
+    }
+
+    /// Puts back what `t` marked, where nothing newer replaced it since.
+    pub fn revert(&self, t: &Tentative) {
+        for (b, before) in &t.tags {
+            let _ = self.tag_clocks[*b as usize].compare_exchange(
+                t.clock,
+                *before,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+        if let Some(before) = t.cleared {
+            let _ =
+                self.cleared
+                    .compare_exchange(t.clock, before, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// Whether an entry born at `born` with tags in `buckets` was cleared or tag-deleted since.
+    #[inline]
+    pub fn dead(&self, born: u64, buckets: &[u16]) -> bool {
+        self.cleared() > born || buckets.iter().any(|b| self.tag_clock(*b) > born)
+    }
+}
+
+/// The bucket of the tag clocks a tag name falls in (a fixed hash: the same in every cache).
+pub fn tag_bucket(tag: &str) -> u16 {
+    let mut h = DefaultHasher::new();
+    tag.hash(&mut h);
+    (h.finish() % TAG_BUCKETS as u64) as u16
 }
 
 fn bucket(key: &str) -> usize {
@@ -194,6 +298,36 @@ mod tests {
             "an overflow must drop everything, not lose invalidations"
         );
         assert_eq!(inbox.pending_keys(), 0);
+    }
+
+    #[test]
+    fn tags_and_clears_kill_entries_born_before_them_only() {
+        let inbox = Inbox::default();
+        let (a, b) = (tag_bucket("a"), tag_bucket("b"));
+        assert_ne!(a, b, "these two names hash apart");
+        let born = inbox.clock();
+        assert!(!inbox.dead(born, &[a, b]));
+        let c = inbox.tick();
+        inbox.invalidate_tag(a, c);
+        assert!(
+            inbox.dead(born, &[a]),
+            "born before the deleteByTag of its tag"
+        );
+        assert!(inbox.dead(born, &[b, a]));
+        assert!(!inbox.dead(born, &[b]), "another tag");
+        assert!(
+            !inbox.dead(born, &[]),
+            "untagged entries live through a deleteByTag"
+        );
+        assert!(!inbox.dead(inbox.clock(), &[a]), "born at or after it");
+        // Clock values heard from elsewhere only move it forward.
+        inbox.observe_clock(10);
+        inbox.observe_clock(3);
+        assert_eq!(inbox.clock(), 10);
+        inbox.invalidate_tag(a, 2);
+        assert_eq!(inbox.tag_clock(a), c.max(2));
+        inbox.clear_at(7);
+        assert!(inbox.dead(6, &[]) && !inbox.dead(7, &[]));
     }
 
     #[test]

@@ -86,6 +86,18 @@ pub fn redis_generation_key(namespace: &str, key: &str) -> String {
     tagged(namespace, "gen", key)
 }
 
+/// The Redis key of a tag: the namespace clock of the newest `deleteByTag` of it. Tags are
+/// spelled like keys (hex under `tagx` if they hold `}`), each on its own cluster slot.
+pub fn redis_tag_key(namespace: &str, tag: &str) -> String {
+    tagged(namespace, "tag", tag)
+}
+
+/// The namespace's hash: `clock` (advanced by every `deleteByTag` and `clear`) and `cleared`
+/// (the clock of the newest `clear`).
+pub fn redis_meta_key(namespace: &str) -> String {
+    format!("{namespace}:meta")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +127,9 @@ mod tests {
         assert_eq!(redis_value_key("sc", "user:42"), "sc:v:{user:42}");
         assert_eq!(redis_lock_key("sc", "user:42"), "sc:lock:{user:42}");
         assert_eq!(redis_generation_key("sc", "user:42"), "sc:gen:{user:42}");
+        assert_eq!(redis_tag_key("sc", "user:42"), "sc:tag:{user:42}");
+        assert_eq!(redis_tag_key("sc", "a}b"), "sc:tagx:{617d62}");
+        assert_eq!(redis_meta_key("sc"), "sc:meta");
     }
 
     /// The hash tag Redis Cluster hashes: between the first `{` and the next `}`, if not empty.

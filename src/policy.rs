@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::envelope::Serializer;
 use crate::error::{Error, Result};
 
 pub const DEFAULT_TTL_MS: f64 = 60_000.0;
@@ -29,6 +30,7 @@ pub const CONSTRUCTOR_OPTIONS: &[&str] = &[
     "errorBackoff",
     "l1",
     "loadTimeout",
+    "serializer",
     "waitUntil",
     "onError",
 ];
@@ -44,10 +46,11 @@ pub const CALL_OPTIONS: &[&str] = &[
     "signal",
     "waitUntil",
     "forceRefresh",
+    "tags",
 ];
 
 /// The option names `set` accepts.
-pub const SET_OPTIONS: &[&str] = &["ttl", "hardTtl"];
+pub const SET_OPTIONS: &[&str] = &["ttl", "hardTtl", "tags"];
 
 /// How one entry is written and read: the constructor's defaults, or a call's overrides.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -84,6 +87,10 @@ pub struct Options {
     pub error_backoff: f64,
     /// `None` when the in-process tier is off (`l1: false`).
     pub l1_max_entries: Option<usize>,
+    /// `l1.maxBytes`: the in-process tier's budget of serialized bytes (`None`: count only).
+    pub l1_max_bytes: Option<u64>,
+    /// What values are serialized with (the functions of a custom one stay in JS).
+    pub serializer: Serializer,
 }
 
 impl Default for Options {
@@ -103,6 +110,8 @@ impl Default for Options {
             lock_ttl: DEFAULT_LOCK_TTL_MS,
             error_backoff: DEFAULT_ERROR_BACKOFF_MS,
             l1_max_entries: Some(DEFAULT_L1_MAX_ENTRIES),
+            l1_max_bytes: None,
+            serializer: Serializer::Json,
         }
     }
 }
@@ -117,6 +126,10 @@ pub struct RawOptions {
     pub error_backoff: Option<f64>,
     /// `Some(None)`: `l1: false`; `Some(Some(n))`: `l1: { maxEntries: n }`.
     pub l1: Option<Option<f64>>,
+    /// `l1: { maxBytes }`.
+    pub l1_max_bytes: Option<f64>,
+    /// `'json'`, `'v8'`, or `'custom'` (the facade's name for an object with the two functions).
+    pub serializer: Option<String>,
 }
 
 /// A duration in ms: finite and not negative.
@@ -411,6 +424,23 @@ impl Options {
                 o.l1_max_entries = if n == 0.0 { None } else { Some(n as usize) };
             }
         }
+        if let Some(n) = raw.l1_max_bytes {
+            if !(n.is_finite() && n >= 0.0 && n.fract() == 0.0) {
+                return Err(Error::invalid_option(
+                    "l1.maxBytes",
+                    format!("must be a whole number of bytes >= 0, got {n}"),
+                ));
+            }
+            o.l1_max_bytes = Some(n as u64);
+        }
+        if let Some(name) = raw.serializer {
+            o.serializer = Serializer::parse(&name).ok_or_else(|| {
+                Error::invalid_option(
+                    "serializer",
+                    format!("must be 'json', 'v8' or {{ serialize, deserialize }}, got {name:?}"),
+                )
+            })?;
+        }
         Ok(o)
     }
 
@@ -503,6 +533,9 @@ mod tests {
         err_names(raw(|r| r.error_backoff = Some(f64::NAN)), "errorBackoff");
         err_names(raw(|r| r.l1 = Some(Some(1.5))), "l1.maxEntries");
         err_names(raw(|r| r.namespace = Some(String::new())), "namespace");
+        err_names(raw(|r| r.l1_max_bytes = Some(-1.0)), "l1.maxBytes");
+        err_names(raw(|r| r.l1_max_bytes = Some(0.5)), "l1.maxBytes");
+        err_names(raw(|r| r.serializer = Some("yaml".into())), "serializer");
     }
 
     #[test]

@@ -27,6 +27,16 @@ pub struct Flight {
     pub tag: u64,
     /// Callers that joined instead of leading.
     pub joined: u64,
+    /// The namespace clock when it began (see `inbox.rs`): its result is born at it.
+    pub born: u64,
+}
+
+impl Flight {
+    /// Callers waiting for it: the leader of a load, and every joiner (a background refresh is
+    /// led by no caller).
+    pub fn callers(&self) -> u64 {
+        self.joined + u64::from(self.kind == FlightKind::Load)
+    }
 }
 
 /// What a caller does about a key.
@@ -47,27 +57,28 @@ pub struct Singleflight {
 
 impl Singleflight {
     /// Joins the key's flight if one runs and began with the same `tag`, else starts one of
-    /// `kind` with the caller as leader (a flight that began with another tag is detached:
-    /// it began before something the caller knows of, so its result is older).
-    pub fn lead_or_join(&mut self, key: &str, kind: FlightKind, tag: u64) -> Role {
+    /// `kind`, born at `born` (the namespace clock), with the caller as leader (a flight that
+    /// began with another tag is detached: it began before something the caller knows of, so its
+    /// result is older).
+    pub fn lead_or_join(&mut self, key: &str, kind: FlightKind, tag: u64, born: u64) -> Role {
         if let Some(f) = self.flights.get_mut(key) {
             if f.tag == tag {
                 f.joined += 1;
                 return Role::Join(f.id);
             }
         }
-        Role::Lead(self.start(key, kind, tag))
+        Role::Lead(self.start(key, kind, tag, born))
     }
 
     /// Starts a flight unless one runs; `None` when one does (its leader will refresh the key).
-    pub fn lead(&mut self, key: &str, kind: FlightKind, tag: u64) -> Option<FlightId> {
+    pub fn lead(&mut self, key: &str, kind: FlightKind, tag: u64, born: u64) -> Option<FlightId> {
         if self.flights.contains_key(key) {
             return None;
         }
-        Some(self.start(key, kind, tag))
+        Some(self.start(key, kind, tag, born))
     }
 
-    fn start(&mut self, key: &str, kind: FlightKind, tag: u64) -> FlightId {
+    fn start(&mut self, key: &str, kind: FlightKind, tag: u64, born: u64) -> FlightId {
         self.next_id += 1;
         let id = self.next_id;
         self.flights.insert(
@@ -77,6 +88,7 @@ impl Singleflight {
                 kind,
                 tag,
                 joined: 0,
+                born,
             },
         );
         id
@@ -89,22 +101,25 @@ impl Singleflight {
     /// Ends flight `id` of `key`. True when it was still the key's current flight, i.e. its
     /// result is the newest thing known about the key and may be written.
     pub fn finish(&mut self, key: &str, id: FlightId) -> bool {
+        self.take(key, id).is_some()
+    }
+
+    /// Ends flight `id` of `key` like `finish`, returning it if it was still current.
+    pub fn take(&mut self, key: &str, id: FlightId) -> Option<Flight> {
         match self.flights.get(key) {
-            Some(f) if f.id == id => {
-                self.flights.remove(key);
-                true
-            }
-            _ => false,
+            Some(f) if f.id == id => self.flights.remove(key),
+            _ => None,
         }
     }
 
     /// Detaches the key's flight: it runs on for its callers, but its result will not be written.
-    pub fn supersede(&mut self, key: &str) {
-        self.flights.remove(key);
+    pub fn supersede(&mut self, key: &str) -> Option<Flight> {
+        self.flights.remove(key)
     }
 
-    pub fn clear(&mut self) {
-        self.flights.clear();
+    /// Detaches every flight (as `supersede`); returns the callers they had.
+    pub fn clear(&mut self) -> u64 {
+        self.flights.drain().map(|(_, f)| f.callers()).sum()
     }
 
     pub fn len(&self) -> usize {
@@ -123,11 +138,11 @@ mod tests {
     #[test]
     fn first_leads_the_rest_join() {
         let mut sf = Singleflight::default();
-        let Role::Lead(id) = sf.lead_or_join("k", FlightKind::Load, 0) else {
+        let Role::Lead(id) = sf.lead_or_join("k", FlightKind::Load, 0, 0) else {
             panic!()
         };
         for _ in 0..499 {
-            assert_eq!(sf.lead_or_join("k", FlightKind::Load, 0), Role::Join(id));
+            assert_eq!(sf.lead_or_join("k", FlightKind::Load, 0, 0), Role::Join(id));
         }
         assert_eq!(sf.current("k").unwrap().joined, 499);
         assert!(sf.finish("k", id));
@@ -137,8 +152,8 @@ mod tests {
     #[test]
     fn keys_fly_independently() {
         let mut sf = Singleflight::default();
-        let a = sf.lead_or_join("a", FlightKind::Load, 0);
-        let b = sf.lead_or_join("b", FlightKind::Load, 0);
+        let a = sf.lead_or_join("a", FlightKind::Load, 0, 0);
+        let b = sf.lead_or_join("b", FlightKind::Load, 0, 0);
         assert!(matches!((a, b), (Role::Lead(x), Role::Lead(y)) if x != y));
         assert_eq!(sf.len(), 2);
     }
@@ -146,11 +161,11 @@ mod tests {
     #[test]
     fn superseded_flight_may_not_write() {
         let mut sf = Singleflight::default();
-        let Role::Lead(old) = sf.lead_or_join("k", FlightKind::Refresh, 0) else {
+        let Role::Lead(old) = sf.lead_or_join("k", FlightKind::Refresh, 0, 0) else {
             panic!()
         };
         sf.supersede("k");
-        let Role::Lead(new) = sf.lead_or_join("k", FlightKind::Load, 0) else {
+        let Role::Lead(new) = sf.lead_or_join("k", FlightKind::Load, 0, 0) else {
             panic!()
         };
         assert_ne!(old, new);
@@ -165,11 +180,14 @@ mod tests {
     #[test]
     fn a_caller_that_knows_something_newer_does_not_join() {
         let mut sf = Singleflight::default();
-        let Role::Lead(old) = sf.lead_or_join("k", FlightKind::Load, 1) else {
+        let Role::Lead(old) = sf.lead_or_join("k", FlightKind::Load, 1, 0) else {
             panic!()
         };
-        assert_eq!(sf.lead_or_join("k", FlightKind::Load, 1), Role::Join(old));
-        let Role::Lead(new) = sf.lead_or_join("k", FlightKind::Load, 2) else {
+        assert_eq!(
+            sf.lead_or_join("k", FlightKind::Load, 1, 0),
+            Role::Join(old)
+        );
+        let Role::Lead(new) = sf.lead_or_join("k", FlightKind::Load, 2, 0) else {
             panic!("a newer tag must lead")
         };
         assert!(!sf.finish("k", old), "the older flight was detached");
@@ -179,10 +197,10 @@ mod tests {
     #[test]
     fn lead_refuses_while_a_flight_runs() {
         let mut sf = Singleflight::default();
-        let id = sf.lead("k", FlightKind::Refresh, 0).unwrap();
-        assert_eq!(sf.lead("k", FlightKind::Refresh, 0), None);
-        assert_eq!(sf.lead_or_join("k", FlightKind::Load, 0), Role::Join(id));
+        let id = sf.lead("k", FlightKind::Refresh, 0, 0).unwrap();
+        assert_eq!(sf.lead("k", FlightKind::Refresh, 0, 0), None);
+        assert_eq!(sf.lead_or_join("k", FlightKind::Load, 0, 0), Role::Join(id));
         assert!(sf.finish("k", id));
-        assert!(sf.lead("k", FlightKind::Refresh, 0).is_some());
+        assert!(sf.lead("k", FlightKind::Refresh, 0, 0).is_some());
     }
 }

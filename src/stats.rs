@@ -33,6 +33,7 @@ counters!(
     lock_wins,
     lock_waits,
     redis_errors,
+    l2_hits,
 );
 
 #[derive(Debug, Default)]
@@ -42,6 +43,13 @@ impl Counter {
     #[inline]
     pub fn incr(&self) {
         self.0.fetch_add(1, Relaxed);
+    }
+
+    #[inline]
+    pub fn add(&self, n: u64) {
+        if n > 0 {
+            self.0.fetch_add(n, Relaxed);
+        }
     }
 
     pub fn get(&self) -> u64 {

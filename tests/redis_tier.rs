@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stampede_cache::envelope::Envelope;
+use stampede_cache::envelope::{Body, Envelope, Serializer};
 use stampede_cache::inbox::{Inbox, Stamp};
 use stampede_cache::stats::Stats;
 use stampede_cache::store::redis::{Fetched, Gate, LockOutcome, RedisConfig, RedisTier, WriteBack};
@@ -73,6 +73,7 @@ fn tier(url: &str) -> (Arc<RedisTier>, Arc<Stats>) {
         stats.clone(),
         Arc::new(Inbox::default()),
         tokio::runtime::Handle::current(),
+        Serializer::Json,
     )
     .unwrap();
     tokio::spawn(tier.clone().run_bus());
@@ -96,7 +97,7 @@ fn envelope(ttl: f64) -> Envelope {
 
 /// A cold gate that must lead: (token, gate) for `write_back`.
 async fn lead(t: &RedisTier, key: &str, lock_ttl: u64) -> Gate {
-    let gate = t.cold_gate(key, lock_ttl).await;
+    let gate = t.cold_gate(key, lock_ttl, false).await;
     assert!(
         matches!(gate, Gate::Lead { .. }),
         "expected to lead: {gate:?}"
@@ -110,7 +111,7 @@ async fn write_back(t: &RedisTier, key: &str, gate: &Gate, value: &str) -> Write
     };
     t.write_back(
         key,
-        Some((&envelope(60_000.0), Some(value))),
+        Some((&envelope(60_000.0), &Body::json(Some(value)))),
         token.as_deref(),
         fence.as_ref(),
         false,
@@ -148,7 +149,7 @@ async fn one_leader_and_the_waiter_gets_its_value_from_the_bus() {
         let b = b.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            (b.cold_gate("k", 10_000).await, started.elapsed())
+            (b.cold_gate("k", 10_000, false).await, started.elapsed())
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -203,7 +204,8 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     let gate = lead(&a, "s", 10_000).await;
     let newer = envelope(60_000.0);
     assert_eq!(
-        b.write("s", Some((&newer, Some("\"new\"")))).await,
+        b.write("s", Some((&newer, &Body::json(Some("\"new\"")))))
+            .await,
         Ok(false)
     );
     assert_eq!(
@@ -259,7 +261,7 @@ async fn a_lock_without_an_expiry_is_given_one() {
         .await
         .unwrap();
     let started = Instant::now();
-    let gate = t.cold_gate("k", 300).await;
+    let gate = t.cold_gate("k", 300, false).await;
     assert!(
         matches!(gate, Gate::Lead { token: Some(_), .. }),
         "{gate:?}"
@@ -278,7 +280,10 @@ async fn refresh_is_skipped_while_another_holds_the_lock_and_backs_off_after_a_f
     let (a, _) = tier(&server.url);
     let (b, _) = tier(&server.url);
     let stale = Envelope::new(now_ms() - 10_000.0, 1_000.0, 60_000.0, 5.0, false);
-    assert_eq!(a.write("k", Some((&stale, Some("1")))).await, Ok(false));
+    assert_eq!(
+        a.write("k", Some((&stale, &Body::json(Some("1"))))).await,
+        Ok(false)
+    );
 
     let Gate::Lead {
         token: Some(token), ..
@@ -297,7 +302,7 @@ async fn refresh_is_skipped_while_another_holds_the_lock_and_backs_off_after_a_f
         Gate::Found(r) => assert_eq!(r.envelope.retry_after, retry_after),
         other => panic!("the recorded backoff must hold the refresh back, got {other:?}"),
     }
-    match b.fetch("k", Stamp(0)).await {
+    match b.fetch("k", Stamp(0), false).await {
         Fetched::Found(r) => {
             assert_eq!(r.value_json.as_deref(), Some("1"), "the stale value stays")
         }
@@ -314,7 +319,7 @@ async fn an_unreachable_redis_degrades_at_once_after_the_first_failure() {
         .port();
     let (t, stats) = tier(&format!("redis://127.0.0.1:{port}"));
     let started = Instant::now();
-    assert_eq!(t.fetch("k", Stamp(0)).await, Fetched::Unavailable);
+    assert_eq!(t.fetch("k", Stamp(0), false).await, Fetched::Unavailable);
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "bounded by the connect timeout"
@@ -322,7 +327,7 @@ async fn an_unreachable_redis_degrades_at_once_after_the_first_failure() {
     let again = Instant::now();
     for _ in 0..100 {
         assert!(matches!(
-            t.cold_gate("k", 1_000).await,
+            t.cold_gate("k", 1_000, false).await,
             Gate::Lead {
                 token: None,
                 fence: None,
@@ -357,7 +362,7 @@ async fn close_drops_the_bus_and_the_command_connection_with_the_tier() {
     let mut admin = server.conn().await;
     let baseline = connected_clients(&mut admin).await;
     let (t, _) = tier(&server.url);
-    assert_eq!(t.fetch("k", Stamp(0)).await, Fetched::Missing);
+    assert_eq!(t.fetch("k", Stamp(0), false).await, Fetched::Missing);
     let deadline = Instant::now() + Duration::from_secs(5);
     while connected_clients(&mut admin).await < baseline + 2 {
         assert!(
@@ -368,7 +373,7 @@ async fn close_drops_the_bus_and_the_command_connection_with_the_tier() {
     }
     t.close(Vec::new());
     assert_eq!(
-        t.fetch("k", Stamp(0)).await,
+        t.fetch("k", Stamp(0), false).await,
         Fetched::Unavailable,
         "closed: no more commands"
     );
@@ -399,7 +404,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
     };
 
     // A free lock: won at the first look.
-    let (gate, outcome) = b.cold_gate_observed("free", 1_000).await;
+    let (gate, outcome) = b.cold_gate_observed("free", 1_000, false).await;
     assert!(
         matches!(gate, Gate::Lead { token: Some(_), .. }),
         "{gate:?}"
@@ -410,7 +415,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
     let held = lead(&a, "filled", 10_000).await;
     let waiter = {
         let b = b.clone();
-        tokio::spawn(async move { b.cold_gate_observed("filled", 10_000).await })
+        tokio::spawn(async move { b.cold_gate_observed("filled", 10_000, false).await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
@@ -423,7 +428,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
 
     // Held by a holder that vanishes (its lock expires): waited, then took it over.
     let _: () = set_lock("expiring", 150).query_async(&mut c).await.unwrap();
-    let (gate, outcome) = b.cold_gate_observed("expiring", 5_000).await;
+    let (gate, outcome) = b.cold_gate_observed("expiring", 5_000, false).await;
     assert!(
         matches!(gate, Gate::Lead { token: Some(_), .. }),
         "{gate:?}"
@@ -432,7 +437,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
 
     // Held past two lockTtls: waited, then gave up and loads without the lock (fenced).
     let _: () = set_lock("stuck", 60_000).query_async(&mut c).await.unwrap();
-    let (gate, outcome) = b.cold_gate_observed("stuck", 150).await;
+    let (gate, outcome) = b.cold_gate_observed("stuck", 150, false).await;
     assert!(
         matches!(
             gate,

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cache::{Cache, Hit, Step};
+use crate::cache::{Cache, Extra, Hit, Prepared, Step};
 use crate::envelope::Envelope;
 use crate::error::{Error as CoreError, ErrorCode};
 use crate::key;
@@ -47,15 +47,15 @@ fn napi_fail(code: ErrorCode, e: napi::Error) -> JsErr {
 }
 
 /// One cache instance: the engine, its Redis tier if configured (taken out by `close`), the
-/// envelopes `set_entry` wrote that `redis_set` sends next (same JS turn), and the envelopes
-/// of loads being written back, by flight.
+/// envelopes (and tags) `set_entry` wrote that `redis_set` sends next (same JS turn), and the
+/// results of loads being written back, by flight.
 pub struct EngineState {
     cache: Cache,
     redis: Option<Arc<RedisTier>>,
     /// The tier's failures for `onError`, drained after close too.
     reports: Option<Arc<Reports>>,
-    written: HashMap<String, Envelope>,
-    prepared: HashMap<u64, Option<Envelope>>,
+    written: HashMap<String, (Envelope, Vec<String>)>,
+    prepared: HashMap<u64, Option<Prepared>>,
 }
 
 impl Drop for EngineState {
@@ -361,6 +361,8 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
         raw.ttls = ttl_overrides(obj)?;
         raw.lock_ttl = number_option(obj, "lockTtl", "lockTtl")?;
         raw.error_backoff = number_option(obj, "errorBackoff", "errorBackoff")?;
+        // The facade turns `{ serialize, deserialize }` into 'custom' (the functions stay in JS).
+        raw.serializer = string_option(obj, "serializer")?;
         if let Some(l1) = obj
             .get::<Unknown>("l1")
             .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
@@ -380,14 +382,15 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
                 {
                     let l1obj = unsafe { l1.cast::<Object>() }
                         .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?;
-                    known_names(&l1obj, &["maxEntries"], "l1")?;
+                    known_names(&l1obj, &["maxEntries", "maxBytes"], "l1")?;
                     let max = number_option(&l1obj, "maxEntries", "l1.maxEntries")?;
                     raw.l1 = Some(Some(max.unwrap_or(policy::DEFAULT_L1_MAX_ENTRIES as f64)));
+                    raw.l1_max_bytes = number_option(&l1obj, "maxBytes", "l1.maxBytes")?;
                 }
                 _ => {
                     return Err(js_err(CoreError::invalid_option(
                         "l1",
-                        "must be false or { maxEntries?: number }",
+                        "must be false or { maxEntries?: number, maxBytes?: number }",
                     )))
                 }
             }
@@ -406,6 +409,7 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
                 cache.stats.clone(),
                 cache.inbox().clone(),
                 runtime,
+                cache.options().serializer,
             )
             .map_err(|why| {
                 js_err(CoreError::invalid_option(
@@ -734,7 +738,8 @@ pub fn begin_refresh(id: u32, key: String) -> f64 {
 
 /// The loader of `flight` returned (a cache without Redis; with Redis, `write_back` then
 /// `finish_write`): the slot to keep the value at, -1 when the in-process tier keeps nothing,
-/// -2 when the flight was superseded (its result is written nowhere).
+/// -2 when the flight was superseded (its result is written nowhere). `tags`: the result's;
+/// `inherit` (a refresh): none given keeps the replaced entry's. `size`: serialized bytes.
 #[napi]
 pub fn complete(
     id: u32,
@@ -743,14 +748,26 @@ pub fn complete(
     compute_ms: f64,
     negative: bool,
     policy: Option<Vec<f64>>,
+    tags: Option<Vec<String>>,
+    inherit: bool,
+    size: f64,
 ) -> i32 {
     with_engine(id, |e| {
         let p = policy_of(e, policy.as_deref());
+        let extra = Extra {
+            tags: tags.unwrap_or_default(),
+            size: size as u64,
+        };
         Ok(
-            match e
-                .cache
-                .complete(&key, flight as u64, compute_ms, negative, &p)
-            {
+            match e.cache.complete(
+                &key,
+                flight as u64,
+                compute_ms,
+                negative,
+                &p,
+                extra,
+                inherit,
+            ) {
                 None => -2,
                 Some(w) => w.slot.map_or(-1, |s| s as i32),
             },
@@ -768,6 +785,25 @@ pub fn note_loader_call(id: u32, key: String, flight: f64) {
     });
 }
 
+/// The loader of `flight` declined caching (`ctx.skipCache()`): the flight ends, nothing is
+/// written anywhere.
+#[napi]
+pub fn skip(id: u32, key: String, flight: f64) {
+    let _ = with_engine(id, |c| {
+        c.cache.skip(&key, flight as u64);
+        Ok(())
+    });
+}
+
+/// Slots whose values the facade should drop (freed under `l1.maxBytes`); take them before
+/// keeping a value at a slot just handed out.
+#[napi]
+pub fn take_released(id: u32) -> Vec<u32> {
+    engine(id)
+        .map(|e| e.borrow_mut().cache.take_released())
+        .unwrap_or_default()
+}
+
 /// The loader of `flight` failed. For a background refresh, returns its retry-after (epoch
 /// ms) to record in Redis; else 0.
 #[napi]
@@ -783,15 +819,21 @@ pub fn set_entry(
     key: String,
     negative: bool,
     policy: Option<Vec<f64>>,
+    tags: Option<Vec<String>>,
+    size: f64,
 ) -> Result<i32, JsErr> {
     with_engine(id, |e| {
         let p = policy_of(e, policy.as_deref());
-        Ok(match e.cache.set(&key, negative, &p)? {
+        let extra = Extra {
+            tags: tags.unwrap_or_default(),
+            size: size as u64,
+        };
+        Ok(match e.cache.set(&key, negative, &p, &extra)? {
             // A zero TTL keeps nothing here; the facade deletes any older copy in Redis.
             None => -2,
             Some(w) => {
                 if e.redis.is_some() {
-                    e.written.insert(key, w.envelope);
+                    e.written.insert(key, (w.envelope, extra.tags));
                 }
                 w.slot.map_or(-1, |s| s as i32)
             }
@@ -809,9 +851,13 @@ pub fn delete_entry(id: u32, key: String) -> Result<Vec<i32>, JsErr> {
 }
 
 /// A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or -1.
+/// With Redis, a miss here is counted by the Redis read that follows.
 #[napi]
 pub fn get_entry(id: u32, key: String) -> Result<i32, JsErr> {
-    with_engine(id, |c| Ok(c.cache.get_hit(&key)?.map_or(MISS, encode_hit)))
+    with_engine(id, |c| {
+        let count_miss = c.redis.is_none();
+        Ok(c.cache.get_hit(&key, count_miss)?.map_or(MISS, encode_hit))
+    })
 }
 
 /// Starts or stops keeping the invalidations applied from other processes for
@@ -868,13 +914,19 @@ pub struct Stats {
     pub lock_wins: f64,
     pub lock_waits: f64,
     pub redis_errors: f64,
+    pub l2_hits: f64,
+    pub l1_entries: f64,
+    pub l1_bytes: f64,
 }
 
 /// Counters since construction (still readable after `close`).
 #[napi]
 pub fn stats(id: u32) -> Stats {
-    let s = engine(id)
-        .map(|e| e.borrow().cache.stats.snapshot())
+    let (s, (entries, bytes)) = engine(id)
+        .map(|e| {
+            let e = e.borrow();
+            (e.cache.stats.snapshot(), e.cache.l1_usage())
+        })
         .unwrap_or_default();
     Stats {
         hits: s.hits as f64,
@@ -888,6 +940,9 @@ pub fn stats(id: u32) -> Stats {
         lock_wins: s.lock_wins as f64,
         lock_waits: s.lock_waits as f64,
         redis_errors: s.redis_errors as f64,
+        l2_hits: s.l2_hits as f64,
+        l1_entries: entries as f64,
+        l1_bytes: bytes as f64,
     }
 }
 

@@ -2,14 +2,17 @@
 //! runtime. Writes (write-backs, `set`, `delete`, lock releases after failures) are queued in
 //! call order per key here, synchronously on the JS thread, before anything is awaited.
 
+use std::result::Result;
 use std::sync::Arc;
 
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use tokio::sync::oneshot;
 
-use super::{engine, policy_of, with_engine};
-use crate::envelope::Envelope;
+use super::{engine, napi_fail, policy_of, with_engine, JsErr};
+use crate::cache::Extra;
+use crate::envelope::{Body, Envelope, Fmt};
+use crate::error::ErrorCode;
 use crate::inbox::Stamp;
 use crate::store::redis::{Fence, Fetched, Gate, LockOutcome, RedisTier, Remote, WriteBack};
 
@@ -43,10 +46,14 @@ pub const GATE_CLOSED: u32 = 5;
 /// Why a flight asks Redis (`redis_gate`'s `purpose`; anything else is a cold load).
 pub const PURPOSE_REFRESH: u32 = 1;
 pub const PURPOSE_FORCE: u32 = 2;
+/// A cold load whose serializer could not read the value Redis has: the lock is taken past it.
+pub const PURPOSE_PAST_VALUE: u32 = 3;
 
-/// A Redis answer. `found`: the envelope's times and the value as JSON (`json` absent for a
-/// cached `undefined`). `lead`: call the loader, holding the lock if `token` is set, fenced by
-/// `fence`/`fencedAt` if set (hand them back to `writeBack`).
+/// A Redis answer. `found`: the envelope's times, its tags, and the value as JSON (`json`
+/// absent for a cached `undefined`; for a v8 or custom serializer, a JSON string of base64 or
+/// text, as `fmt` says). `lead`: call the loader, holding the lock if `token` is set, fenced by
+/// `fence`/`fencedAt` if set, born at `born` (hand them back to `writeBack`); `tags`: the
+/// refreshed entry's.
 #[napi(object)]
 pub struct RedisAnswer {
     pub kind: u32,
@@ -64,6 +71,12 @@ pub struct RedisAnswer {
     pub stamp: f64,
     /// What became of the bid for the lock (`LOCK_*`), for the facade's lock channel.
     pub lock: u32,
+    /// The namespace clock the entry was born at (found), or Redis had at the gate (lead); -1
+    /// for none.
+    pub born: f64,
+    pub tags: Option<Vec<String>>,
+    /// 0 json, 1 v8, 2 custom string, 3 custom bytes.
+    pub fmt: u32,
 }
 
 /// `lock`: no bid, won, waited, took over, gave up, skipped (see `LockOutcome`).
@@ -100,6 +113,9 @@ impl RedisAnswer {
             retry_after: 0.0,
             stamp: stamp.map_or(-1.0, |s| s.0 as f64),
             lock: LOCK_NONE,
+            born: -1.0,
+            tags: None,
+            fmt: 0,
         }
     }
 
@@ -112,6 +128,9 @@ impl RedisAnswer {
             compute_ms: e.compute_ms,
             negative: e.negative,
             retry_after: e.retry_after,
+            born: e.born as f64,
+            tags: (!r.tags.is_empty()).then_some(r.tags),
+            fmt: r.fmt.code(),
             ..RedisAnswer::kind(GATE_FOUND, Some(r.stamp))
         }
     }
@@ -147,7 +166,8 @@ pub fn redis_gate(
                 (gate, lock)
             }
             PURPOSE_FORCE => (tier.force_gate(&key).await, LockOutcome::None),
-            _ => tier.cold_gate_observed(&key, lock_ttl as u64).await,
+            PURPOSE_PAST_VALUE => tier.cold_gate_observed(&key, lock_ttl as u64, true).await,
+            _ => tier.cold_gate_observed(&key, lock_ttl as u64, false).await,
         };
         // Closed while asking: no loader runs, and a lock just taken is given back at once.
         let gate = if tier.closed() {
@@ -171,11 +191,15 @@ pub fn redis_gate(
                 token,
                 fence,
                 stamp: looked,
+                born,
+                tags,
             } => RedisAnswer {
                 token,
                 fenced_at: fence.as_ref().map_or(-1.0, |f| f.read_at_ms),
                 fence: fence.map(|f| f.state),
                 lock,
+                born: born.map_or(-1.0, |b| b as f64),
+                tags: (!tags.is_empty()).then_some(tags),
                 ..RedisAnswer::kind(GATE_LEAD, looked.or(stamp))
             },
             Gate::Skip => RedisAnswer {
@@ -187,9 +211,15 @@ pub fn redis_gate(
     })
 }
 
-/// Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable.
+/// Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. `count`
+/// (for `get`): counted as an l2Hit or a miss.
 #[napi]
-pub fn redis_fetch(env: &Env, id: u32, key: String) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
+pub fn redis_fetch(
+    env: &Env,
+    id: u32,
+    key: String,
+    count: bool,
+) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
     let tier = tier_of(id, &key);
     // Here, on the JS thread, before a set or delete called after this read can touch it.
     let stamp = engine(id).map(|e| e.borrow().cache.inbox().stamp(&key));
@@ -197,7 +227,7 @@ pub fn redis_fetch(env: &Env, id: u32, key: String) -> napi::Result<PromiseRaw<'
         let (Some((tier, _, _)), Some(stamp)) = (tier, stamp) else {
             return Ok(RedisAnswer::kind(GATE_UNAVAILABLE, None));
         };
-        Ok(match tier.fetch(&key, stamp).await {
+        Ok(match tier.fetch(&key, stamp, count).await {
             Fetched::Found(r) => RedisAnswer::found(r),
             Fetched::Missing => RedisAnswer::kind(GATE_MISSING, None),
             Fetched::Unavailable => RedisAnswer::kind(GATE_UNAVAILABLE, None),
@@ -206,7 +236,7 @@ pub fn redis_fetch(env: &Env, id: u32, key: String) -> napi::Result<PromiseRaw<'
 }
 
 /// Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
-/// The slot for the value; -1 when the tier keeps nothing; -2 when superseded or expired.
+/// The slot for the value; -1 when the tier keeps nothing; -2 when superseded, expired or dead.
 #[napi]
 pub fn adopt(
     id: u32,
@@ -218,6 +248,9 @@ pub fn adopt(
     negative: bool,
     retry_after: f64,
     stamp: f64,
+    born: f64,
+    tags: Option<Vec<String>>,
+    size: f64,
 ) -> i32 {
     let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
     let envelope = Envelope {
@@ -226,10 +259,15 @@ pub fn adopt(
         compute_ms,
         negative,
         retry_after,
+        born: born.max(0.0) as u64,
     };
     let flight = (flight >= 0.0).then_some(flight as u64);
+    let extra = Extra {
+        tags: tags.unwrap_or_default(),
+        size: size as u64,
+    };
     with_engine(id, |e| {
-        Ok(match e.cache.adopt(&key, flight, envelope, stamp) {
+        Ok(match e.cache.adopt(&key, flight, envelope, extra, stamp) {
             None => -2,
             Some(slot) => slot.map_or(-1, |s| s as i32),
         })
@@ -257,7 +295,8 @@ pub const NOT_SENT: i32 = -2;
 /// The loader of `flight` returned: prepares its entry (the flight stays registered, so callers
 /// keep joining it) and writes it back to Redis, fenced by what the gate read, after this
 /// instance's earlier writes of the key; always releases `token`'s lock. Resolves with what
-/// became of it; then call `finish_write`, whose `keep` is "not dropped".
+/// became of it; then call `finish_write`, whose `keep` is "not dropped". `tags`, `inherit`,
+/// `size` as for `complete`; `born`: the gate's (-1: none); `fmt`: the value's format code.
 #[napi]
 pub fn write_back(
     env: &Env,
@@ -272,16 +311,33 @@ pub fn write_back(
     fence: Option<String>,
     fenced_at: f64,
     forced: bool,
+    tags: Option<Vec<String>>,
+    inherit: bool,
+    size: f64,
+    born: f64,
+    fmt: u32,
 ) -> napi::Result<PromiseRaw<'_, i32>> {
     let (tx, rx) = oneshot::channel();
     let queued = engine(id).and_then(|e| {
         let mut e = e.borrow_mut();
         let p = policy_of(&e, policy.as_deref());
-        let prepared = e
-            .cache
-            .prepare(&key, flight as u64, compute_ms, negative, &p);
-        if let Some(envelope) = prepared {
-            e.prepared.insert(flight as u64, envelope);
+        let extra = Extra {
+            tags: tags.unwrap_or_default(),
+            size: size as u64,
+        };
+        let gate_born = (born >= 0.0).then_some(born as u64);
+        let prepared = e.cache.prepare(
+            &key,
+            flight as u64,
+            compute_ms,
+            negative,
+            &p,
+            extra,
+            inherit,
+            gate_born,
+        );
+        if let Some(p) = &prepared {
+            e.prepared.insert(flight as u64, p.clone());
         }
         let tier = e.redis.clone()?;
         let fence = fence.map(|state| Fence {
@@ -292,10 +348,18 @@ pub fn write_back(
         let job_key = key.clone();
         tier.in_order(&key, async move {
             let written = prepared.flatten();
+            let body = written.as_ref().map(|p| Body {
+                value_json: value_json.as_deref(),
+                tags: &p.extra.tags,
+                fmt: Fmt::from_code(fmt),
+            });
             let outcome = job_tier
                 .write_back(
                     &job_key,
-                    written.as_ref().map(|e| (e, value_json.as_deref())),
+                    written
+                        .as_ref()
+                        .zip(body.as_ref())
+                        .map(|(p, b)| (&p.envelope, b)),
                     token.as_deref(),
                     fence.as_ref(),
                     forced,
@@ -324,16 +388,16 @@ pub fn write_back(
 pub fn finish_write(id: u32, key: String, flight: f64, keep: bool, stamp: f64) -> i32 {
     let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
     with_engine(id, |e| {
-        let Some(envelope) = e.prepared.remove(&(flight as u64)) else {
+        let Some(prepared) = e.prepared.remove(&(flight as u64)) else {
             // Superseded before it was prepared: only the flight ends.
             e.cache.finish_write(&key, flight as u64, None, false, None);
             return Ok(-2);
         };
-        let keep = keep && envelope.is_some();
+        let keep = keep && prepared.is_some();
         Ok(
             match e
                 .cache
-                .finish_write(&key, flight as u64, envelope, keep, stamp)
+                .finish_write(&key, flight as u64, prepared, keep, stamp)
             {
                 Some(slot) => slot as i32,
                 None if keep => -1,
@@ -354,6 +418,7 @@ pub fn redis_write(
     key: String,
     value_json: Option<String>,
     delete: bool,
+    fmt: u32,
 ) -> napi::Result<PromiseRaw<'_, i32>> {
     let (tx, rx) = oneshot::channel();
     let queued = engine(id).and_then(|e| {
@@ -367,8 +432,16 @@ pub fn redis_write(
         let job_key = key.clone();
         tier.in_order(&key, async move {
             let entry = if delete { None } else { written };
+            let body = entry.as_ref().map(|(_, tags)| Body {
+                value_json: value_json.as_deref(),
+                tags,
+                fmt: Fmt::from_code(fmt),
+            });
             let outcome = job_tier
-                .write(&job_key, entry.as_ref().map(|e| (e, value_json.as_deref())))
+                .write(
+                    &job_key,
+                    entry.as_ref().zip(body.as_ref()).map(|((e, _), b)| (e, b)),
+                )
                 .await;
             let _ = tx.send(outcome);
         });
@@ -439,4 +512,70 @@ pub fn take_redis_reports(id: u32) -> Vec<RedisReport> {
 #[napi]
 pub fn has_redis(id: u32) -> bool {
     engine(id).is_some_and(|e| e.borrow().redis.is_some())
+}
+
+/// `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
+/// that began before and will carry one, is dead), then in Redis after this instance's earlier
+/// writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis, -1 when
+/// Redis could not take it.
+#[napi]
+pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'_, i32>, JsErr> {
+    let (tx, rx) = oneshot::channel();
+    let tier = with_engine(id, |e| {
+        let owns_clock = e.redis.is_none();
+        let tentative = e.cache.delete_tags(&tags, owns_clock)?;
+        Ok(e.redis.clone().map(|tier| (tier, tentative)))
+    })?;
+    let queued = tier.is_some();
+    if let Some((tier, tentative)) = tier {
+        let job_tier = tier.clone();
+        tier.in_order_global(async move {
+            let _ = tx.send(job_tier.delete_tags(&tags, &tentative).await.is_ok());
+        });
+    }
+    env.spawn_future(async move {
+        if !queued {
+            return Ok(0);
+        }
+        Ok(match rx.await {
+            Ok(true) => 1,
+            _ => UNAVAILABLE,
+        })
+    })
+    .map_err(|e| napi_fail(ErrorCode::Redis, e))
+}
+
+/// `clear()`: applied here at once (every entry dropped, every running load superseded), then
+/// in Redis after this instance's earlier writes: the clear clock (every entry born before it
+/// is dead everywhere), then a sweep that deletes those entries (SCAN, one batch at a time).
+/// Resolves 1 once Redis holds the clear (a failed sweep is reported, not thrown: the entries
+/// are dead already), 0 without Redis, -1 when Redis could not take it.
+#[napi]
+pub fn clear_entries(env: &Env, id: u32) -> Result<PromiseRaw<'_, i32>, JsErr> {
+    let (tx, rx) = oneshot::channel();
+    let tier = with_engine(id, |e| {
+        let owns_clock = e.redis.is_none();
+        let tentative = e.cache.clear(owns_clock)?;
+        Ok(e.redis.clone().map(|tier| (tier, tentative)))
+    })?;
+    let sweeper = tier.as_ref().map(|(tier, _)| tier.clone());
+    if let Some((tier, tentative)) = tier {
+        let job_tier = tier.clone();
+        tier.in_order_global(async move {
+            let _ = tx.send(job_tier.clear(&tentative).await.ok());
+        });
+    }
+    env.spawn_future(async move {
+        let Some(tier) = sweeper else {
+            return Ok(0);
+        };
+        let Ok(Some(clock)) = rx.await else {
+            return Ok(UNAVAILABLE);
+        };
+        // Outside the write order: later writes need not wait for it, and it never deletes
+        // what they write (only entries born before the clear).
+        let _ = tier.sweep(clock).await;
+        Ok(1)
+    })
+    .map_err(|e| napi_fail(ErrorCode::Redis, e))
 }

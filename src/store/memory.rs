@@ -1,10 +1,15 @@
-//! The in-process tier: envelopes in LRU order, bounded by `maxEntries`.
+//! The in-process tier: envelopes in LRU order, bounded by `maxEntries` and, if set, by
+//! `maxBytes` (the serialized size of the values it keeps).
 //!
 //! The store keeps each entry's envelope and hands out a dense *slot* number; the embedder keeps
 //! the value itself at that slot (in Node, a JS array), so a hit returns a small integer and the
 //! value is never converted, copied or re-parsed. Slots are reused: an update keeps its key's
 //! slot, an insert into a full store takes the evicted entry's slot, a removal frees its slot for
 //! the next insert. Slot numbers therefore never exceed `max_entries`.
+//!
+//! With a byte budget, one insert may evict several entries whose slots nobody reuses at once;
+//! those are listed as *released* so the embedder drops the values it keeps there (memory, not
+//! just accounting, stays within the budget).
 
 use std::num::NonZeroUsize;
 
@@ -14,10 +19,24 @@ use crate::envelope::Envelope;
 
 pub type Slot = u32;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The tags an entry carries: their names (kept for a refresh that gives none, see
+/// `Cache::prepare`) and their buckets in the inbox's tag clocks (what a hit checks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tags {
+    pub names: Box<[String]>,
+    pub buckets: Box<[u16]>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub envelope: Envelope,
     pub slot: Slot,
+    /// Neither negative nor tagged: the hot path proves such an entry fresh with one test and
+    /// one time read, exactly as before tags existed.
+    pub plain: bool,
+    /// The value's serialized size in bytes.
+    pub size: u64,
+    pub tags: Option<Box<Tags>>,
 }
 
 #[derive(Debug)]
@@ -28,14 +47,24 @@ pub struct MemoryStore {
     free: Vec<Slot>,
     /// The next never-used slot.
     next: Slot,
+    /// `maxBytes`: the budget for the sum of `size` (`None`: count only).
+    max_bytes: Option<u64>,
+    /// The sum of `size` over the entries kept.
+    bytes: u64,
+    /// With a byte budget: slots freed since the embedder last took them (it drops the values it
+    /// keeps there). Without one, every freed slot is reused by the next insert, as before.
+    released: Vec<Slot>,
 }
 
 impl MemoryStore {
-    pub fn new(max_entries: Option<usize>) -> Self {
+    pub fn new(max_entries: Option<usize>, max_bytes: Option<u64>) -> Self {
         MemoryStore {
             lru: max_entries.and_then(NonZeroUsize::new).map(LruCache::new),
             free: Vec::new(),
             next: 0,
+            max_bytes,
+            bytes: 0,
+            released: Vec::new(),
         }
     }
 
@@ -54,32 +83,89 @@ impl MemoryStore {
         self.lru.as_ref()?.peek(key)
     }
 
-    /// Writes the key's envelope and returns the slot its value goes to (`None`: tier off).
-    pub fn insert(&mut self, key: &str, envelope: Envelope) -> Option<Slot> {
-        let lru = self.lru.as_mut()?;
-        if let Some(e) = lru.get_mut(key) {
-            e.envelope = envelope;
-            return Some(e.slot);
+    /// Writes the key's envelope and returns the slot its value goes to (`None`: tier off, or a
+    /// value bigger than the whole byte budget, which is then not kept at all: an older copy of
+    /// the key is removed rather than served).
+    pub fn insert(
+        &mut self,
+        key: &str,
+        envelope: Envelope,
+        tags: Option<Box<Tags>>,
+        size: u64,
+    ) -> Option<Slot> {
+        if self.max_bytes.is_some_and(|max| size > max) {
+            self.remove(key);
+            return None;
         }
-        let slot = if lru.len() == lru.cap().get() {
-            // Full: the least recently used entry goes, and its slot serves the newcomer.
-            lru.pop_lru().map(|(_, e)| e.slot)
+        let plain = !envelope.negative && tags.is_none();
+        let lru = self.lru.as_mut()?;
+        let slot = if let Some(e) = lru.get_mut(key) {
+            self.bytes = self.bytes - e.size + size;
+            e.envelope = envelope;
+            e.plain = plain;
+            e.size = size;
+            e.tags = tags;
+            e.slot
         } else {
-            None
+            let slot = if lru.len() == lru.cap().get() {
+                // Full: the least recently used entry goes, and its slot serves the newcomer.
+                lru.pop_lru().map(|(_, e)| {
+                    self.bytes -= e.size;
+                    e.slot
+                })
+            } else {
+                None
+            };
+            let slot = slot.or_else(|| self.free.pop()).unwrap_or_else(|| {
+                self.next += 1;
+                self.next - 1
+            });
+            self.bytes += size;
+            lru.put(
+                key.into(),
+                Entry {
+                    envelope,
+                    slot,
+                    plain,
+                    size,
+                    tags,
+                },
+            );
+            slot
         };
-        let slot = slot.or_else(|| self.free.pop()).unwrap_or_else(|| {
-            self.next += 1;
-            self.next - 1
-        });
-        lru.put(key.into(), Entry { envelope, slot });
+        self.enforce_budget();
         Some(slot)
+    }
+
+    /// Evicts least recently used entries until the byte budget holds. The entry just written
+    /// is the most recent and fits on its own, so it is never the one evicted.
+    fn enforce_budget(&mut self) {
+        let (Some(max), Some(lru)) = (self.max_bytes, self.lru.as_mut()) else {
+            return;
+        };
+        while self.bytes > max {
+            let Some((_, e)) = lru.pop_lru() else { break };
+            self.bytes -= e.size;
+            self.free.push(e.slot);
+            self.released.push(e.slot);
+        }
     }
 
     /// Removes the key's entry; its slot is free for reuse and its value may be dropped.
     pub fn remove(&mut self, key: &str) -> Option<Entry> {
         let e = self.lru.as_mut()?.pop(key)?;
+        self.bytes -= e.size;
         self.free.push(e.slot);
+        if self.max_bytes.is_some() {
+            self.released.push(e.slot);
+        }
         Some(e)
+    }
+
+    /// Slots freed since the last call, whose values the embedder should drop. Take them before
+    /// keeping a value at a slot an insert returned: the insert may have reused one of them.
+    pub fn take_released(&mut self) -> Vec<Slot> {
+        std::mem::take(&mut self.released)
     }
 
     pub fn clear(&mut self) {
@@ -87,7 +173,9 @@ impl MemoryStore {
             lru.clear();
         }
         self.free.clear();
+        self.released.clear();
         self.next = 0;
+        self.bytes = 0;
     }
 
     pub fn len(&self) -> usize {
@@ -96,6 +184,11 @@ impl MemoryStore {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The sum of the kept values' serialized sizes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 }
 
@@ -107,49 +200,104 @@ mod tests {
         Envelope::new(n, 10.0, 100.0, 0.0, false)
     }
 
+    fn put(s: &mut MemoryStore, key: &str, size: u64) -> Option<Slot> {
+        s.insert(key, env(0.0), None, size)
+    }
+
     #[test]
     fn evicts_least_recently_used_and_reuses_its_slot() {
-        let mut s = MemoryStore::new(Some(2));
-        let a = s.insert("a", env(0.0)).unwrap();
-        let b = s.insert("b", env(0.0)).unwrap();
+        let mut s = MemoryStore::new(Some(2), None);
+        let a = put(&mut s, "a", 1).unwrap();
+        let b = put(&mut s, "b", 1).unwrap();
         assert_ne!(a, b);
         s.get("a"); // a is now most recently used; b goes next
-        let c = s.insert("c", env(0.0)).unwrap();
+        let c = put(&mut s, "c", 1).unwrap();
         assert_eq!(c, b);
         assert!(s.peek("b").is_none());
         assert!(s.peek("a").is_some());
-        assert_eq!(s.len(), 2);
+        assert_eq!((s.len(), s.bytes()), (2, 2));
     }
 
     #[test]
     fn update_keeps_slot_and_removal_frees_it() {
-        let mut s = MemoryStore::new(Some(10));
-        let a = s.insert("a", env(0.0)).unwrap();
-        assert_eq!(s.insert("a", env(5.0)).unwrap(), a);
+        let mut s = MemoryStore::new(Some(10), None);
+        let a = put(&mut s, "a", 5).unwrap();
+        assert_eq!(s.insert("a", env(5.0), None, 7).unwrap(), a);
         assert_eq!(s.peek("a").unwrap().envelope.fresh_until, 15.0);
+        assert_eq!(s.bytes(), 7);
         assert_eq!(s.remove("a").unwrap().slot, a);
+        assert_eq!(s.bytes(), 0);
         assert!(s.remove("a").is_none());
-        assert_eq!(s.insert("z", env(0.0)).unwrap(), a);
+        assert_eq!(put(&mut s, "z", 1).unwrap(), a);
+        assert!(
+            s.take_released().is_empty(),
+            "no byte budget: nothing to release"
+        );
     }
 
     #[test]
     fn slots_stay_below_capacity_under_churn() {
-        let mut s = MemoryStore::new(Some(64));
+        let mut s = MemoryStore::new(Some(64), None);
         for i in 0..10_000u32 {
-            let slot = s.insert(&format!("k{i}"), env(0.0)).unwrap();
+            let slot = put(&mut s, &format!("k{i}"), 10).unwrap();
             assert!(slot < 64);
             if i % 3 == 0 {
                 s.remove(&format!("k{}", i / 2));
             }
         }
         assert!(s.len() <= 64);
+        assert_eq!(s.bytes(), s.len() as u64 * 10);
     }
 
     #[test]
     fn disabled_tier_keeps_nothing() {
-        let mut s = MemoryStore::new(None);
+        let mut s = MemoryStore::new(None, None);
         assert!(!s.enabled());
-        assert_eq!(s.insert("a", env(0.0)), None);
+        assert_eq!(put(&mut s, "a", 1), None);
         assert!(s.get("a").is_none());
+    }
+
+    #[test]
+    fn a_byte_budget_evicts_by_size_and_releases_the_slots() {
+        let mut s = MemoryStore::new(Some(1_000), Some(30_000));
+        for i in 0..3 {
+            put(&mut s, &format!("k{i}"), 10_000).unwrap();
+        }
+        assert_eq!((s.len(), s.bytes()), (3, 30_000));
+        s.get("k0"); // k1 is now the least recently used
+        let big = put(&mut s, "big", 25_000).unwrap();
+        // k1 and k2 went (k0 was used since), and so did k0: 25 KB + 10 KB > 30 KB.
+        assert_eq!((s.len(), s.bytes()), (1, 25_000));
+        let released = s.take_released();
+        assert_eq!(released.len(), 3);
+        assert!(!released.contains(&big), "the newcomer's slot is live");
+        assert!(s.take_released().is_empty());
+    }
+
+    #[test]
+    fn a_value_over_the_budget_is_not_kept_and_drops_the_older_copy() {
+        let mut s = MemoryStore::new(Some(1_000), Some(10_000));
+        let slot = put(&mut s, "k", 5_000).unwrap();
+        assert_eq!(put(&mut s, "k", 10_001), None);
+        assert!(s.peek("k").is_none(), "the older copy must not be served");
+        assert_eq!((s.len(), s.bytes()), (0, 0));
+        assert_eq!(s.take_released(), vec![slot]);
+        // Exactly the budget fits.
+        assert!(put(&mut s, "k", 10_000).is_some());
+    }
+
+    #[test]
+    fn plain_marks_entries_that_are_neither_negative_nor_tagged() {
+        let mut s = MemoryStore::new(Some(10), None);
+        put(&mut s, "a", 1);
+        assert!(s.peek("a").unwrap().plain);
+        let tags = Tags {
+            names: vec!["t".to_string()].into(),
+            buckets: vec![3].into(),
+        };
+        s.insert("a", env(0.0), Some(Box::new(tags)), 1);
+        assert!(!s.peek("a").unwrap().plain);
+        s.insert("n", Envelope::new(0.0, 1.0, 1.0, 0.0, true), None, 1);
+        assert!(!s.peek("n").unwrap().plain);
     }
 }

@@ -2,6 +2,11 @@
 //! (`<origin> <key>`) drops other processes' in-process copies of the key (through the inbox) and
 //! wakes the lock waiters of the key. Losing or regaining the subscription wakes every waiter
 //! too, since announcements may have been missed meanwhile.
+//!
+//! Namespace-wide messages start with the byte 0xFF, which no UTF-8 key can start with (older
+//! instances, which read messages as UTF-8, ignore them): `0xFF T <origin> <clock> <tag>` (a
+//! deleteByTag) and `0xFF C <origin> <clock>` (a clear). Each subscription first learns the
+//! namespace clock and the clear clock, which were decided before it (see `tags.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -11,7 +16,9 @@ use std::time::Duration;
 use redis::{PushKind, RedisResult, Value};
 use tokio::sync::Notify;
 
+use super::tags::NAMESPACE_MESSAGE;
 use super::{until_true, RedisTier};
+use crate::inbox::tag_bucket;
 
 /// The bus pings this often when no message arrives, to notice a Redis that stopped answering.
 pub const BUS_PING_INTERVAL: Duration = Duration::from_secs(1);
@@ -103,6 +110,10 @@ impl RedisTier {
     }
 
     fn on_announcement(&self, payload: &[u8]) {
+        if let Some(rest) = payload.strip_prefix(&[NAMESPACE_MESSAGE]) {
+            self.on_namespace_message(rest);
+            return;
+        }
         let Ok(text) = std::str::from_utf8(payload) else {
             return;
         };
@@ -113,6 +124,37 @@ impl RedisTier {
             self.inbox.invalidate(key);
         }
         self.waiters.wake(key);
+    }
+
+    /// A deleteByTag (`T <origin> <clock> <tag>`) or clear (`C <origin> <clock>`) anywhere,
+    /// this instance's own included (the clock it was given may be newer than the mark it made).
+    fn on_namespace_message(&self, text: &[u8]) {
+        let Ok(text) = std::str::from_utf8(text) else {
+            return;
+        };
+        let mut parts = text.splitn(4, ' ');
+        let (Some(kind), Some(_origin), Some(clock)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return;
+        };
+        let Ok(clock) = clock.parse::<u64>() else {
+            return;
+        };
+        match (kind, parts.next()) {
+            ("T", Some(tag)) => {
+                self.inbox.observe_clock(clock);
+                self.inbox.invalidate_tag(tag_bucket(tag), clock);
+            }
+            ("C", None) => {
+                self.inbox.observe_clock(clock);
+                self.inbox.clear_at(clock);
+                // Untagged in-process entries are not checked against the clear clock on a
+                // hit: they are dropped here (this instance's own too, in case a read made
+                // between its clear call and now was kept).
+                self.inbox.invalidate_all();
+            }
+            _ => {}
+        }
     }
 
     fn set_bus_up(&self, up: bool) {
@@ -146,6 +188,11 @@ impl RedisTier {
             })
             .await;
             attempt = attempt.wrapping_add(1);
+            if matches!(subscribed, Ok(Ok(_))) {
+                // Before any call goes on: a load must not be born before a clear it could
+                // have known of, nor an entry read from Redis be checked against nothing.
+                self.sync_namespace().await;
+            }
             // Calls waiting for the first attempt go on now, whatever its outcome.
             let first_succeeded = first && matches!(subscribed, Ok(Ok(_)));
             first = false;

@@ -2,14 +2,15 @@
 //! generation key (written by `set` and `delete`) plus the generation inside its envelope (new
 //! with every write). A load's result is written only if the fence is still the one the load
 //! began from (`write_back.lua`), so neither a `set` or `delete` since, nor the result of a
-//! load that took over an expired lock, is ever overwritten.
+//! load that took over an expired lock, is ever overwritten. A `clear` or `deleteByTag` since
+//! the load began makes its result dead on arrival instead (see `tags.rs`).
 
 use std::time::Duration;
 
 use super::{lock::Fence, new_token, RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
-use crate::envelope::{Envelope, State};
-use crate::inbox::Stamp;
+use crate::envelope::{Body, Envelope, Fmt, Serializer, State};
+use crate::inbox::{tag_bucket, Stamp};
 
 /// How long a generation key lives after the `set`/`delete` that wrote it. A load whose fence is
 /// older than this (less a margin) is not written back: a generation key written after the
@@ -38,24 +39,62 @@ pub enum WriteBack {
     NotSent,
 }
 
-/// An envelope this library wrote and that is not expired: `(envelope, value JSON)`. Anything
-/// else (other JSON, another Redis type, bytes that are not UTF-8, expired by our clock) is
-/// `None`: a miss, never an error.
-pub fn usable(bytes: &[u8]) -> Option<(Envelope, Option<String>)> {
+/// An envelope read from Redis that this cache can use (before its tags are checked).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Usable {
+    pub envelope: Envelope,
+    pub value_json: Option<String>,
+    pub tags: Vec<String>,
+    pub fmt: Fmt,
+}
+
+/// An envelope this library wrote with `serializer`'s format and that is not expired. Anything
+/// else (other JSON, another Redis type, bytes that are not UTF-8, another serializer's value,
+/// expired by our clock) is `None`: a miss, never an error.
+pub fn usable(bytes: &[u8], serializer: Serializer) -> Option<Usable> {
     let text = std::str::from_utf8(bytes).ok()?;
     let d = Envelope::decode(text)?;
-    if d.envelope.state(SystemClock.now_ms()) == State::Expired {
+    if d.envelope.state(SystemClock.now_ms()) == State::Expired || !serializer.reads(d.fmt) {
         return None;
     }
-    Some((d.envelope, d.value_json.map(str::to_string)))
+    Some(Usable {
+        envelope: d.envelope,
+        value_json: d.value_json.map(str::to_string),
+        tags: d.tags,
+        fmt: d.fmt,
+    })
+}
+
+impl Usable {
+    pub fn remote(self, stamp: crate::inbox::Stamp) -> Remote {
+        Remote {
+            envelope: self.envelope,
+            value_json: self.value_json,
+            stamp,
+            tags: self.tags,
+            fmt: self.fmt,
+        }
+    }
 }
 
 impl RedisTier {
     /// Reads the key's envelope. `stamp`: the key's invalidation stamp when the read was asked
     /// for, taken by the caller on its own thread before any later write of this process could
     /// change it (taken here, on a runtime thread, it could already include such a write, and
-    /// the older value read would be kept over it).
-    pub async fn fetch(&self, key: &str, stamp: Stamp) -> Fetched {
+    /// the older value read would be kept over it). `count`: a read for `get()`, counted as an
+    /// l2Hit or a miss.
+    pub async fn fetch(&self, key: &str, stamp: Stamp, count: bool) -> Fetched {
+        let fetched = self.fetch_uncounted(key, stamp).await;
+        if count {
+            match fetched {
+                Fetched::Found(_) => self.stats.l2_hits.incr(),
+                _ => self.stats.misses.incr(),
+            }
+        }
+        fetched
+    }
+
+    async fn fetch_uncounted(&self, key: &str, stamp: Stamp) -> Fetched {
         let vkey = self.value_key(key);
         let raw = self
             .run("get", key, |mut c| async move {
@@ -69,17 +108,18 @@ impl RedisTier {
                 }
             })
             .await;
-        match raw {
-            Err(Unavailable) => Fetched::Unavailable,
-            Ok(None) => Fetched::Missing,
-            Ok(Some(bytes)) => match usable(&bytes) {
-                Some((envelope, value_json)) => Fetched::Found(Remote {
-                    envelope,
-                    value_json,
-                    stamp,
-                }),
-                None => Fetched::Missing,
+        let found = match raw {
+            Err(Unavailable) => return Fetched::Unavailable,
+            Ok(None) => return Fetched::Missing,
+            Ok(Some(bytes)) => match usable(&bytes, self.serializer) {
+                Some(found) => found,
+                None => return Fetched::Missing,
             },
+        };
+        match self.alive(key, found.envelope.born, &found.tags).await {
+            Ok(true) => Fetched::Found(found.remote(stamp)),
+            Ok(false) => Fetched::Missing,
+            Err(Unavailable) => Fetched::Unavailable,
         }
     }
 
@@ -90,7 +130,7 @@ impl RedisTier {
     pub async fn write_back(
         &self,
         key: &str,
-        written: Option<(&Envelope, Option<&str>)>,
+        written: Option<(&Envelope, &Body<'_>)>,
         token: Option<&str>,
         fence: Option<&Fence>,
         forced: bool,
@@ -99,7 +139,7 @@ impl RedisTier {
             self.fence_time() - f.read_at_ms
                 >= (GENERATION_TTL - GENERATION_MARGIN).as_millis() as f64
         });
-        let (Some((envelope, value_json)), Some(fence), false, false) =
+        let (Some((envelope, body)), Some(fence), false, false) =
             (written, fence, too_old, self.closed())
         else {
             // Nothing to write (superseded, closed, unfenced): free the lock for the next load.
@@ -108,8 +148,17 @@ impl RedisTier {
             }
             return WriteBack::NotSent;
         };
+        let buckets: Vec<u16> = body.tags.iter().map(|t| tag_bucket(t)).collect();
+        if self.inbox.dead(envelope.born, &buckets) {
+            // A clear or deleteByTag since the load began, heard here already: its result
+            // would be dead on arrival.
+            if let Some(token) = token {
+                self.release(key, token, true).await;
+            }
+            return WriteBack::Dropped;
+        }
         let px = envelope.remaining_ms(SystemClock.now_ms());
-        let text = envelope.encode(value_json, &new_token());
+        let text = envelope.encode(body, &new_token());
         let keys = (
             self.value_key(key),
             self.lock_key(key),
@@ -149,38 +198,69 @@ impl RedisTier {
 
     /// `set` (`Some`) or `delete` (`None`): the newest state of the key, with a new generation
     /// that drops every load that began before. `Ok(existed)`: whether a value key was there.
-    /// Run it through `in_order`.
+    /// A set's entry is born at the namespace clock known when it runs (after every earlier
+    /// deleteByTag and clear of this instance); Redis's clock is read alongside, and if it was
+    /// ahead (one elsewhere, not yet heard of here) the entry's born is raised to it, so a set
+    /// made after a deleteByTag elsewhere is never taken for older than it. Run it through
+    /// `in_order`.
     pub async fn write(
         &self,
         key: &str,
-        written: Option<(&Envelope, Option<&str>)>,
+        written: Option<(&Envelope, &Body<'_>)>,
     ) -> Result<bool, Unavailable> {
-        let (text, px) = match written {
-            Some((envelope, value_json)) => (
-                envelope.encode(value_json, &new_token()),
-                envelope.remaining_ms(SystemClock.now_ms()),
-            ),
-            None => (String::new(), 1),
+        let generation = new_token();
+        let (text, px, born) = match written {
+            Some((envelope, body)) => {
+                let born = envelope.born.max(self.inbox.clock());
+                (
+                    envelope.born_at(born).encode(body, &generation),
+                    envelope.remaining_ms(SystemClock.now_ms()),
+                    Some(born),
+                )
+            }
+            None => (String::new(), 1, None),
         };
         let keys = (self.value_key(key), self.generation_key(key));
         let msg = self.announcement(key);
         let op = if written.is_some() { "set" } else { "delete" };
-        let existed: i64 = self
-            .run(op, key, |mut c| async move {
-                self.scripts
-                    .write
-                    .key(&keys.0)
-                    .key(&keys.1)
-                    .arg(&text)
-                    .arg(px)
-                    .arg(new_token())
-                    .arg(GENERATION_TTL.as_millis() as u64)
-                    .arg(&self.channel)
-                    .arg(&msg)
-                    .invoke_async(&mut c)
-                    .await
-            })
-            .await?;
+        let vkey = keys.0.clone();
+        let wrote = self.run(op, key, |mut c| async move {
+            self.scripts
+                .write
+                .key(&keys.0)
+                .key(&keys.1)
+                .arg(&text)
+                .arg(px)
+                .arg(new_token())
+                .arg(GENERATION_TTL.as_millis() as u64)
+                .arg(&self.channel)
+                .arg(&msg)
+                .invoke_async::<i64>(&mut c)
+                .await
+        });
+        let clock = async {
+            match born {
+                Some(_) => self.clock_now(key).await,
+                None => None,
+            }
+        };
+        let (existed, clock) = tokio::join!(wrote, clock);
+        let existed = existed?;
+        if let (Some(born), Some(clock)) = (born, clock) {
+            if clock > born {
+                let _ = self
+                    .run(op, key, |mut c| async move {
+                        self.scripts
+                            .reborn
+                            .key(&vkey)
+                            .arg(&generation)
+                            .arg(clock)
+                            .invoke_async::<i64>(&mut c)
+                            .await
+                    })
+                    .await;
+            }
+        }
         Ok(existed == 1)
     }
 
@@ -219,7 +299,7 @@ impl RedisTier {
         };
         let mut envelope = d.envelope;
         envelope.retry_after = envelope.retry_after.max(retry_after);
-        let replacement = envelope.encode(d.value_json, d.generation);
+        let replacement = envelope.encode(&d.body(), d.generation);
         let _ = self
             .run("set", key, |mut c| async move {
                 self.scripts

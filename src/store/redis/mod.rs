@@ -5,15 +5,22 @@
 //! from failing or blocking reads: every command is bounded by a timeout, and after an I/O
 //! failure Redis is skipped at once (one probe at a time tries it again) until it answers.
 //!
+//! `deleteByTag` and `clear` touch no entry: they advance the namespace clock (`<ns>:meta`) and
+//! record it at the tag's key (`<ns>:tag:{tag}`) or as the clear clock; an entry born before
+//! either is dead wherever it is read (see `inbox.rs` and `tags.rs`). Every Lua script touches
+//! one cluster slot.
+//!
 //! By concern: `connection` (making, replacing and classifying), `order` (one instance's
-//! writes of a key in call order), `bus` (pub/sub and lock waiters), `lock` (the gates a load
-//! passes), `envelopes` (reads and fenced writes), `scripts/*.lua` (each names its KEYS/ARGV).
+//! writes in call order), `bus` (pub/sub and lock waiters), `lock` (the gates a load passes),
+//! `envelopes` (reads and fenced writes), `tags` (deleteByTag, clear, and whether an entry read
+//! is still alive), `scripts/*.lua` (each names its KEYS/ARGV).
 
 mod bus;
 mod connection;
 mod envelopes;
 mod lock;
 mod order;
+mod tags;
 mod topology;
 
 use std::collections::{HashMap, VecDeque};
@@ -26,6 +33,7 @@ use redis::{RedisResult, Script};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+use crate::envelope::{Fmt, Serializer};
 use crate::inbox::{Inbox, Stamp};
 use crate::key;
 use crate::stats::Stats;
@@ -52,6 +60,9 @@ pub struct Remote {
     pub value_json: Option<String>,
     /// The key's invalidation stamp before the read was sent (see `Cache::adopt`).
     pub stamp: Stamp,
+    pub tags: Vec<String>,
+    /// How the value is written (this cache's serializer's, or it would not be found).
+    pub fmt: Fmt,
 }
 
 /// A background failure for `onError`.
@@ -85,6 +96,10 @@ struct Scripts {
     write: Script,
     release: Script,
     replace: Script,
+    tag: Script,
+    clear: Script,
+    sweep: Script,
+    reborn: Script,
 }
 
 pub struct RedisTier {
@@ -115,6 +130,8 @@ pub struct RedisTier {
     scripts: Scripts,
     /// Origin of the fence times handed to JS (ms since this instant).
     epoch: Instant,
+    /// Envelopes written by another serializer are misses.
+    serializer: Serializer,
 }
 
 /// Failures waiting for `onError`, at most one per operation kind per REPORT_INTERVAL.
@@ -168,6 +185,7 @@ impl RedisTier {
         stats: Arc<Stats>,
         inbox: Arc<Inbox>,
         runtime: Handle,
+        serializer: Serializer,
     ) -> Result<Arc<Self>, String> {
         let link = Link::new(topology::Topology::new(config)?);
         let channel = channel(namespace, link.topology.db());
@@ -198,8 +216,13 @@ impl RedisTier {
                 write: Script::new(include_str!("scripts/write.lua")),
                 release: Script::new(include_str!("scripts/release.lua")),
                 replace: Script::new(include_str!("scripts/replace.lua")),
+                tag: Script::new(include_str!("scripts/tag.lua")),
+                clear: Script::new(include_str!("scripts/clear.lua")),
+                sweep: Script::new(include_str!("scripts/sweep.lua")),
+                reborn: Script::new(include_str!("scripts/reborn.lua")),
             },
             epoch: Instant::now(),
+            serializer,
         }))
     }
 
@@ -246,12 +269,30 @@ impl RedisTier {
         key::redis_generation_key(&self.namespace, key)
     }
 
-    /// Runs `job` after this instance's earlier writes of `key`.
+    pub fn tag_key(&self, tag: &str) -> String {
+        key::redis_tag_key(&self.namespace, tag)
+    }
+
+    pub fn meta_key(&self) -> String {
+        key::redis_meta_key(&self.namespace)
+    }
+
+    /// Runs `job` after this instance's earlier writes of `key` (and earlier namespace-wide
+    /// ones).
     pub fn in_order<F>(&self, key: &str, job: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
         self.order.push(&self.runtime, key, Box::pin(job));
+    }
+
+    /// Runs `job` (a `deleteByTag` or `clear`) after every earlier write of this instance;
+    /// later writes wait for it.
+    pub fn in_order_global<F>(&self, job: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.order.push_global(&self.runtime, Box::pin(job));
     }
 
     /// The connection, once the first subscription attempt has ended (so nothing is cached
@@ -379,10 +420,12 @@ impl RedisTier {
         if !self.admit(op) {
             return Err(Unavailable);
         }
+        // Namespace-wide operations name no key.
+        let key = (!key.is_empty()).then_some(key);
         let conn = match self.connection(Instant::now()).await {
             Ok(c) => c,
             Err(e) => {
-                self.went_down(op, Some(key), format!("Redis connection failed: {e}"));
+                self.went_down(op, key, format!("Redis connection failed: {e}"));
                 return Err(Unavailable);
             }
         };
@@ -397,16 +440,16 @@ impl RedisTier {
                 match classify(&e) {
                     Fault::Down => {
                         self.link.replace(id);
-                        self.went_down(op, Some(key), message);
+                        self.went_down(op, key, message);
                     }
                     Fault::Reconnect => {
                         self.link.replace(id);
                         self.stats.redis_errors.incr();
-                        self.report(op, Some(key), message);
+                        self.report(op, key, message);
                     }
                     Fault::Command => {
                         self.stats.redis_errors.incr();
-                        self.report(op, Some(key), message);
+                        self.report(op, key, message);
                     }
                 }
                 Err(Unavailable)
@@ -416,7 +459,7 @@ impl RedisTier {
                 self.link.replace(id);
                 self.went_down(
                     op,
-                    Some(key),
+                    key,
                     format!("Redis {op} timed out after {:?}", self.link.command_timeout),
                 );
                 Err(Unavailable)

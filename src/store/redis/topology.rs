@@ -11,12 +11,13 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::io::AsyncDNSResolver;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo,
-    IntoConnectionInfo, Pipeline, ProtocolVersion, RedisFuture, RedisResult, TlsCertificates,
-    TlsMode, Value,
+    FromRedisValue, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisFuture, RedisResult,
+    TlsCertificates, TlsMode, Value,
 };
 
 use super::connection::tcp_settings;
@@ -121,6 +122,54 @@ impl ConnectionLike for Connection {
             Connection::Single(c) => c.get_db(),
             Connection::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+/// One node of a cluster, by the address the cluster gives it (`None`: the one server).
+pub type Node = Option<(String, u16)>;
+
+impl Connection {
+    /// Sends `cmd` to `node` of a cluster, or as any other command (`None`, or not a cluster).
+    /// For commands that name no key, like SCAN, which a cluster answers node by node.
+    pub async fn query_on<T: FromRedisValue>(&mut self, cmd: &Cmd, node: &Node) -> RedisResult<T> {
+        match (self, node) {
+            (Connection::Cluster(c), Some((host, port))) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                let value = c.route_command(cmd.clone(), routing).await?;
+                Ok(redis::from_redis_value(value.extract_error()?)?)
+            }
+            (conn, _) => cmd.query_async(conn).await,
+        }
+    }
+
+    /// The nodes a SCAN of every key must visit: the one server, or every master of a cluster
+    /// (from `CLUSTER SLOTS`).
+    pub async fn scan_nodes(&mut self) -> RedisResult<Vec<Node>> {
+        if !matches!(self, Connection::Cluster(_)) {
+            return Ok(vec![None]);
+        }
+        let slots: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(self).await?;
+        let mut out: Vec<Node> = Vec::new();
+        for range in slots {
+            let Value::Array(parts) = range else { continue };
+            // [start, end, master, replicas...]
+            let Some(Value::Array(master)) = parts.get(2) else {
+                continue;
+            };
+            let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+                (master.first(), master.get(1))
+            else {
+                continue;
+            };
+            let node = Some((String::from_utf8_lossy(host).into_owned(), *port as u16));
+            if !out.contains(&node) {
+                out.push(node);
+            }
+        }
+        Ok(out)
     }
 }
 

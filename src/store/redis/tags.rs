@@ -1,0 +1,318 @@
+//! `deleteByTag` and `clear` in Redis, and whether an entry read from Redis is still alive.
+//!
+//! Neither touches an entry. The namespace clock (`HINCRBY <ns>:meta clock`) numbers them; a
+//! deleteByTag records its clock at each tag's key (`tag.lua`), a clear as the namespace's clear
+//! clock (`clear.lua`); both announce it on the bus. An entry is born at the clock its load began
+//! at (read at the load's gate, before the loader runs) or its set was made at, and is dead once
+//! a clear, or a deleteByTag of one of its tags, has a later clock. So a load that began before
+//! either writes a result that is dead on arrival (and not even sent when this process already
+//! knows), and the invalidation costs one key per tag whatever the number of entries carrying
+//! it. Each script touches one key, so all of it works on Redis Cluster.
+//!
+//! An entry read from Redis is checked against the clear clock and the tag clocks heard on the
+//! bus (in the inbox) and, for a tagged entry, against its tags' keys (one GET each, sent
+//! together), since deletions made before this process subscribed were never heard here. While
+//! the bus is down, the clear clock is read from Redis too.
+//!
+//! `clear` then sweeps the namespace's value keys (SCAN, on every master of a cluster, one batch
+//! at a time), deleting the entries born before it, to give their memory back.
+
+use std::time::Instant;
+
+use futures_util::future::join_all;
+
+use super::{RedisTier, Unavailable};
+use crate::inbox::{tag_bucket, Tentative};
+
+/// Keys asked of SCAN per step of the sweep (memory stays bounded by one batch).
+const SWEEP_BATCH: u64 = 1_000;
+
+/// First byte of a namespace-wide bus message: never the first byte of a key's announcement,
+/// since keys are UTF-8 and 0xFF never appears in UTF-8 (an older instance, which reads
+/// messages as UTF-8, ignores these).
+pub const NAMESPACE_MESSAGE: u8 = 0xFF;
+
+/// A clock stored as text (a missing or foreign value counts as 0).
+fn clock_of(text: Option<String>) -> u64 {
+    text.and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+}
+
+/// `text` with glob's special characters escaped, for SCAN MATCH.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 4);
+    for ch in text.chars() {
+        if matches!(ch, '\\' | '*' | '?' | '[' | ']') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+impl RedisTier {
+    /// The namespace clock now, as Redis has it (also known here from then on); `None` when
+    /// Redis could not be asked.
+    pub async fn clock_now(&self, key: &str) -> Option<u64> {
+        let meta = self.meta_key();
+        let clock = self
+            .run("get", key, |mut c| async move {
+                redis::cmd("HGET")
+                    .arg(&meta)
+                    .arg("clock")
+                    .query_async::<Option<String>>(&mut c)
+                    .await
+            })
+            .await
+            .ok()
+            .map(clock_of)?;
+        self.inbox.observe_clock(clock);
+        Some(clock)
+    }
+
+    /// Whether an entry born at `born` carrying `tags`, read from Redis for `key`, is still
+    /// alive: no clear, and no deleteByTag of one of its tags, since it was born.
+    pub(super) async fn alive(
+        &self,
+        key: &str,
+        born: u64,
+        tags: &[String],
+    ) -> Result<bool, Unavailable> {
+        let buckets: Vec<u16> = tags.iter().map(|t| tag_bucket(t)).collect();
+        if self.inbox.dead(born, &buckets) {
+            return Ok(false);
+        }
+        let bus_up = self.bus_up();
+        if tags.is_empty() && bus_up {
+            return Ok(true);
+        }
+        let reads = tags.iter().map(|tag| {
+            let tkey = self.tag_key(tag);
+            self.run("get", key, |mut c| async move {
+                match redis::cmd("GET")
+                    .arg(&tkey)
+                    .query_async::<Option<String>>(&mut c)
+                    .await
+                {
+                    Err(e) if e.code() == Some("WRONGTYPE") => Ok(None),
+                    other => other,
+                }
+            })
+        });
+        let cleared = async {
+            if bus_up {
+                return Ok(None);
+            }
+            let meta = self.meta_key();
+            self.run("get", key, |mut c| async move {
+                redis::cmd("HGET")
+                    .arg(&meta)
+                    .arg("cleared")
+                    .query_async::<Option<String>>(&mut c)
+                    .await
+            })
+            .await
+            .map(Some)
+        };
+        let (clocks, cleared) = tokio::join!(join_all(reads), cleared);
+        if let Some(cleared) = cleared? {
+            self.inbox.clear_at(clock_of(cleared));
+        }
+        for (bucket, clock) in buckets.iter().zip(clocks) {
+            // Known here from now on: a deletion that did happen (only ever conservative).
+            self.inbox.invalidate_tag(*bucket, clock_of(clock?));
+        }
+        Ok(!self.inbox.dead(born, &buckets))
+    }
+
+    /// `deleteByTag(tags)` in Redis, already applied here as `tentative`: advances the
+    /// namespace clock, records it at each tag's key and announces it. If Redis could not give
+    /// the clock, `tentative` is put back (nothing happened in Redis, and entries stay usable
+    /// here); the caller rejects with ERR_REDIS either way. Run it through `in_order_global`.
+    pub async fn delete_tags(
+        &self,
+        tags: &[String],
+        tentative: &Tentative,
+    ) -> Result<(), Unavailable> {
+        let meta = self.meta_key();
+        let first = tags.first().map_or("", String::as_str);
+        let clock = self
+            .run("deleteByTag", first, |mut c| async move {
+                redis::cmd("HINCRBY")
+                    .arg(&meta)
+                    .arg("clock")
+                    .arg(1)
+                    .query_async::<u64>(&mut c)
+                    .await
+            })
+            .await;
+        let clock = match clock {
+            Ok(c) => c,
+            Err(Unavailable) => {
+                self.inbox.revert(tentative);
+                return Err(Unavailable);
+            }
+        };
+        self.inbox.observe_clock(clock);
+        for tag in tags {
+            self.inbox.invalidate_tag(tag_bucket(tag), clock);
+        }
+        let writes = tags.iter().map(|tag| {
+            let tkey = self.tag_key(tag);
+            let mut msg = vec![NAMESPACE_MESSAGE];
+            msg.extend_from_slice(format!("T {} {clock} {tag}", self.origin).as_bytes());
+            self.run("deleteByTag", tag, |mut c| async move {
+                self.scripts
+                    .tag
+                    .key(&tkey)
+                    .arg(clock)
+                    .arg(&self.channel)
+                    .arg(msg)
+                    .invoke_async::<i64>(&mut c)
+                    .await
+            })
+        });
+        let written = join_all(writes).await;
+        if written.iter().any(Result::is_err) {
+            return Err(Unavailable);
+        }
+        Ok(())
+    }
+
+    /// `clear()` in Redis, already applied here as `tentative`: advances the namespace clock,
+    /// records it as the clear clock and announces it. Returns the clear's clock (for
+    /// [`RedisTier::sweep`]). Run it through `in_order_global`.
+    pub async fn clear(&self, tentative: &Tentative) -> Result<u64, Unavailable> {
+        let meta = self.meta_key();
+        let mut prefix = vec![NAMESPACE_MESSAGE];
+        prefix.extend_from_slice(format!("C {} ", self.origin).as_bytes());
+        let clock = self
+            .run("clear", "", |mut c| async move {
+                self.scripts
+                    .clear
+                    .key(&meta)
+                    .arg(&self.channel)
+                    .arg(prefix)
+                    .invoke_async::<u64>(&mut c)
+                    .await
+            })
+            .await;
+        let clock = match clock {
+            Ok(c) => c,
+            Err(Unavailable) => {
+                self.inbox.revert(tentative);
+                return Err(Unavailable);
+            }
+        };
+        self.inbox.observe_clock(clock);
+        self.inbox.clear_at(clock);
+        Ok(clock)
+    }
+
+    /// Deletes the namespace's entries born before `clock` (a clear's), scanning its value keys
+    /// (`<ns>:v:{…}`, `<ns>:vx:{…}`) on every node, one batch at a time. Entries written since
+    /// stay; other namespaces are never touched. Returns how many were deleted.
+    pub async fn sweep(&self, clock: u64) -> Result<u64, Unavailable> {
+        let nodes = self
+            .run("clear", "", |mut c| async move { c.scan_nodes().await })
+            .await?;
+        let ns = &self.namespace;
+        let pattern = format!("{}:v*", glob_escape(ns));
+        let (plain, hex) = (format!("{ns}:v:{{"), format!("{ns}:vx:{{"));
+        let mut deleted = 0;
+        for node in nodes {
+            let mut cursor = 0u64;
+            loop {
+                let (pattern, node) = (pattern.clone(), node.clone());
+                let (next, keys): (u64, Vec<Vec<u8>>) = self
+                    .run("clear", "", |mut c| async move {
+                        let mut scan = redis::cmd("SCAN");
+                        scan.arg(cursor)
+                            .arg("MATCH")
+                            .arg(&pattern)
+                            .arg("COUNT")
+                            .arg(SWEEP_BATCH);
+                        c.query_on(&scan, &node).await
+                    })
+                    .await?;
+                let ours = keys
+                    .iter()
+                    .filter(|k| k.starts_with(plain.as_bytes()) || k.starts_with(hex.as_bytes()));
+                let swept = join_all(ours.map(|vkey| {
+                    self.run("clear", "", move |mut c| async move {
+                        self.scripts
+                            .sweep
+                            .key(vkey.as_slice())
+                            .arg(clock)
+                            .invoke_async::<i64>(&mut c)
+                            .await
+                    })
+                }))
+                .await;
+                for r in swept {
+                    deleted += r? as u64;
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Learns the namespace clock and the clear clock, as the bus subscribes: what was decided
+    /// before this subscription was never heard here.
+    pub(super) async fn sync_namespace(&self) {
+        let started = Instant::now();
+        let meta = self.meta_key();
+        let read = async {
+            let mut conn = self.link.get(started).await?;
+            redis::cmd("HMGET")
+                .arg(&meta)
+                .arg("clock")
+                .arg("cleared")
+                .query_async::<(Option<String>, Option<String>)>(&mut conn.inner)
+                .await
+        };
+        match tokio::time::timeout(self.link.command_timeout, read).await {
+            Ok(Ok((clock, cleared))) => {
+                self.inbox.observe_clock(clock_of(clock));
+                self.inbox.clear_at(clock_of(cleared));
+            }
+            Ok(Err(e)) => {
+                self.stats.redis_errors.incr();
+                self.report(
+                    "bus",
+                    None,
+                    format!("Redis read of the namespace clock failed: {e}"),
+                );
+            }
+            Err(_) => {
+                self.stats.redis_errors.incr();
+                self.report(
+                    "bus",
+                    None,
+                    "Redis read of the namespace clock timed out".to_string(),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_characters_of_a_namespace_are_escaped() {
+        assert_eq!(glob_escape("app"), "app");
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+
+    #[test]
+    fn clocks_read_as_numbers_or_zero() {
+        assert_eq!(clock_of(Some("42".into())), 42);
+        assert_eq!(clock_of(Some("nope".into())), 0);
+        assert_eq!(clock_of(None), 0);
+    }
+}
