@@ -113,6 +113,37 @@ type JsonifyValue<T> =
  */
 export type Jsonify<T> = IsAny<T> extends true ? any : unknown extends T ? unknown : T extends undefined | void ? undefined : JsonifyValue<T>
 
+/**
+ * A serializer of your own (superjson, msgpack, ...), used by every tier: a hit returns
+ * `deserialize(serialize(value))`. A string is kept in Redis as a JSON string, bytes as base64.
+ *
+ * @example { serialize: superjson.stringify, deserialize: superjson.parse }
+ */
+export interface Serializer {
+  serialize(value: unknown): string | Uint8Array
+  deserialize(data: string | Uint8Array): unknown
+}
+
+/**
+ * `'json'` (the default): values are JSON data. `'v8'`: node:v8 structured serialization (Date,
+ * Map, Set, BigInt, typed arrays, Buffers and cycles survive). Or a `Serializer`.
+ */
+export type SerializerOption = 'json' | 'v8' | Serializer
+
+/**
+ * What a value of type `T` reads back as with serializer `S`: `Jsonify<T>` with `'json'`, `T`
+ * itself with `'v8'` or a `Serializer` (whose round trip is yours to keep faithful).
+ */
+export type Stored<T, S extends SerializerOption = 'json'> = S extends 'json'
+  ? Jsonify<T>
+  : IsAny<T> extends true
+    ? any
+    : unknown extends T
+      ? unknown
+      : T extends undefined | void
+        ? undefined
+        : T
+
 // ---------------------------------------------------------------------------------------------
 
 /** TLS for `rediss://` and `valkeys://`: a private CA, client certificates (mutual TLS). System roots by default. */
@@ -154,7 +185,7 @@ export interface ErrorInfo {
   key?: string | undefined
 }
 
-export interface StampedeCacheOptions {
+export interface StampedeCacheOptions<S extends SerializerOption = SerializerOption> {
   /**
    * `'redis://127.0.0.1:6379/0'`, or `RedisOptions`. Absent or `undefined`: in-process only, so
    * `redis: process.env.REDIS_URL` works with and without the variable.
@@ -176,13 +207,22 @@ export interface StampedeCacheOptions {
   lockTtl?: number | undefined
   /** Milliseconds after a failed background refresh before that key is refreshed again; default 5_000; 0 = none. */
   errorBackoff?: number | undefined
-  /** The in-process tier; default `{ maxEntries: 10_000 }`, LRU-bounded. `false` keeps nothing in process. */
-  l1?: false | { maxEntries?: number | undefined } | undefined
+  /**
+   * The in-process tier; default `{ maxEntries: 10_000 }`, LRU-bounded. `maxBytes` bounds it by
+   * the values' serialized size too: a value larger than it is served but kept only in Redis.
+   * `false` keeps nothing in process.
+   */
+  l1?: false | { maxEntries?: number | undefined; maxBytes?: number | undefined } | undefined
   /**
    * Milliseconds a load may run; default 30_000; `Infinity`: no limit. Past it the loader's
    * `ctx.signal` aborts and its waiting callers reject with `ERR_LOAD_TIMEOUT`.
    */
   loadTimeout?: number | undefined
+  /**
+   * How values are stored, in every tier: `'json'` (default), `'v8'`, or a `Serializer`. An entry
+   * written with another serializer is a miss.
+   */
+  serializer?: S | undefined
   /** Handed every background refresh (Vercel `waitUntil`, Next.js `after`). */
   waitUntil?: ((p: Promise<unknown>) => void) | undefined
   /**
@@ -199,6 +239,19 @@ export interface LoaderContext<T> {
   stale: T | undefined
   /** Aborts when the cache is closed or the load times out (`loadTimeout`). */
   signal: AbortSignal
+  /**
+   * This result's ttl (and hardTtl, default as for a call's `ttl`), e.g. from an upstream
+   * `Cache-Control: max-age`; a `null`/`undefined` result lives `ttl` too. Throws
+   * `ERR_INVALID_ARGUMENT` for a bad number.
+   */
+  setTtl(ttl: number, hardTtl?: number): void
+  /** Adds tags to this result (to the call's `tags`), for `deleteByTag`. */
+  setTags(tags: string[]): void
+  /**
+   * Hands this result to every waiting caller and caches nothing, in any tier; the Redis lock is
+   * released, so the next call loads. An entry already there is left as it was.
+   */
+  skipCache(): void
 }
 
 export interface GetOrLoadOptions {
@@ -215,11 +268,18 @@ export interface GetOrLoadOptions {
   waitUntil?: ((p: Promise<unknown>) => void) | undefined
   /** Load now (still coalesced) and replace the entry. */
   forceRefresh?: boolean | undefined
+  /**
+   * The loaded entry's tags, for `deleteByTag` (with `ctx.setTags`'s). A refresh given none keeps
+   * the tags of the entry it replaces.
+   */
+  tags?: string[] | undefined
 }
 
 export interface SetOptions {
   ttl?: number | undefined
   hardTtl?: number | undefined
+  /** The entry's tags, for `deleteByTag`. */
+  tags?: string[] | undefined
 }
 
 export interface EntryInfo {
@@ -243,6 +303,12 @@ export interface Stats {
   lockWins: number
   lockWaits: number
   redisErrors: number
+  /** Reads answered by Redis (not counted as misses). */
+  l2Hits: number
+  /** Entries in the in-process tier now. */
+  l1Entries: number
+  /** The serialized size of the in-process tier's values now, in bytes. */
+  l1Bytes: number
 }
 
 /** Every `code` a `StampedeCacheError` carries. */
@@ -253,7 +319,7 @@ export type StampedeCacheErrorCode =
   | 'ERR_INVALID_KEY'
   /** A loader (or `withWaitUntil` argument) that is not a function. */
   | 'ERR_INVALID_ARGUMENT'
-  /** A value JSON cannot hold: BigInt, a cycle, a function or symbol at the top. Nothing is cached. */
+  /** A value the serializer cannot hold (JSON: BigInt, a cycle, a function or symbol at the top). Nothing is cached. */
   | 'ERR_VALUE_NOT_SERIALIZABLE'
   /** Any call after `close()`. */
   | 'ERR_CLOSED'
@@ -269,27 +335,44 @@ export class StampedeCacheError extends Error {
   constructor(code: StampedeCacheErrorCode, message: string, options?: { cause?: unknown })
 }
 
-export class StampedeCache {
+/**
+ * `S`, the serializer, is inferred from the constructor's `serializer` option (`'json'` when none
+ * is given): it says what values read back as (`Stored<T, S>`).
+ */
+export class StampedeCache<S extends SerializerOption = 'json'> {
   /** Throws `StampedeCacheError` (`ERR_INVALID_OPTION`) at once for a bad option, naming it. */
-  constructor(options?: StampedeCacheOptions)
+  constructor(options?: StampedeCacheOptions<S>)
   /**
    * The cached value, or the loader's. Fresh: at once. Stale: at once, with one background
    * refresh. Missing: one loader call shared by every concurrent caller.
    *
-   * Resolves with what the loader's value reads back as from JSON (`Jsonify<T>`): the same in
-   * every tier, whether this call loaded it or hit. `T` is inferred from the loader; give it
-   * (`getOrLoad<User>(...)`) to type `ctx.stale` too, which is otherwise `unknown`.
+   * Resolves with what the loader's value reads back as through the serializer (`Stored<T, S>`;
+   * with JSON, `Jsonify<T>`): the same in every tier, whether this call loaded it or hit. `T` is
+   * inferred from the loader; give it (`getOrLoad<User>(...)`) to type `ctx.stale` too, which is
+   * otherwise `unknown`.
    */
   getOrLoad<T, Stale = T>(
     key: Key,
-    loader: (ctx: LoaderContext<Jsonify<Stale>>) => T | PromiseLike<T>,
+    loader: (ctx: LoaderContext<Stored<Stale, S>>) => T | PromiseLike<T>,
     options?: GetOrLoadOptions,
-  ): Promise<Jsonify<T>>
+  ): Promise<Stored<T, S>>
   /** A fresh or stale value; never loads. `T` is the type of the value that was stored. */
-  get<T = unknown>(key: Key): Promise<Jsonify<T> | undefined>
+  get<T = unknown>(key: Key): Promise<Stored<T, S> | undefined>
   set<T>(key: Key, value: T, options?: SetOptions): Promise<void>
   /** True when something was removed. */
   delete(key: Key): Promise<boolean>
+  /**
+   * Removes every entry carrying one of the tags, in this process at once and in every instance
+   * sharing the Redis (within the bus bound); a load that began before never writes its result
+   * back. One Redis key per tag, however many entries carry it.
+   */
+  deleteByTag(tags: string | string[]): Promise<void>
+  /**
+   * Removes every entry of this namespace, in every instance; a load that began before never
+   * writes back. No `KEYS`: Redis is swept with `SCAN`, one batch at a time. Other namespaces are
+   * untouched.
+   */
+  clear(): Promise<void>
   inspect(key: Key): Promise<EntryInfo | undefined>
   /** Counters since construction. */
   stats(): Stats
