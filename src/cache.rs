@@ -708,6 +708,9 @@ impl<C: Clock> Cache<C> {
         let Some(e) = self.store.peek(key) else {
             return Ok(None);
         };
+        if self.tagged_dead(e) {
+            return Ok(None);
+        }
         let env = e.envelope;
         let state = match env.state(self.clock.now_ms()) {
             State::Expired => return Ok(None),
@@ -728,11 +731,19 @@ impl<C: Clock> Cache<C> {
         self.store.peek(key).map(|e| e.envelope.fresh_until)
     }
 
-    /// The slot of a live (not expired) entry, LRU order and stats untouched.
+    /// The slot of a live (not expired, not tag-deleted) entry, LRU order and stats untouched.
     pub fn live_slot(&mut self, key: &str) -> Option<Slot> {
         self.apply_inbox();
         let e = self.store.peek(key)?;
-        (e.envelope.state(self.clock.now_ms()) != State::Expired).then_some(e.slot)
+        (e.envelope.state(self.clock.now_ms()) != State::Expired && !self.tagged_dead(e))
+            .then_some(e.slot)
+    }
+
+    /// A tagged entry cleared or tag-deleted since it was born (what a hit checks).
+    fn tagged_dead(&self, e: &crate::store::memory::Entry) -> bool {
+        e.tags
+            .as_ref()
+            .is_some_and(|t| self.inbox.dead(e.envelope.born, &t.buckets))
     }
 
     /// Drops every entry and flight; later calls fail with `ERR_CLOSED`.
