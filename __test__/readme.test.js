@@ -32,6 +32,10 @@ const EXPECTED_OUTPUT = {
   'observe.cjs': [/^miss user:1$/, /^miss user:1$/, /^load user:1 cold$/, /^loaded user:1 \{"id":1\}$/, /^hit user:1 memory fresh$/],
   'otel.cjs': [/^100$/, /^stampede_cache\.load cold$/],
   'metrics.cjs': [/^stampede_cache_coalesced_calls_total\{namespace="feeds"\} 999$/, /^stampede_cache_loads_total\{namespace="feeds"\} 1$/],
+  'loader-control.mjs': [/^1\.08$/, /^5$/, /^undefined$/],
+  'tags.mjs': [/^Ada L\. Grace$/, /^0$/],
+  'max-bytes.mjs': [/^2 true$/],
+  'serializers.mjs': [/^true 10n$/, /^1970-01-02T00:00:00\.000Z$/],
 }
 
 // Code blocks whose language is code; shell commands and sample output are not run.
