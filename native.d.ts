@@ -80,7 +80,7 @@ export declare function deleteEntry(id: number, key: string): Array<number>
  * `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
  * that began before and will carry one, is dead), then in Redis after this instance's earlier
  * writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis, -1 when
- * Redis could not take it.
+ * Redis could not take it (the effect here is kept; see `Cache::revert_tags`).
  */
 export declare function deleteTags(id: number, tags: Array<string>): Promise<number>
 

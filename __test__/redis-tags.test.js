@@ -319,6 +319,32 @@ test('a set made after a deleteByTag elsewhere resolved is kept, whether or not 
   await assertServed([A, B, C], 'unheard', 'new', 'a deleteByTag never announced')
 })
 
+test('Redis down: deleteByTag and clear are applied in process and reject with ERR_REDIS; the cache goes on working', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { redis, spawnWorker } = await setup(t)
+  const A = await spawnWorker('A')
+  await run(A, FILL, { keys: ['a', 'b', 'plain'], tags: { a: ['t'], b: ['u'] } })
+  await redis.stop('SIGKILL')
+  const r = await run(
+    A,
+    `
+    const code = (p) => p.then(() => 'resolved', (e) => e.code)
+    const out = { deleteByTag: await code(cache.deleteByTag('t')) }
+    out.a = (await cache.get('a')) ?? 'gone'
+    out.b = (await cache.get('b')) ?? 'gone'
+    // Loads go on in process; an entry tagged t and loaded now is kept (the mark made for the
+    // deleteByTag Redis did not take is not left to kill every later entry of the tag).
+    let loads = 0
+    for (let i = 0; i < 3; i++) await cache.getOrLoad('c', () => (loads++, 'c'), { tags: ['t'] })
+    out.loads = loads
+    out.clear = await code(cache.clear())
+    out.entries = cache.stats().l1Entries
+    out.plain = (await cache.get('plain')) ?? 'gone'
+    return out
+  `,
+  )
+  assert.deepEqual(r, { deleteByTag: 'ERR_REDIS', a: 'gone', b: 'opt:b', loads: 1, clear: 'ERR_REDIS', entries: 0, plain: 'gone' })
+})
+
 test('skipCache across processes: nothing reaches Redis, and the lock is released so a waiting process loads at once', { timeout: TEST_TIMEOUT }, async (t) => {
   const { redis, spawnWorker, vkey } = await setup(t, { lockTtl: 20_000 })
   const [A, B] = await Promise.all(['A', 'B'].map((n) => spawnWorker(n)))

@@ -667,6 +667,19 @@ impl<C: Clock> Cache<C> {
         })
     }
 
+    /// A `deleteByTag` Redis did not take: its effect here is kept (the entries it killed are
+    /// removed now, as `delete` would), and its marks are put back, so entries loaded from now
+    /// on are not dead for a deletion that never happened in Redis.
+    pub fn revert_tags(&mut self, tentative: &Tentative) {
+        let inbox = &self.inbox;
+        self.store.remove_where(|e| {
+            e.tags
+                .as_ref()
+                .is_some_and(|t| inbox.dead(e.envelope.born, &t.buckets))
+        });
+        self.inbox.revert(tentative);
+    }
+
     /// `clear` here, at once: every entry dropped, every running load superseded, and (with
     /// Redis) every Redis entry born up to now treated as dead until Redis gives the clear's
     /// own clock (see [`Cache::delete_tags`]).
@@ -1449,6 +1462,27 @@ mod tag_tests {
         assert_eq!((s.l2_hits, s.misses), (5, 3));
         assert_eq!(c.peek("s", 1.0), None, "skipCache: nothing cached");
         assert_eq!(c.flights_in_progress(), 0);
+    }
+
+    #[test]
+    fn a_delete_tags_redis_did_not_take_keeps_its_effect_here_and_no_more() {
+        let mut c = cache(|_| {});
+        // Marks one past the clock, as with Redis (not owning the clock).
+        c.inbox().observe_clock(10);
+        load(&mut c, "a", tags(&["t"])).unwrap();
+        load(&mut c, "b", tags(&["u"])).unwrap();
+        let tentative = c.delete_tags(&["t".to_string()], false).unwrap();
+        assert_eq!(tentative.clock, 11);
+        c.revert_tags(&tentative);
+        assert_eq!(
+            c.peek("a", 1.0),
+            None,
+            "removed, not resurrected by the revert"
+        );
+        assert!(c.peek("b", 1.0).is_some());
+        // Loads born at the clock known here (10) live again.
+        load(&mut c, "a", tags(&["t"])).unwrap();
+        assert!(c.peek("a", 1.0).is_some());
     }
 
     #[test]

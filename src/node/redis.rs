@@ -14,7 +14,9 @@ use crate::cache::Extra;
 use crate::envelope::{Body, Envelope, Fmt};
 use crate::error::ErrorCode;
 use crate::inbox::Stamp;
-use crate::store::redis::{Fence, Fetched, Gate, LockOutcome, RedisTier, Remote, WriteBack};
+use crate::store::redis::{
+    Fence, Fetched, Gate, LockOutcome, RedisTier, Remote, TagFailure, WriteBack,
+};
 
 /// The tier, lockTtl, and the in-process copy's freshUntil (0 if none) of a live cache.
 fn tier_of(id: u32, key: &str) -> Option<(Arc<RedisTier>, f64, f64)> {
@@ -517,7 +519,7 @@ pub fn has_redis(id: u32) -> bool {
 /// `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
 /// that began before and will carry one, is dead), then in Redis after this instance's earlier
 /// writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis, -1 when
-/// Redis could not take it.
+/// Redis could not take it (the effect here is kept; see `Cache::revert_tags`).
 #[napi]
 pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'_, i32>, JsErr> {
     let (tx, rx) = oneshot::channel();
@@ -526,22 +528,39 @@ pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'
         let tentative = e.cache.delete_tags(&tags, owns_clock)?;
         Ok(e.redis.clone().map(|tier| (tier, tentative)))
     })?;
-    let queued = tier.is_some();
-    if let Some((tier, tentative)) = tier {
-        let job_tier = tier.clone();
-        tier.in_order_global(async move {
-            let _ = tx.send(job_tier.delete_tags(&tags, &tentative).await.is_ok());
-        });
-    }
-    env.spawn_future(async move {
-        if !queued {
-            return Ok(0);
+    let (queued, tentative) = match tier {
+        Some((tier, tentative)) => {
+            let job_tier = tier.clone();
+            tier.in_order_global(async move {
+                let _ = tx.send(job_tier.delete_tags(&tags).await);
+            });
+            (true, Some(tentative))
         }
-        Ok(match rx.await {
-            Ok(true) => 1,
-            _ => UNAVAILABLE,
-        })
-    })
+        None => (false, None),
+    };
+    env.spawn_future_with_callback(
+        async move {
+            if !queued {
+                return Ok(None);
+            }
+            Ok(Some(rx.await.unwrap_or(Err(TagFailure::NotTaken))))
+        },
+        // On the JS thread, which owns the in-process tier.
+        move |_, outcome| {
+            Ok(match outcome {
+                None => 0,
+                Some(Ok(())) => 1,
+                Some(Err(failure)) => {
+                    if let (TagFailure::NotTaken, Some(t)) = (failure, &tentative) {
+                        if let Some(e) = engine(id) {
+                            e.borrow_mut().cache.revert_tags(t);
+                        }
+                    }
+                    UNAVAILABLE
+                }
+            })
+        },
+    )
     .map_err(|e| napi_fail(ErrorCode::Redis, e))
 }
 

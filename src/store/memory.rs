@@ -162,6 +162,22 @@ impl MemoryStore {
         Some(e)
     }
 
+    /// Removes every entry `dead` says is dead; returns how many.
+    pub fn remove_where(&mut self, dead: impl Fn(&Entry) -> bool) -> usize {
+        let Some(lru) = self.lru.as_ref() else {
+            return 0;
+        };
+        let keys: Vec<Box<str>> = lru
+            .iter()
+            .filter(|(_, e)| dead(e))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &keys {
+            self.remove(k);
+        }
+        keys.len()
+    }
+
     /// Slots freed since the last call, whose values the embedder should drop. Take them before
     /// keeping a value at a slot an insert returned: the insert may have reused one of them.
     pub fn take_released(&mut self) -> Vec<Slot> {

@@ -43,6 +43,7 @@ pub use connection::{classify, Fault};
 pub use envelopes::{Fetched, WriteBack};
 pub use lock::{new_token, Fence, Gate, LockOutcome};
 pub use order::WriteOrder;
+pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
 
 use connection::{timed_out, Link};

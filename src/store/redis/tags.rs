@@ -32,6 +32,15 @@ const SWEEP_BATCH: u64 = 1_000;
 /// messages as UTF-8, ignores these).
 pub const NAMESPACE_MESSAGE: u8 = 0xFF;
 
+/// How a `deleteByTag` failed in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TagFailure {
+    /// Redis gave no clock: nothing happened there.
+    NotTaken,
+    /// The clock advanced, but a tag's key may not have been written.
+    Partial,
+}
+
 /// A clock stored as text (a missing or foreign value counts as 0).
 fn clock_of(text: Option<String>) -> u64 {
     text.and_then(|t| t.trim().parse().ok()).unwrap_or(0)
@@ -124,15 +133,13 @@ impl RedisTier {
         Ok(!self.inbox.dead(born, &buckets))
     }
 
-    /// `deleteByTag(tags)` in Redis, already applied here as `tentative`: advances the
-    /// namespace clock, records it at each tag's key and announces it. If Redis could not give
-    /// the clock, `tentative` is put back (nothing happened in Redis, and entries stay usable
-    /// here); the caller rejects with ERR_REDIS either way. Run it through `in_order_global`.
-    pub async fn delete_tags(
-        &self,
-        tags: &[String],
-        tentative: &Tentative,
-    ) -> Result<(), Unavailable> {
+    /// `deleteByTag(tags)` in Redis, already applied here: advances the namespace clock,
+    /// records it at each tag's key and announces it. `Err(NotTaken)`: Redis gave no clock, so
+    /// nothing happened there; the caller keeps the effect here and puts its marks back
+    /// (`Cache::revert_tags`, on the thread that owns the in-process tier). `Err(Partial)`: the
+    /// clock advanced but a tag's key may not have been written. The caller rejects with
+    /// ERR_REDIS either way. Run it through `in_order_global`.
+    pub async fn delete_tags(&self, tags: &[String]) -> Result<(), TagFailure> {
         let meta = self.meta_key();
         let first = tags.first().map_or("", String::as_str);
         let clock = self
@@ -145,12 +152,8 @@ impl RedisTier {
                     .await
             })
             .await;
-        let clock = match clock {
-            Ok(c) => c,
-            Err(Unavailable) => {
-                self.inbox.revert(tentative);
-                return Err(Unavailable);
-            }
+        let Ok(clock) = clock else {
+            return Err(TagFailure::NotTaken);
         };
         self.inbox.observe_clock(clock);
         for tag in tags {
@@ -173,7 +176,7 @@ impl RedisTier {
         });
         let written = join_all(writes).await;
         if written.iter().any(Result::is_err) {
-            return Err(Unavailable);
+            return Err(TagFailure::Partial);
         }
         Ok(())
     }
