@@ -1,7 +1,8 @@
 'use strict'
 // Issue 11 with Redis, across real processes (/work/shared/API.md: deleteByTag, clear, getOrLoad
 // 10, l1.maxBytes, serializer, stats): tags and clear in three processes, and what they cost in
-// Redis; deleteByTag and clear fenced against a slow load; skipCache and setTtl across processes;
+// Redis; deleteByTag and clear fenced against a slow load; a set just after a deleteByTag made
+// elsewhere; deleteByTag and clear while Redis is down; skipCache and setTtl across processes;
 // the byte budget with 10 KB and oversized values (l2Hits); every type the v8 serializer claims,
 // read back by another process with l1: false; another serializer's entry is a miss; and
 // deleteByTag and clear on a Redis Cluster.
