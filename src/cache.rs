@@ -312,7 +312,8 @@ impl<C: Clock> Cache<C> {
                 return Ok(Step::Serve(hit));
             }
         }
-        // The callers of a flight count as misses, or as l2Hits when Redis answers, as it ends.
+        // A miss until Redis answers the flight (then an l2Hit, see `adopt`).
+        self.stats.misses.incr();
         // A load that began before the key was last invalidated (a write elsewhere, or here) is
         // not joined: its result is older than that write.
         let stamp = self.inbox.stamp(key).0;
@@ -324,13 +325,6 @@ impl<C: Clock> Cache<C> {
             self.stats.coalesced.incr();
         }
         Ok(role.into())
-    }
-
-    /// Counts the callers of a flight that ended other than by an answer from Redis.
-    fn missed(&self, flight: Option<crate::singleflight::Flight>) {
-        if let Some(f) = flight {
-            self.stats.misses.add(f.callers());
-        }
     }
 
     /// Starts the background refresh a [`Hit`] asked for; `None` if one already runs.
@@ -425,8 +419,7 @@ impl<C: Clock> Cache<C> {
         stamp: Option<Stamp>,
     ) -> Option<Slot> {
         self.apply_inbox();
-        let flight = self.flights.take(key, id)?;
-        self.missed(Some(flight));
+        self.flights.take(key, id)?;
         if self.closed || !keep {
             return None;
         }
@@ -455,7 +448,8 @@ impl<C: Clock> Cache<C> {
     /// `stamp` is the key's invalidation stamp taken before the read was sent: if the key was
     /// invalidated since, the read may predate a write elsewhere and is not kept. `None` when
     /// not kept (superseded, invalidated since, or already expired).
-    /// `extra`: the entry's tags and its value's size. Its callers count as l2Hits.
+    /// `extra`: the entry's tags and its value's size. The flight's callers, counted as misses
+    /// while they waited, count as l2Hits instead: Redis answered them.
     pub fn adopt(
         &mut self,
         key: &str,
@@ -466,8 +460,9 @@ impl<C: Clock> Cache<C> {
     ) -> Option<Option<Slot>> {
         self.apply_inbox();
         if let Some(id) = id {
-            let flight = self.flights.take(key, id)?;
-            self.stats.l2_hits.add(flight.callers());
+            let callers = self.flights.take(key, id)?.callers();
+            self.stats.misses.sub(callers);
+            self.stats.l2_hits.add(callers);
         }
         if self.closed || envelope.state(self.clock.now_ms()) == State::Expired {
             return None;
@@ -489,10 +484,7 @@ impl<C: Clock> Cache<C> {
     /// Ends flight `id` without writing (another process holds the refresh), and holds local
     /// refresh attempts of the key back for `hold_ms`: that process will publish its result.
     pub fn abandon(&mut self, key: &str, id: FlightId, hold_ms: f64) {
-        let flight = self.flights.take(key, id);
-        let ended = flight.is_some();
-        self.missed(flight);
-        if ended {
+        if self.flights.finish(key, id) {
             let until = self.clock.now_ms() + hold_ms;
             if let Some(e) = self.store.get(key) {
                 e.envelope.retry_after = e.envelope.retry_after.max(until);
@@ -506,7 +498,6 @@ impl<C: Clock> Cache<C> {
     /// Returns the refresh's retry-after (epoch ms), for the Redis envelope; `None` otherwise.
     pub fn fail(&mut self, key: &str, id: FlightId) -> Option<f64> {
         let flight = self.flights.take(key, id)?;
-        self.missed(Some(flight));
         if flight.kind != FlightKind::Refresh {
             return None;
         }
@@ -522,8 +513,7 @@ impl<C: Clock> Cache<C> {
     /// ends, nothing is written, no backoff is recorded, and the entry already there (if any) is
     /// left as it was.
     pub fn skip(&mut self, key: &str, id: FlightId) {
-        let flight = self.flights.take(key, id);
-        self.missed(flight);
+        self.flights.finish(key, id);
     }
 
     /// Writes a value given by `set`, born now; any flight of the key is superseded. `None`:
@@ -537,8 +527,7 @@ impl<C: Clock> Cache<C> {
     ) -> Result<Option<Written>> {
         self.ensure_open()?;
         self.apply_inbox();
-        let superseded = self.flights.supersede(key);
-        self.missed(superseded);
+        self.flights.supersede(key);
         // A Redis read of the key already on its way predates this write: not to be kept.
         self.inbox.touch(key);
         Ok(self.write(key, 0.0, negative, policy, extra))
@@ -605,8 +594,7 @@ impl<C: Clock> Cache<C> {
     pub fn delete(&mut self, key: &str) -> Result<(Option<Slot>, bool)> {
         self.ensure_open()?;
         self.apply_inbox();
-        let superseded = self.flights.supersede(key);
-        self.missed(superseded);
+        self.flights.supersede(key);
         self.inbox.touch(key);
         let now = self.clock.now_ms();
         Ok(match self.store.remove(key) {
@@ -693,8 +681,7 @@ impl<C: Clock> Cache<C> {
             self.inbox.clock() + 1
         };
         self.inbox.clear_at(clock);
-        let callers = self.flights.clear();
-        self.stats.misses.add(callers);
+        self.flights.clear();
         self.store.clear();
         // A Redis read already on its way predates the clear: not to be kept.
         self.inbox.touch_all();
@@ -763,8 +750,7 @@ impl<C: Clock> Cache<C> {
     pub fn close(&mut self) {
         self.closed = true;
         self.store.clear();
-        let callers = self.flights.clear();
-        self.stats.misses.add(callers);
+        self.flights.clear();
     }
 
     /// Flights still registered: zero once every load has ended (tests assert no leak).
@@ -1442,7 +1428,7 @@ mod tag_tests {
     }
 
     #[test]
-    fn callers_count_as_misses_or_l2_hits_when_their_flight_ends() {
+    fn callers_answered_by_redis_count_as_l2_hits_not_misses() {
         let mut c = cache(|_| {});
         let p = c.options().defaults;
         let id = lead(&mut c, "a");
@@ -1450,6 +1436,7 @@ mod tag_tests {
             c.lookup("a", 1.0, false).unwrap();
         }
         let env = Envelope::new(0.0, 1_000.0, 2_000.0, 1.0, false);
+        assert_eq!(c.stats.snapshot().misses, 5, "misses while they wait");
         c.adopt("a", Some(id), env, Extra::default(), None).unwrap();
         let s = c.stats.snapshot();
         assert_eq!((s.l2_hits, s.misses, s.coalesced), (5, 0, 4));

@@ -52,6 +52,14 @@ impl Counter {
         }
     }
 
+    /// Takes back `n` counted by `incr` (a read counted as a miss that Redis then answered).
+    #[inline]
+    pub fn sub(&self, n: u64) {
+        if n > 0 {
+            self.0.fetch_sub(n, Relaxed);
+        }
+    }
+
     pub fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
