@@ -442,13 +442,15 @@ export interface LockEvent extends CacheEvent {
 }
 
 /**
- * `stampede-cache:invalidate`: an in-process entry dropped or replaced. `local`: `set` or `delete`
- * in this instance; `bus`: another process changed the key (no `key`: everything was dropped,
- * as when the bus reconnects).
+ * `stampede-cache:invalidate`: an in-process entry dropped or replaced. `local`: `set`, `delete`,
+ * `deleteByTag` or `clear` in this instance; `bus`: another process changed the key (no `key`:
+ * everything was dropped, as when the bus reconnects or another process cleared the namespace).
+ * `tags`: a `deleteByTag` here (no `key`: the entries carrying them).
  */
 export interface InvalidateEvent extends CacheEvent {
   key: string | undefined
   source: 'local' | 'bus'
+  tags?: string[]
 }
 
 /** `stampede-cache:load-timeout`: a loader ran past `timeout` ms; its callers reject with ERR_LOAD_TIMEOUT. */

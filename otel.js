@@ -86,6 +86,8 @@ function meterGroup(meter) {
       result.observe(lookups, s.staleHits, { ...ns, 'stampede_cache.lookup.result': 'stale_hit' })
       result.observe(lookups, s.negativeHits, { ...ns, 'stampede_cache.lookup.result': 'negative_hit' })
       result.observe(lookups, s.misses, { ...ns, 'stampede_cache.lookup.result': 'miss' })
+      // Missed in process, answered by Redis (not counted as misses).
+      result.observe(lookups, s.l2Hits, { ...ns, 'stampede_cache.lookup.result': 'l2_hit' })
       for (const [field, instrument] of Object.entries(counters)) result.observe(instrument, s[field], ns)
     }
   }

@@ -29,6 +29,8 @@ const LOOKUP_RESULTS = [
   ['stale_hit', 'staleHits'],
   ['negative_hit', 'negativeHits'],
   ['miss', 'misses'],
+  // Missed in process, answered by Redis (not counted as misses).
+  ['l2_hit', 'l2Hits'],
 ]
 
 /** Metrics by registry, then prefix: every register() on one registry and prefix shares them. */

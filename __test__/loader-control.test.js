@@ -432,3 +432,27 @@ describe('serializer', () => {
     }
   })
 })
+
+describe('observability', () => {
+  test('deleteByTag and clear are published on stampede-cache:invalidate as local invalidations', async () => {
+    const dc = require('node:diagnostics_channel')
+    const cache = new StampedeCache({ namespace: 'obs' })
+    const seen = []
+    const onInvalidate = (m) => {
+      if (m.cache === cache) seen.push({ key: m.key, source: m.source, tags: m.tags })
+    }
+    dc.subscribe('stampede-cache:invalidate', onInvalidate)
+    try {
+      await cache.getOrLoad('k', () => 1, { tags: ['t'] })
+      await cache.deleteByTag(['t', 'u'])
+      await cache.clear()
+      assert.deepEqual(seen, [
+        { key: undefined, source: 'local', tags: ['t', 'u'] },
+        { key: undefined, source: 'local', tags: undefined },
+      ])
+    } finally {
+      dc.unsubscribe('stampede-cache:invalidate', onInvalidate)
+      await cache.close()
+    }
+  })
+})
