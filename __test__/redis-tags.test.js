@@ -14,12 +14,12 @@
 
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
-const { RedisServer, CacheWorker, waitFor, sleep, killAllSync } = require('./helpers/redis-server')
+const { setupRedis, newNamespace: newNamespaceOf, CacheWorker, waitFor, sleep, killAllSync } = require('./helpers/redis-server')
 const { RedisCluster, killTopologySync } = require('./helpers/redis-topology')
 
 /** A hang fails its test instead of blocking the run. */
 const TEST_TIMEOUT = 60_000
-/** Time for the bus (a 100 ms bound in API.md) before looking at every instance. */
+/** Time for the bus (a 100 ms bound in docs/CONTRACT.md) before looking at every instance. */
 const BUS_MS = 250
 
 after(() => {
@@ -27,29 +27,10 @@ after(() => {
   killTopologySync()
 })
 
-let nsCounter = 0
-function newNamespace() {
-  return `sctags${process.pid}n${++nsCounter}${Math.random().toString(36).slice(2, 6)}`
-}
+const newNamespace = () => newNamespaceOf('sctags')
 
-/** Its own redis-server (or `redisUrl`'s); workers spawned through it are torn down after the test. */
-async function setup(t, options = {}) {
-  const redis = new RedisServer()
-  t.after(() => redis.dispose())
-  await redis.start()
-  const namespace = newNamespace()
-  const base = { redis: redis.url, namespace, jitter: 0, ...options }
-  const spawned = []
-  t.after(() => Promise.all(spawned.map((w) => w.kill('SIGKILL'))))
-  const spawnWorker = async (name, extra = {}) => {
-    const w = new CacheWorker(name, { ...base, ...extra })
-    spawned.push(w)
-    await w.hello
-    return w
-  }
-  const vkey = (k) => `${namespace}:v:{${k}}`
-  return { redis, namespace, base, spawnWorker, vkey }
-}
+/** Its own redis-server; `options` are every worker's (see setupRedis). */
+const setup = (t, options = {}) => setupRedis(t, { options, prefix: 'sctags' })
 
 /** Runs `body` in `w` (an async function of cache, args, tools) and returns its result. */
 function run(w, body, args = {}) {

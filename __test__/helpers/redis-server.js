@@ -447,7 +447,8 @@ function newNamespace(prefix = 'sctest') {
 /**
  * A private redis-server plus `workers` worker processes built from `options`, all torn down
  * after the test. Returns the server, the workers, `spawnWorker(name, extraOptions)` for more,
- * the namespace, its key names (`vkey`, `lkey`) and `stored(k)`: the value key as the raw client
+ * the namespace, the workers' options (`base`), its key names (`vkey`, `lkey`) and `stored(k)`:
+ * the value key as the raw client
  * sees it, `{ exists, value }`.
  */
 async function setupRedis(t, { workers = 0, options = {}, prefix } = {}) {
@@ -471,7 +472,7 @@ async function setupRedis(t, { workers = 0, options = {}, prefix } = {}) {
     const raw = await redis.cmd('GET', vkey(k))
     return raw === null ? { exists: false } : { exists: true, value: JSON.parse(raw).value }
   }
-  return { redis, ws, namespace, spawnWorker, vkey, lkey, stored }
+  return { redis, ws, namespace, base, spawnWorker, vkey, lkey, stored }
 }
 
 module.exports = { setupRedis, newNamespace, RedisServer, RespError, CacheWorker, barrier, freePort, command, pipeline, waitFor, sleep, killAllSync, encodeCommand, parseReply }
