@@ -10,13 +10,13 @@
 // the cache's in-process coalescing cannot help it). Then the first read of a cold process
 // (process start to value), each side in its own fresh process.
 
-const { spawn, execFileSync } = require('node:child_process')
-const net = require('node:net')
+const { execFileSync } = require('node:child_process')
 const path = require('node:path')
 
 const ROOT = path.join(__dirname, '..')
 const Redis = require(require.resolve('ioredis', { paths: [path.join(__dirname, 'node_modules')] }))
 const { StampedeCache } = require(ROOT)
+const { startRedis } = require('./redis-lib.js')
 
 const arg = (name, dflt) => {
   const i = process.argv.indexOf(`--${name}`)
@@ -25,18 +25,6 @@ const arg = (name, dflt) => {
 const ROUNDS = arg('rounds', 7)
 const READS = arg('reads', 4000)
 const NS = 'rb'
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer()
-    srv.once('error', reject)
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address()
-      srv.close(() => (port === 6379 ? freePort().then(resolve, reject) : resolve(port)))
-    })
-  })
-}
 
 function valueOfSize(bytes) {
   // {"data":"xxx…"} is 11 bytes of JSON around the string.
@@ -83,21 +71,9 @@ const t0 = process.hrtime.bigint()
 `
 
 async function main() {
-  const port = await freePort()
-  const server = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' })
-  const stop = () => server.kill('SIGKILL')
-  process.on('exit', stop)
-  const url = `redis://127.0.0.1:${port}`
+  const server = await startRedis()
+  const { url, stop } = server
   const io = new Redis(url)
-  for (let i = 0; ; i++) {
-    try {
-      await io.ping()
-      break
-    } catch (err) {
-      if (i > 100) throw err
-      await sleep(50)
-    }
-  }
   const cache = new StampedeCache({ redis: url, namespace: NS, l1: false, ttl: 3_600_000 })
   const rows = [
     { name: 'sequential, 91 B', size: 91, inflight: 1, keys: 1 },
