@@ -219,6 +219,12 @@ export interface StampedeCacheOptions<S extends SerializerOption = SerializerOpt
    */
   loadTimeout?: number | undefined
   /**
+   * Background refreshes (stale-while-revalidate and XFetch early refreshes) this instance runs
+   * at once; default 16; `Infinity`: no bound. Past it, readers are served the stale value at
+   * once and a later read refreshes the key. Cold loads are never held back.
+   */
+  maxConcurrentRefreshes?: number | undefined
+  /**
    * How values are stored, in every tier: `'json'` (default), `'v8'`, or a `Serializer`. An entry
    * written with another serializer is a miss.
    */

@@ -925,9 +925,9 @@ class StampedeCache {
 
   /** For tests: loads in flight (engine and facade) and entries held. Not part of the API. */
   _debugCounts() {
-    const [engineFlights, entries, lockWaiters, unsentWrites, inboxKeys, keptInvalidations] = debugCounts(this.#id)
+    const [engineFlights, entries, lockWaiters, unsentWrites, inboxKeys, keptInvalidations, refreshing] = debugCounts(this.#id)
     const facadeFlights = this.#flights.size
-    return { engineFlights, facadeFlights, background: this.#background.size, entries, lockWaiters, unsentWrites, inboxKeys, keptInvalidations }
+    return { engineFlights, facadeFlights, background: this.#background.size, entries, lockWaiters, unsentWrites, inboxKeys, keptInvalidations, refreshing }
   }
 }
 

@@ -6,6 +6,7 @@
 //! call: a hash lookup, a time read, one random draw for XFetch, no allocation. A tagged entry's
 //! hit also reads its tags' clocks (see `inbox.rs`); an untagged one reads nothing more.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use rand::rngs::SmallRng;
@@ -138,6 +139,11 @@ pub struct Cache<C: Clock = SystemClock> {
     observing: bool,
     /// Keys dropped from the inbox since the embedder last took them; `None`: everything.
     applied: Vec<Option<Box<str>>>,
+    /// Background refresh flights whose loader may still run, bounded by
+    /// `options.max_refreshes`. A flight superseded by a write leaves the key's registry but
+    /// its loader runs on, so this counts flights until their end is reported, not registry
+    /// entries.
+    refreshing: HashSet<FlightId>,
 }
 
 /// Applied invalidations kept between two `take_applied` calls at most (the embedder takes them
@@ -163,6 +169,7 @@ impl<C: Clock> Cache<C> {
             closed: false,
             observing: false,
             applied: Vec::new(),
+            refreshing: HashSet::new(),
         }
     }
 
@@ -297,9 +304,25 @@ impl<C: Clock> Cache<C> {
         Some(hit)
     }
 
-    /// A refresh may start: none runs for the key and no error backoff holds it.
+    /// A refresh may start: none runs for the key, no error backoff holds it, and fewer than
+    /// `maxConcurrentRefreshes` run in all (past it the stale value is served and a later read
+    /// refreshes the key).
     fn may_refresh(&self, key: &str, env: &Envelope, now: f64) -> bool {
-        env.refresh_allowed(now) && self.flights.current(key).is_none()
+        env.refresh_allowed(now)
+            && self.refreshing.len() < self.options.max_refreshes
+            && self.flights.current(key).is_none()
+    }
+
+    /// Flight `id` ended (whichever way): if it was a background refresh, its place is free.
+    fn end_refresh(&mut self, id: FlightId) {
+        if !self.refreshing.is_empty() {
+            self.refreshing.remove(&id);
+        }
+    }
+
+    /// Background refreshes running now (for tests and `debugCounts`).
+    pub fn refreshes_running(&self) -> usize {
+        self.refreshing.len()
     }
 
     /// After the hot path missed (or for calls with options): serve, lead a load, or join one.
@@ -329,12 +352,14 @@ impl<C: Clock> Cache<C> {
 
     /// Starts the background refresh a [`Hit`] asked for; `None` if one already runs.
     pub fn begin_refresh(&mut self, key: &str) -> Option<FlightId> {
-        if self.closed {
+        if self.closed || self.refreshing.len() >= self.options.max_refreshes {
             return None;
         }
         let stamp = self.inbox.stamp(key).0;
         let born = self.inbox.clock();
-        self.flights.lead(key, FlightKind::Refresh, stamp, born)
+        let id = self.flights.lead(key, FlightKind::Refresh, stamp, born)?;
+        self.refreshing.insert(id);
+        Some(id)
     }
 
     /// The loader is about to run for flight `id` (not every flight calls it: another process
@@ -386,6 +411,8 @@ impl<C: Clock> Cache<C> {
         inherit: bool,
         gate_born: Option<u64>,
     ) -> Option<Option<Prepared>> {
+        // The loader has returned: the database is done with this refresh.
+        self.end_refresh(id);
         self.apply_inbox();
         if self.closed {
             return None;
@@ -418,6 +445,7 @@ impl<C: Clock> Cache<C> {
         keep: bool,
         stamp: Option<Stamp>,
     ) -> Option<Slot> {
+        self.end_refresh(id);
         self.apply_inbox();
         self.flights.take(key, id)?;
         if self.closed || !keep {
@@ -460,6 +488,7 @@ impl<C: Clock> Cache<C> {
     ) -> Option<Option<Slot>> {
         self.apply_inbox();
         if let Some(id) = id {
+            self.end_refresh(id);
             let callers = self.flights.take(key, id)?.callers();
             self.stats.misses.sub(callers);
             self.stats.l2_hits.add(callers);
@@ -484,6 +513,7 @@ impl<C: Clock> Cache<C> {
     /// Ends flight `id` without writing (another process holds the refresh), and holds local
     /// refresh attempts of the key back for `hold_ms`: that process will publish its result.
     pub fn abandon(&mut self, key: &str, id: FlightId, hold_ms: f64) {
+        self.end_refresh(id);
         if self.flights.finish(key, id) {
             let until = self.clock.now_ms() + hold_ms;
             if let Some(e) = self.store.get(key) {
@@ -497,6 +527,7 @@ impl<C: Clock> Cache<C> {
     /// for `errorBackoff`.
     /// Returns the refresh's retry-after (epoch ms), for the Redis envelope; `None` otherwise.
     pub fn fail(&mut self, key: &str, id: FlightId) -> Option<f64> {
+        self.end_refresh(id);
         let flight = self.flights.take(key, id)?;
         if flight.kind != FlightKind::Refresh {
             return None;
@@ -513,6 +544,7 @@ impl<C: Clock> Cache<C> {
     /// ends, nothing is written, no backoff is recorded, and the entry already there (if any) is
     /// left as it was.
     pub fn skip(&mut self, key: &str, id: FlightId) {
+        self.end_refresh(id);
         self.flights.finish(key, id);
     }
 
@@ -751,6 +783,7 @@ impl<C: Clock> Cache<C> {
         self.closed = true;
         self.store.clear();
         self.flights.clear();
+        self.refreshing.clear();
     }
 
     /// Flights still registered: zero once every load has ended (tests assert no leak).
@@ -877,6 +910,64 @@ mod tests {
         assert_eq!(c.peek("k", 1.0), None);
         assert!(matches!(c.lookup("k", 1.0, false).unwrap(), Step::Lead(_)));
         assert_eq!(c.inspect("k").unwrap(), None);
+    }
+
+    #[test]
+    fn background_refreshes_are_bounded_and_every_end_frees_a_place() {
+        let (mut c, clock) = cache(|r| {
+            r.ttls.ttl = Some(1_000.0);
+            r.max_refreshes = Some(2.0);
+        });
+        let keys = ["a", "b", "c", "d", "e"];
+        for k in keys {
+            load(&mut c, k, 10.0);
+        }
+        clock.advance(1_500.0);
+        let a = c.begin_refresh("a").unwrap();
+        let b = c.begin_refresh("b").unwrap();
+        // Past the bound: still served at once, stale, with no refresh asked for or started.
+        assert!(matches!(
+            c.peek("c", 1.0),
+            Some(Hit::Stale { refresh: false, .. })
+        ));
+        assert_eq!(c.begin_refresh("c"), None);
+        // Cold loads are never held back by refreshes.
+        assert!(matches!(c.lookup("cold", 1.0, false), Ok(Step::Lead(_))));
+        assert_eq!(c.refreshes_running(), 2);
+
+        // A refresh superseded by a write still runs: its place is freed only when it ends.
+        let p = c.options().defaults;
+        c.set("a", false, &p, &Extra::default()).unwrap();
+        assert_eq!(c.begin_refresh("c"), None);
+        assert!(c
+            .complete("a", a, 10.0, false, &p, Extra::default(), false)
+            .is_none());
+        let c_id = c.begin_refresh("c").unwrap();
+        assert!(matches!(
+            c.peek("d", 1.0),
+            Some(Hit::Stale { refresh: false, .. })
+        ));
+
+        // fail, abandon, skip, adopt and a write-back each end a refresh.
+        assert!(c.fail("b", b).is_some());
+        let d = c.begin_refresh("d").unwrap();
+        c.abandon("c", c_id, 0.0);
+        let e = c.begin_refresh("e").unwrap();
+        assert_eq!(c.refreshes_running(), 2);
+        c.skip("d", d);
+        let env = c.store.peek("e").unwrap().envelope;
+        assert!(c.adopt("e", Some(e), env, Extra::default(), None).is_some());
+        assert_eq!(c.refreshes_running(), 0);
+        clock.advance(10_000.0);
+        let b2 = c.begin_refresh("b").unwrap();
+        let prepared = c
+            .prepare("b", b2, 5.0, false, &p, Extra::default(), true, None)
+            .unwrap();
+        assert_eq!(c.refreshes_running(), 0, "freed once the loader returned");
+        c.finish_write("b", b2, prepared, true, None);
+        assert_eq!(c.flights_in_progress(), 1, "only the cold load is left");
+        c.close();
+        assert_eq!(c.refreshes_running(), 0);
     }
 
     #[test]

@@ -15,6 +15,12 @@ pub const DEFAULT_LOCK_TTL_MS: f64 = 10_000.0;
 pub const DEFAULT_ERROR_BACKOFF_MS: f64 = 5_000.0;
 pub const DEFAULT_L1_MAX_ENTRIES: usize = 10_000;
 pub const DEFAULT_LOAD_TIMEOUT_MS: f64 = 30_000.0;
+/// Background refreshes one instance runs at once. A mass expiry (many keys written together,
+/// expiring together) otherwise refreshes every key read in the same few hundred ms, and the
+/// database sees all of them at once; past the bound, readers keep getting the stale value and a
+/// later read refreshes the key. About one database connection pool's worth: a pool of 10-20 is
+/// what a Node service usually keeps, and cold loads (never bounded) still need connections.
+pub const DEFAULT_MAX_REFRESHES: usize = 16;
 pub const DEFAULT_NAMESPACE: &str = "sc";
 
 /// The option names the constructor accepts; any other name is an error.
@@ -30,6 +36,7 @@ pub const CONSTRUCTOR_OPTIONS: &[&str] = &[
     "errorBackoff",
     "l1",
     "loadTimeout",
+    "maxConcurrentRefreshes",
     "serializer",
     "waitUntil",
     "onError",
@@ -91,6 +98,9 @@ pub struct Options {
     pub l1_max_bytes: Option<u64>,
     /// What values are serialized with (the functions of a custom one stay in JS).
     pub serializer: Serializer,
+    /// `maxConcurrentRefreshes`: background refreshes (stale or XFetch) running at once;
+    /// `usize::MAX` for no bound.
+    pub max_refreshes: usize,
 }
 
 impl Default for Options {
@@ -112,6 +122,7 @@ impl Default for Options {
             l1_max_entries: Some(DEFAULT_L1_MAX_ENTRIES),
             l1_max_bytes: None,
             serializer: Serializer::Json,
+            max_refreshes: DEFAULT_MAX_REFRESHES,
         }
     }
 }
@@ -130,6 +141,7 @@ pub struct RawOptions {
     pub l1_max_bytes: Option<f64>,
     /// `'json'`, `'v8'`, or `'custom'` (the facade's name for an object with the two functions).
     pub serializer: Option<String>,
+    pub max_refreshes: Option<f64>,
 }
 
 /// A duration in ms: finite and not negative.
@@ -178,6 +190,21 @@ fn load_timeout(v: f64) -> Result<f64> {
         ));
     }
     Ok(v)
+}
+
+/// `maxConcurrentRefreshes`: a whole number >= 1, or `Infinity` for no bound. (0 would turn
+/// stale-while-revalidate off; a cache that never refreshes wants `hardTtl: ttl` instead.)
+fn max_refreshes(v: f64) -> Result<usize> {
+    if v == f64::INFINITY {
+        return Ok(usize::MAX);
+    }
+    if !(v.is_finite() && v >= 1.0 && v.fract() == 0.0 && v <= u32::MAX as f64) {
+        return Err(Error::invalid_option(
+            "maxConcurrentRefreshes",
+            format!("must be a whole number >= 1 or Infinity, got {v}"),
+        ));
+    }
+    Ok(v as usize)
 }
 
 fn check_hard_ttl(ttl: f64, hard_ttl: f64) -> Result<()> {
@@ -411,6 +438,9 @@ impl Options {
         if let Some(v) = raw.error_backoff {
             o.error_backoff = duration("errorBackoff", v)?;
         }
+        if let Some(v) = raw.max_refreshes {
+            o.max_refreshes = max_refreshes(v)?;
+        }
         match raw.l1 {
             None => {}
             Some(None) => o.l1_max_entries = None,
@@ -503,6 +533,9 @@ mod tests {
         assert_eq!(o.defaults.negative_ttl, 5_000.0);
         assert_eq!(o.lock_ttl, 10_000.0);
         assert_eq!(o.error_backoff, 5_000.0);
+        assert_eq!(o.max_refreshes, DEFAULT_MAX_REFRESHES);
+        let unbounded = Options::validate(raw(|r| r.max_refreshes = Some(f64::INFINITY))).unwrap();
+        assert_eq!(unbounded.max_refreshes, usize::MAX);
         assert_eq!(o.l1_max_entries, Some(10_000));
         assert_eq!(o.namespace, "sc");
     }
@@ -531,6 +564,12 @@ mod tests {
         err_names(raw(|r| r.ttls.negative_ttl = Some(-5.0)), "negativeTtl");
         err_names(raw(|r| r.lock_ttl = Some(0.0)), "lockTtl");
         err_names(raw(|r| r.error_backoff = Some(f64::NAN)), "errorBackoff");
+        for bad in [0.0, -1.0, 1.5, f64::NAN, f64::NEG_INFINITY] {
+            err_names(
+                raw(|r| r.max_refreshes = Some(bad)),
+                "maxConcurrentRefreshes",
+            );
+        }
         err_names(raw(|r| r.l1 = Some(Some(1.5))), "l1.maxEntries");
         err_names(raw(|r| r.namespace = Some(String::new())), "namespace");
         err_names(raw(|r| r.l1_max_bytes = Some(-1.0)), "l1.maxBytes");

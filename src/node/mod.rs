@@ -361,6 +361,7 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
         raw.ttls = ttl_overrides(obj)?;
         raw.lock_ttl = number_option(obj, "lockTtl", "lockTtl")?;
         raw.error_backoff = number_option(obj, "errorBackoff", "errorBackoff")?;
+        raw.max_refreshes = number_option(obj, "maxConcurrentRefreshes", "maxConcurrentRefreshes")?;
         // The facade turns `{ serialize, deserialize }` into 'custom' (the functions stay in JS).
         raw.serializer = string_option(obj, "serializer")?;
         if let Some(l1) = obj
@@ -986,9 +987,10 @@ pub fn debug_counts(id: u32) -> Vec<u32> {
                 (c.written.len() + c.prepared.len() + unsent) as u32,
                 c.cache.inbox().pending_keys() as u32,
                 c.cache.applied_kept() as u32,
+                c.cache.refreshes_running() as u32,
             ]
         })
-        .unwrap_or_else(|| vec![0; 6])
+        .unwrap_or_else(|| vec![0; 7])
 }
 
 /// The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or -1.
