@@ -90,7 +90,7 @@ const engine = {
   inspectEntry: fromNative(native.inspectEntry),
 }
 const { peek, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
-const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
+const { redisGate, redisFetch, takeCarried, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
 const deleteTags = fromNative(native.deleteTags)
 const clearEntries = fromNative(native.clearEntries)
@@ -483,7 +483,8 @@ class StampedeCache {
   // Asks Redis before a load (`ask`: the gate's purpose); publishes the lock outcome under the
   // flight's `purpose`.
   async #gate(k, ask, purpose) {
-    const gate = await redisGate(this.#id, k, ask)
+    // A cold read first takes the value another process's announcement carried, if any.
+    const gate = (ask === COLD ? takeCarried(this.#id, k, false) : null) ?? (await redisGate(this.#id, k, ask))
     this.#drainRedisReports()
     if (gate.lock !== 0 && lockChannel.hasSubscribers) {
       lockChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], outcome: LOCK_OUTCOMES[gate.lock] })
@@ -787,7 +788,7 @@ class StampedeCache {
     }
     if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     if (!this.#redis) return undefined
-    const answer = await redisFetch(this.#id, k, true)
+    const answer = takeCarried(this.#id, k, true) ?? (await redisFetch(this.#id, k, true))
     this.#drainRedisReports()
     if (answer.kind !== GATE_FOUND) return undefined
     const value = this.#decode(answer)

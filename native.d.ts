@@ -237,6 +237,13 @@ export interface Stats {
 }
 
 /**
+ * The envelope another process's announcement carried for `key` (see
+ * `store/redis/carried.rs`), as a found answer, if nothing was heard of the key since: the read
+ * needs no Redis round trip. `null`: ask Redis. `count` (for `get`): counted as an l2Hit.
+ */
+export declare function takeCarried(id: number, key: string, count: boolean): RedisAnswer | null
+
+/**
  * The keys dropped because other processes changed them, in the order applied, since the last
  * call; `null` stands for everything (the bus reconnected, or too many to remember).
  */

@@ -865,6 +865,7 @@ module.exports.resolvePolicy = nativeBinding.resolvePolicy
 module.exports.setEntry = nativeBinding.setEntry
 module.exports.skip = nativeBinding.skip
 module.exports.stats = nativeBinding.stats
+module.exports.takeCarried = nativeBinding.takeCarried
 module.exports.takeInvalidations = nativeBinding.takeInvalidations
 module.exports.takeRedisReports = nativeBinding.takeRedisReports
 module.exports.takeReleased = nativeBinding.takeReleased

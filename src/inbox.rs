@@ -92,6 +92,12 @@ pub struct Tentative {
     pub cleared: Option<u64>,
 }
 
+/// 20 bits of epoch over 32 of sequence: enough to tell "changed" from "unchanged", and under
+/// 2^53, so the stamp survives a trip through a JS number.
+fn compose(epoch: u64, seq: u64) -> Stamp {
+    Stamp((epoch & 0xF_FFFF) << 32 | (seq & 0xFFFF_FFFF))
+}
+
 /// What the cache must apply.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Delivery {
@@ -101,6 +107,15 @@ pub struct Delivery {
 
 impl Inbox {
     pub fn invalidate(&self, key: &str) {
+        self.invalidate_stamped(key);
+    }
+
+    /// Invalidates the key like `invalidate`, returning the stamp this invalidation gave it: a
+    /// value that came with the invalidation stays usable while the key's stamp is still this
+    /// (a write here, or anything heard of the key, after it changes it). Made from the epoch read
+    /// before the stamp moved, so a concurrent clear can only make it look outdated, never current.
+    pub fn invalidate_stamped(&self, key: &str) -> Stamp {
+        let epoch = self.epoch.load(Ordering::Acquire);
         let seq = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         self.stamps[bucket(key)].store(seq, Ordering::Release);
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
@@ -116,6 +131,7 @@ impl Inbox {
         }
         drop(keys);
         self.pending.store(true, Ordering::Release);
+        compose(epoch, seq)
     }
 
     /// Changes the key's stamp without queueing anything: a write in this process, so a Redis
@@ -140,9 +156,7 @@ impl Inbox {
     pub fn stamp(&self, key: &str) -> Stamp {
         let epoch = self.epoch.load(Ordering::Acquire);
         let seq = self.stamps[bucket(key)].load(Ordering::Acquire);
-        // 20 bits of epoch over 32 of sequence: enough to tell "changed" from "unchanged", and
-        // under 2^53, so the stamp survives a trip through a JS number.
-        Stamp((epoch & 0xF_FFFF) << 32 | (seq & 0xFFFF_FFFF))
+        compose(epoch, seq)
     }
 
     #[inline]
@@ -344,5 +358,17 @@ mod tests {
         let a3 = inbox.stamp("a");
         inbox.take();
         assert_eq!(inbox.stamp("a"), a3);
+    }
+
+    #[test]
+    fn an_invalidation_returns_the_stamp_it_gave_the_key() {
+        let inbox = Inbox::default();
+        let given = inbox.invalidate_stamped("a");
+        assert_eq!(inbox.stamp("a"), given);
+        inbox.touch("a");
+        assert_ne!(inbox.stamp("a"), given, "a write here since");
+        let given = inbox.invalidate_stamped("a");
+        inbox.touch_all();
+        assert_ne!(inbox.stamp("a"), given, "a clear here since");
     }
 }

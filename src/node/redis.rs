@@ -598,3 +598,23 @@ pub fn clear_entries(env: &Env, id: u32) -> Result<PromiseRaw<'_, i32>, JsErr> {
     })
     .map_err(|e| napi_fail(ErrorCode::Redis, e))
 }
+
+/// The envelope another process's announcement carried for `key` (see
+/// `store/redis/carried.rs`), as a found answer, if nothing was heard of the key since: the read
+/// needs no Redis round trip. `null`: ask Redis. `count` (for `get`): counted as an l2Hit.
+#[napi]
+pub fn take_carried(id: u32, key: String, count: bool) -> Option<RedisAnswer> {
+    let e = engine(id)?;
+    let (tier, stamp) = {
+        let e = e.borrow();
+        if e.cache.is_closed() {
+            return None;
+        }
+        (e.redis.clone()?, e.cache.inbox().stamp(&key))
+    };
+    let found = tier.take_carried(&key, stamp)?;
+    if count {
+        tier.count_l2_hit();
+    }
+    Some(RedisAnswer::found(found))
+}

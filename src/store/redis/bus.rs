@@ -16,9 +16,12 @@ use std::time::Duration;
 use redis::{PushKind, RedisResult, Value};
 use tokio::sync::Notify;
 
+use super::carried::{self, CARRIED_MESSAGE};
+use super::envelopes::usable;
 use super::tags::NAMESPACE_MESSAGE;
-use super::{until_true, RedisTier};
+use super::{until_true, RedisTier, Remote};
 use crate::inbox::tag_bucket;
+use crate::inbox::Stamp;
 
 /// The bus pings this often when no message arrives, to notice a Redis that stopped answering.
 pub const BUS_PING_INTERVAL: Duration = Duration::from_secs(1);
@@ -109,9 +112,41 @@ impl RedisTier {
         format!("{} {key}", self.origin)
     }
 
+    /// The announcement of a load's result that carries the envelope written, if it is small
+    /// and untagged (see `carried.rs`).
+    pub(super) fn carrying_announcement(&self, key: &str, envelope: &str, tagged: bool) -> Vec<u8> {
+        (!tagged)
+            .then(|| carried::message(&self.origin, key, envelope))
+            .flatten()
+            .unwrap_or_else(|| self.announcement(key).into_bytes())
+    }
+
+    /// The envelope another process's announcement carried for `key`, if nothing was heard of
+    /// the key since (`stamp`, taken on the caller's thread, is still the announcement's): a
+    /// read that needs no Redis round trip. Taken once; then the key is in process.
+    pub fn take_carried(&self, key: &str, stamp: Stamp) -> Option<Remote> {
+        let bytes = self.carried.take(key, stamp)?;
+        let found = usable(&bytes, self.serializer)?;
+        // Tagged envelopes are never carried (their tags' clocks are checked in Redis).
+        if !found.tags.is_empty() {
+            return None;
+        }
+        Some(found.remote(stamp))
+    }
+
     fn on_announcement(&self, payload: &[u8]) {
         if let Some(rest) = payload.strip_prefix(&[NAMESPACE_MESSAGE]) {
             self.on_namespace_message(rest);
+            return;
+        }
+        if let Some(rest) = payload.strip_prefix(&[CARRIED_MESSAGE]) {
+            if let Some((origin, key, envelope)) = carried::parse(rest) {
+                if origin != self.origin {
+                    let stamp = self.inbox.invalidate_stamped(key);
+                    self.carried.keep(key, stamp, envelope);
+                }
+                self.waiters.wake(key);
+            }
             return;
         }
         let Ok(text) = std::str::from_utf8(payload) else {
@@ -122,6 +157,7 @@ impl RedisTier {
         };
         if origin != self.origin {
             self.inbox.invalidate(key);
+            self.carried.forget(key);
         }
         self.waiters.wake(key);
     }
@@ -204,6 +240,7 @@ impl RedisTier {
                     // unless it is the first one, which every Redis command waited for.
                     if !first_succeeded {
                         self.inbox.invalidate_all();
+                        self.carried.clear();
                     }
                     self.set_bus_up(true);
                     loop {

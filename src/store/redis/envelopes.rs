@@ -165,6 +165,9 @@ impl RedisTier {
             self.generation_key(key),
         );
         let msg = self.announcement(key);
+        // Published instead of `msg` when the script writes: other processes then have the
+        // value without reading it (see `carried.rs`).
+        let carrying = self.carrying_announcement(key, &text, !body.tags.is_empty());
         let written = self
             .run("set", key, |mut c| async move {
                 self.scripts
@@ -179,6 +182,7 @@ impl RedisTier {
                     .arg(if forced { "1" } else { "0" })
                     .arg(&self.channel)
                     .arg(&msg)
+                    .arg(&carrying)
                     .invoke_async::<i64>(&mut c)
                     .await
             })

@@ -11,11 +11,13 @@
 //! one cluster slot.
 //!
 //! By concern: `connection` (making, replacing and classifying), `order` (one instance's
-//! writes in call order), `bus` (pub/sub and lock waiters), `lock` (the gates a load passes),
+//! writes in call order), `bus` (pub/sub and lock waiters), `carried` (values announcements
+//! carry, read instead of Redis), `lock` (the gates a load passes),
 //! `envelopes` (reads and fenced writes), `tags` (deleteByTag, clear, and whether an entry read
 //! is still alive), `scripts/*.lua` (each names its KEYS/ARGV).
 
 mod bus;
+mod carried;
 mod connection;
 mod envelopes;
 mod lock;
@@ -133,6 +135,8 @@ pub struct RedisTier {
     epoch: Instant,
     /// Envelopes written by another serializer are misses.
     serializer: Serializer,
+    /// Envelopes other processes' announcements carried, for the next read of their key.
+    carried: carried::Carried,
 }
 
 /// Failures waiting for `onError`, at most one per operation kind per REPORT_INTERVAL.
@@ -224,6 +228,7 @@ impl RedisTier {
             },
             epoch: Instant::now(),
             serializer,
+            carried: carried::Carried::default(),
         }))
     }
 
@@ -466,6 +471,11 @@ impl RedisTier {
                 Err(Unavailable)
             }
         }
+    }
+
+    /// A `get` answered without Redis (a carried envelope) is still an l2Hit.
+    pub fn count_l2_hit(&self) {
+        self.stats.l2_hits.incr();
     }
 
     /// Lock waiters registered now (for tests: none may be left behind).

@@ -27,5 +27,5 @@ if moved then
   return 0
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('PUBLISH', ARGV[6], ARGV[7])
+redis.call('PUBLISH', ARGV[6], ARGV[8])
 return 1
