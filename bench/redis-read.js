@@ -4,27 +4,39 @@
 // private redis-server. Rounds alternate between the two; each row reports the median of the
 // per-round throughput ratios (stampede-cache / ioredis), so a noisy machine moves both sides.
 //
-//   node bench/redis-read.js [--rounds 7] [--reads 4000]
+//   node bench/redis-read.js [--rounds 7] [--reads 4000] [--cold 5] [--quick] [--url redis://127.0.0.1:6379]
+//
+// --quick: 2 rounds of 300 reads, 3 cold processes a side (a check that it runs); --cold: how many
+// cold processes each side starts (the median is reported).
 //
 // Rows: sequential reads of a 91 B and a 10 KB value, and 64 reads in flight on 64 keys (so
 // the cache's in-process coalescing cannot help it). Then the first read of a cold process
 // (process start to value), each side in its own fresh process.
+//
+// Standalone, it starts its own redis-server (bench/redis-lib.js) unless --url is given, and
+// prints a table. Scenario 8 of `npm run bench` (bench/lib/scenarios.js) forks this file with an
+// IPC channel and --url: it then prints nothing and sends { t: 'result', result } (the value of
+// measureRedisReads) or { t: 'error', error } to its parent. measureRedisReads is also exported.
 
 const { execFileSync } = require('node:child_process')
 const path = require('node:path')
 
 const ROOT = path.join(__dirname, '..')
-const Redis = require(require.resolve('ioredis', { paths: [path.join(__dirname, 'node_modules')] }))
-const { StampedeCache } = require(ROOT)
-const { startRedis } = require('./redis-lib.js')
-
-const arg = (name, dflt) => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i > 0 ? Number(process.argv[i + 1]) : dflt
-}
-const ROUNDS = arg('rounds', 7)
-const READS = arg('reads', 4000)
+const IOREDIS = require.resolve('ioredis', { paths: [path.join(__dirname, 'node_modules')] })
 const NS = 'rb'
+
+/** Sizes of a full measurement and of --quick (a check that it runs, not figures to quote). */
+const DEFAULTS = {
+  full: { rounds: 7, reads: 4000, warm: 500, coldRuns: 5 },
+  quick: { rounds: 2, reads: 300, warm: 100, coldRuns: 3 },
+}
+
+const ROWS = [
+  { name: 'sequential, 91 B', size: 91, inflight: 1, keys: 1 },
+  { name: 'sequential, 10 KB', size: 10_000, inflight: 1, keys: 1 },
+  { name: '64 in flight on 64 keys, 91 B', size: 91, inflight: 64, keys: 64 },
+  { name: '64 in flight on 64 keys, 10 KB', size: 10_000, inflight: 64, keys: 64 },
+]
 
 function valueOfSize(bytes) {
   // {"data":"xxx…"} is 11 bytes of JSON around the string.
@@ -60,7 +72,7 @@ const t0 = process.hrtime.bigint()
     process.stdout.write(String(Number(process.hrtime.bigint() - t0) / 1e6))
     await c.close()
   } else {
-    const Redis = require(${JSON.stringify(require.resolve('ioredis', { paths: [path.join(__dirname, 'node_modules')] }))})
+    const Redis = require(${JSON.stringify(IOREDIS)})
     const r = new Redis(url)
     v = JSON.parse(await r.get('${NS}:v:{' + key + '}')).value
     process.stdout.write(String(Number(process.hrtime.bigint() - t0) / 1e6))
@@ -70,64 +82,163 @@ const t0 = process.hrtime.bigint()
 })()
 `
 
-async function main() {
-  const server = await startRedis()
-  const { url, stop } = server
+/**
+ * Measures Redis reads of stampede-cache (l1: false) against raw ioredis on the Redis at `url`.
+ * Returns { rounds, reads, coldRuns, rows: [{ name, size, inflight, scReadsPerSec, ioReadsPerSec,
+ * ratio, ratios }], cold: { scMs, ioMs, ratio, scRuns, ioRuns } }; ratio = the median of the
+ * per-round ratios (stampede-cache / ioredis); cold.ratio = stampede-cache's time / ioredis's.
+ * onRow(row) is called as each row is done.
+ */
+async function measureRedisReads({ url, quick = false, rounds, reads, warm, coldRuns, onRow } = {}) {
+  if (!url) throw new Error('measureRedisReads: url is required')
+  const d = quick ? DEFAULTS.quick : DEFAULTS.full
+  rounds = rounds || d.rounds
+  reads = reads || d.reads
+  warm = warm || d.warm
+  coldRuns = coldRuns || d.coldRuns
+  const Redis = require(IOREDIS)
+  const { StampedeCache } = require(ROOT)
+
   const io = new Redis(url)
   const cache = new StampedeCache({ redis: url, namespace: NS, l1: false, ttl: 3_600_000 })
-  const rows = [
-    { name: 'sequential, 91 B', size: 91, inflight: 1, keys: 1 },
-    { name: 'sequential, 10 KB', size: 10_000, inflight: 1, keys: 1 },
-    { name: '64 in flight on 64 keys, 91 B', size: 91, inflight: 64, keys: 64 },
-    { name: '64 in flight on 64 keys, 10 KB', size: 10_000, inflight: 64, keys: 64 },
-  ]
   const fail = () => {
     throw new Error('a read went to the loader: the value must come from Redis')
   }
-  console.log(`bench/redis-read: ${ROUNDS} interleaved rounds of ${READS} reads; stampede-cache (l1: false) / ioredis GET + JSON.parse`)
-  console.log('| read | stampede-cache reads/s | ioredis reads/s | ratio (median of rounds) |')
-  console.log('|---|---:|---:|---:|')
-  for (const row of rows) {
-    const keys = Array.from({ length: row.keys }, (_, i) => `${row.size}:${i}`)
-    for (const k of keys) await cache.set(k, valueOfSize(row.size))
-    const sc = (i) => cache.getOrLoad(keys[i % keys.length], fail)
-    const ior = async (i) => JSON.parse(await io.get(`${NS}:v:{${keys[i % keys.length]}}`)).value
-    await throughput(sc, 500, row.inflight) // warm both
-    await throughput(ior, 500, row.inflight)
-    const ratios = []
-    const a = []
-    const b = []
-    for (let r = 0; r < ROUNDS; r++) {
-      // Alternate who goes first, so neither always runs on a warmer machine.
-      const first = r % 2 === 0
-      const x = first ? await throughput(sc, READS, row.inflight) : null
-      const y = await throughput(ior, READS, row.inflight)
-      const x2 = first ? x : await throughput(sc, READS, row.inflight)
-      a.push(x2)
-      b.push(y)
-      ratios.push(x2 / y)
+  const rows = []
+  try {
+    for (const row of ROWS) {
+      const keys = Array.from({ length: row.keys }, (_, i) => `${row.size}:${i}`)
+      for (const k of keys) await cache.set(k, valueOfSize(row.size))
+      const sc = (i) => cache.getOrLoad(keys[i % keys.length], fail)
+      const ior = async (i) => JSON.parse(await io.get(`${NS}:v:{${keys[i % keys.length]}}`)).value
+      await throughput(sc, warm, row.inflight) // warm both
+      await throughput(ior, warm, row.inflight)
+      const ratios = []
+      const a = []
+      const b = []
+      for (let r = 0; r < rounds; r++) {
+        // Alternate who goes first, so neither always runs on a warmer machine.
+        const first = r % 2 === 0
+        const x = first ? await throughput(sc, reads, row.inflight) : null
+        const y = await throughput(ior, reads, row.inflight)
+        const x2 = first ? x : await throughput(sc, reads, row.inflight)
+        a.push(x2)
+        b.push(y)
+        ratios.push(x2 / y)
+      }
+      const out = {
+        name: row.name,
+        size: row.size,
+        inflight: row.inflight,
+        scReadsPerSec: Math.round(median(a)),
+        ioReadsPerSec: Math.round(median(b)),
+        ratio: +median(ratios).toFixed(4),
+        ratios: ratios.map((x) => +x.toFixed(4)),
+      }
+      rows.push(out)
+      if (onRow) onRow(out)
     }
-    console.log(`| ${row.name} | ${Math.round(median(a))} | ${Math.round(median(b))} | ${median(ratios).toFixed(2)}x |`)
+    if (cache.stats().loads !== 0) throw new Error('a read called the loader')
+  } finally {
+    await cache.close()
+    io.disconnect()
   }
-  if (cache.stats().loads !== 0) throw new Error('a read called the loader')
-  await cache.close()
 
   const setter = new StampedeCache({ redis: url, namespace: NS })
   await setter.set('cold', valueOfSize(91))
   await setter.close()
-  const cold = { sc: [], io: [] }
-  for (let r = 0; r < 5; r++) {
+  const runs = { sc: [], io: [] }
+  for (let r = 0; r < coldRuns; r++) {
     for (const kind of ['sc', 'io']) {
-      cold[kind].push(Number(execFileSync(process.execPath, ['-e', COLD_CHILD, kind, url, 'cold'], { encoding: 'utf8' })))
+      runs[kind].push(Number(execFileSync(process.execPath, ['-e', COLD_CHILD, kind, url, 'cold'], { encoding: 'utf8', timeout: 60_000 })))
     }
   }
-  const ms = (xs) => median(xs).toFixed(1)
-  console.log(`\ncold process, first read (median of 5, from process start to value): stampede-cache ${ms(cold.sc)} ms, ioredis ${ms(cold.io)} ms (${(median(cold.sc) / median(cold.io)).toFixed(2)}x the time)`)
-  io.disconnect()
-  stop()
+  const round1 = (xs) => xs.map((x) => +x.toFixed(1))
+  const cold = {
+    scMs: +median(runs.sc).toFixed(1),
+    ioMs: +median(runs.io).toFixed(1),
+    ratio: +(median(runs.sc) / median(runs.io)).toFixed(4),
+    scRuns: round1(runs.sc),
+    ioRuns: round1(runs.io),
+  }
+  return { rounds, reads, coldRuns, rows, cold }
 }
 
-main().catch((err) => {
-  console.error(err)
-  process.exit(1)
-})
+function parseArgs(argv) {
+  const a = { quick: false, rounds: undefined, reads: undefined, cold: undefined, url: undefined }
+  for (let i = 0; i < argv.length; i++) {
+    const x = argv[i]
+    const value = () => {
+      if (i + 1 >= argv.length) throw new Error(`${x} needs a value`)
+      return argv[++i]
+    }
+    if (x === '--quick') a.quick = true
+    else if (x === '--rounds') a.rounds = Number(value())
+    else if (x === '--reads') a.reads = Number(value())
+    else if (x === '--cold') a.cold = Number(value())
+    else if (x === '--url') a.url = value()
+    else if (x === '--help' || x === '-h') {
+      console.log('node bench/redis-read.js [--rounds 7] [--reads 4000] [--cold 5] [--quick] [--url redis://127.0.0.1:PORT]')
+      process.exit(0)
+    } else throw new Error(`unknown argument ${x}`)
+  }
+  for (const k of ['rounds', 'reads', 'cold']) {
+    if (a[k] !== undefined && !(Number.isInteger(a[k]) && a[k] > 0)) throw new Error(`--${k} must be a positive integer`)
+  }
+  return a
+}
+
+async function standalone(args) {
+  const server = args.url ? null : await require('./redis-lib.js').startRedis()
+  const url = args.url || server.url
+  const d = args.quick ? DEFAULTS.quick : DEFAULTS.full
+  try {
+    console.log(
+      `bench/redis-read: ${args.rounds || d.rounds} interleaved rounds of ${args.reads || d.reads} reads; stampede-cache (l1: false) / ioredis GET + JSON.parse`,
+    )
+    console.log('| read | stampede-cache reads/s | ioredis reads/s | ratio (median of rounds) |')
+    console.log('|---|---:|---:|---:|')
+    const { cold, coldRuns } = await measureRedisReads({
+      url,
+      quick: args.quick,
+      rounds: args.rounds,
+      reads: args.reads,
+      coldRuns: args.cold,
+      onRow: (r) => console.log(`| ${r.name} | ${r.scReadsPerSec} | ${r.ioReadsPerSec} | ${r.ratio.toFixed(2)}x |`),
+    })
+    console.log(
+      `\ncold process, first read (median of ${coldRuns}, from process start to value): stampede-cache ${cold.scMs.toFixed(1)} ms, ` +
+        `ioredis ${cold.ioMs.toFixed(1)} ms (${cold.ratio.toFixed(2)}x the time)`,
+    )
+  } finally {
+    if (server) server.stop()
+  }
+}
+
+/** Forked by scenario 8 (bench/lib/scenarios.js): measure against --url, answer over IPC. */
+async function child(args) {
+  process.on('disconnect', () => process.exit(0))
+  try {
+    const result = await measureRedisReads({ url: args.url, quick: args.quick, rounds: args.rounds, reads: args.reads, coldRuns: args.cold })
+    process.send({ t: 'result', result }, () => process.disconnect())
+  } catch (err) {
+    process.send({ t: 'error', error: String((err && err.stack) || err) }, () => process.disconnect())
+  }
+}
+
+if (require.main === module) {
+  let args
+  try {
+    args = parseArgs(process.argv.slice(2))
+  } catch (err) {
+    console.error(`bench/redis-read: ${err.message}`)
+    process.exit(2)
+  }
+  const main = process.send && args.url ? child : standalone
+  main(args).catch((err) => {
+    console.error(err)
+    process.exit(1)
+  })
+}
+
+module.exports = { measureRedisReads, DEFAULTS, ROWS }

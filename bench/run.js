@@ -2,8 +2,9 @@
 'use strict'
 // `npm run bench`: stampede-cache against the caches users would otherwise pick (bentocache,
 // cache-manager 7 + keyv, @epic-web/cachified, async-cache-dedupe, naive cache-aside on ioredis),
-// seven scenarios, one run, one private redis-server on a free 127.0.0.1 port, one simulated
-// database. See bench/README.md.
+// seven scenarios, then scenario 8 (Redis reads: stampede-cache with l1: false against a raw
+// ioredis client, bench/redis-read.js), one run, one private redis-server on a free 127.0.0.1
+// port, one simulated database. See bench/README.md.
 //
 //   node bench/run.js [--quick] [--only 3,5] [--peers stampede-cache,bentocache] [--docs | --no-docs]
 //   node bench/run.js --from bench/results/<timestamp>.json   # re-render report and charts, no run
@@ -141,7 +142,8 @@ async function main() {
   if (args.quick) {
     meta.notes.unshift(
       '--quick: every scenario and peer at reduced sizes (scenario 1: 200 readers; 2: 4 x 50; 3: 400 reads/s for 1.5 s; 4: 150 ms cells; ' +
-        '5: 500 keys, ttl 1 s, 1,000 reads/s; 6: 2,000 reads over 100 ids; 7: 600 ms of failure at 400 reads/s): a check that everything runs, not figures to quote.',
+        '5: 500 keys, ttl 1 s, 1,000 reads/s; 6: 2,000 reads over 100 ids; 7: 600 ms of failure at 400 reads/s; ' +
+        '8: 2 rounds of 300 reads a side, 3 cold processes a side): a check that everything runs, not figures to quote.',
     )
   }
 

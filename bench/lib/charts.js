@@ -139,6 +139,63 @@ function hitSpec(results) {
   }
 }
 
+function redisReadSpec(results) {
+  const sc = results.scenarios.find((s) => s.id === 8)
+  const r = sc.rows.find((x) => x.peer === SELF && !x.error)
+  const order = r.rows.map((x) => x.name)
+  const values = r.rows.map((x) => ({
+    read: x.name,
+    ratio: x.ratio,
+    faster: x.ratio >= 1 ? 'stampede-cache faster' : 'ioredis faster',
+    sc: x.scReadsPerSec,
+    io: x.ioReadsPerSec,
+  }))
+  const max = Math.max(1.25, ...values.map((v) => v.ratio * 1.15))
+  const c = r.cold
+  return {
+    title: {
+      text: 'Redis reads: stampede-cache (l1: false) / raw ioredis GET + JSON.parse',
+      subtitle: [
+        'reads/s ratio, median of interleaved rounds; right of the line = stampede-cache faster',
+        `cold process, first read: stampede-cache ${c.scMs} ms, ioredis ${c.ioMs} ms (${c.ratio.toFixed(2)}x the time)`,
+      ],
+    },
+    width: 560,
+    height: 160,
+    data: { values },
+    layer: [
+      {
+        mark: { type: 'bar' },
+        encoding: {
+          y: { field: 'read', type: 'nominal', sort: order, title: null, axis: { labelLimit: 320 } },
+          x: { field: 'ratio', type: 'quantitative', scale: { domain: [0, max] }, title: 'stampede-cache reads/s / ioredis reads/s', axis: { format: '.1f' } },
+          color: {
+            field: 'faster',
+            type: 'nominal',
+            scale: { domain: ['stampede-cache faster', 'ioredis faster'], range: [COLORS[0], COLORS[5]] },
+            legend: null,
+          },
+          tooltip: [{ field: 'read' }, { field: 'ratio' }, { field: 'sc', title: 'stampede-cache reads/s' }, { field: 'io', title: 'ioredis reads/s' }],
+        },
+      },
+      {
+        mark: { type: 'text', align: 'left', dx: 3, fontSize: 10 },
+        encoding: {
+          y: { field: 'read', type: 'nominal', sort: order, title: null, axis: { labelLimit: 320 } },
+          x: { field: 'ratio', type: 'quantitative' },
+          text: { field: 'ratio', type: 'quantitative', format: '.2f' },
+        },
+      },
+      {
+        data: { values: [{ x: 1 }] },
+        mark: { type: 'rule', color: '#111', strokeDash: [4, 3], strokeWidth: 1.2 },
+        encoding: { x: { field: 'x', type: 'quantitative' } },
+      },
+    ],
+    config: CONFIG,
+  }
+}
+
 async function render(spec) {
   const vega = await import('vega')
   const vl = await import('vega-lite')
@@ -158,6 +215,7 @@ async function writeCharts(results, dir, prefix) {
     [SHORT && results.scenarios.some((s) => SHORT[s.id]), 'loads.svg', 'Loader calls per scenario and peer', loadsSpec],
     [has(5), 'mass-expiry.svg', 'Mass-expiry timeline', timelineSpec],
     [has(4), 'hit-throughput.svg', 'Hit throughput against the Map limit', hitSpec],
+    [has(8), 'redis-read.svg', 'Redis reads against a raw ioredis client', redisReadSpec],
   ]
   for (const [ok, file, title, spec] of jobs) {
     if (!ok) continue
@@ -168,4 +226,4 @@ async function writeCharts(results, dir, prefix) {
   return out
 }
 
-module.exports = { writeCharts, render, loadsSpec, timelineSpec, hitSpec }
+module.exports = { writeCharts, render, loadsSpec, timelineSpec, hitSpec, redisReadSpec }

@@ -78,13 +78,33 @@ function goalChecks(results) {
       `${(s7.servedShare * 100).toFixed(2)}% served, ${s7.failingLoads} load(s) hit the failing source = ${fmtX(ratio)} ${label(best.peer)} (${best.failingLoads})`,
     )
   }
+
+  const s8 = self(8)
+  if (s8 && s8.rows) {
+    add(
+      'scenario 8: Redis reads >= 1.0x raw ioredis in all four rows',
+      s8.rows.length === 4 && s8.rows.every((r) => r.ratio >= 1),
+      s8.rows.map((r) => `${r.name} ${fmtX(r.ratio)}`).join(', '),
+    )
+  }
+  if (s8 && s8.cold) {
+    add(
+      "scenario 8: cold-process first read <= 0.2x ioredis's time",
+      s8.cold.ratio <= 0.2,
+      `stampede-cache ${fmtMs(s8.cold.scMs)} ms = ${fmtX(s8.cold.ratio)} ioredis (${fmtMs(s8.cold.ioMs)} ms), medians of ${s8.coldRuns ?? s8.cold.scRuns.length} fresh processes a side`,
+    )
+  }
   return out
 }
 
 function progressLine(scenario, row) {
-  const head = `[${scenario.id}/7 ${scenario.slug.padEnd(16)}] ${label(row.peer).padEnd(20)}`
+  const head = `[${scenario.id}/8 ${scenario.slug.padEnd(16)}] ${label(row.peer).padEnd(20)}`
   const tail = `(${(row.caseMs / 1000).toFixed(1)} s)`
   if (row.error) return `${head} ERROR ${row.error} ${tail}`
+  if (scenario.id === 8) {
+    const ratios = row.rows.map((r) => `${r.name} ${fmtX(r.ratio)}`)
+    return `${head} vs ioredis: ${ratios.join(', ')}; cold first read ${fmtMs(row.cold.scMs)} ms = ${fmtX(row.cold.ratio)} ${tail}`
+  }
   if (row.cells) {
     const seq = row.cells.filter((c) => c.mode === 'sequential').map((c) => `${c.size} ${fmtInt(c.opsPerSec)}/s`)
     return `${head} sequential hits: ${seq.join(', ')} ${tail}`
@@ -104,8 +124,31 @@ function table(headers, rows, align) {
   return [`| ${headers.join(' | ')} |`, `| ${a.join(' | ')} |`, ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n')
 }
 
+function redisReadTable(sc) {
+  const L = []
+  for (const r of sc.rows) {
+    if (r.error) {
+      L.push(`${label(r.peer)}: error: ${r.error}`)
+      continue
+    }
+    L.push(
+      table(
+        ['read', 'stampede-cache reads/s', 'ioredis reads/s', 'ratio (median of rounds)'],
+        r.rows.map((x) => [x.name, fmtInt(x.scReadsPerSec), fmtInt(x.ioReadsPerSec), fmtX(x.ratio)]),
+      ),
+    )
+    L.push('')
+    L.push(
+      `Cold process, first read (from process start to the value, median of ${r.coldRuns ?? r.cold.scRuns.length} fresh processes a side): ` +
+        `stampede-cache ${fmtMs(r.cold.scMs)} ms, ioredis ${fmtMs(r.cold.ioMs)} ms (${fmtX(r.cold.ratio)} the time).`,
+    )
+  }
+  return L.length ? L.join('\n') : '(not run: scenario 8 runs for stampede-cache only)'
+}
+
 function scenarioTable(sc) {
   const id = sc.id
+  if (id === 8) return redisReadTable(sc)
   if (id === 4) {
     const map = sc.rows.find((r) => r.peer === 'map')
     const rows = []

@@ -1,13 +1,15 @@
 'use strict'
-// The seven scenarios of the bench, parent side: each (scenario, peer) forks fresh worker
+// The eight scenarios of the bench, parent side: each (scenario, peer) forks fresh worker
 // processes (bench/workers/peer-worker.js), drives them through barriers, and measures loads on
-// the shared simulated database (bench/lib/db.js).
+// the shared simulated database (bench/lib/db.js). Scenario 8 (Redis reads against raw ioredis)
+// forks bench/redis-read.js instead, once, and uses no database.
 const { fork } = require('node:child_process')
 const path = require('node:path')
 const { DbHost, BASE_MS } = require('./db')
 const { PEERS } = require('./peers')
 
 const WORKER = path.join(__dirname, '..', 'workers', 'peer-worker.js')
+const REDIS_READ = path.join(__dirname, '..', 'redis-read.js')
 const n = (x) => x.toLocaleString('en-US')
 const sec = (ms) => `${n(ms / 1000)} s`
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
@@ -19,9 +21,10 @@ const SIZES = {
     cold4: { readers: 250 },
     hot: { ttl: 1_000, hardTtl: 10_000, ratePerSec: 2_000, durationMs: 10_000 },
     hit: { durationMs: 1_000, rounds: 5 },
-    mass: { keys: 5_000, ttl: 20_000, hardTtl: 120_000, ratePerSec: 5_000, readFromMs: 17_000, readUntilMs: 24_000 },
+    mass: { keys: 5_000, ttl: 2_000, hardTtl: 120_000, ratePerSec: 5_000, readFromMs: 1_000, readUntilMs: 4_000 },
     negative: { ids: 1_000, reads: 20_000, concurrency: 64 },
     failing: { ttl: 1_000, hardTtl: 60_000, failMs: 3_000, afterMs: 1_000, ratePerSec: 2_000 },
+    redisRead: { rounds: 7, reads: 4_000, coldRuns: 5 },
     caseTimeoutMs: 120_000,
   },
   quick: {
@@ -32,6 +35,7 @@ const SIZES = {
     mass: { keys: 500, ttl: 1_000, hardTtl: 10_000, ratePerSec: 1_000, readFromMs: 700, readUntilMs: 2_000 },
     negative: { ids: 100, reads: 2_000, concurrency: 64 },
     failing: { ttl: 1_000, hardTtl: 10_000, failMs: 600, afterMs: 300, ratePerSec: 400 },
+    redisRead: { rounds: 2, reads: 300, coldRuns: 3 },
     caseTimeoutMs: 30_000,
   },
 }
@@ -106,6 +110,28 @@ class Workers {
   kill() {
     for (const w of this.list) if (w.exitCode === null && w.signalCode === null) w.kill('SIGKILL')
   }
+}
+
+/** Forks bench/redis-read.js against redisUrl; resolves with its measureRedisReads result. */
+function redisReadChild(redisUrl, p) {
+  const args = ['--url', redisUrl, '--rounds', String(p.rounds), '--reads', String(p.reads), '--cold', String(p.coldRuns)]
+  const child = fork(REDIS_READ, args, { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })
+  live.add(child)
+  child.once('exit', () => live.delete(child))
+  return new Promise((resolve, reject) => {
+    let settled = false
+    child.on('message', (m) => {
+      if (!m || settled) return
+      settled = true
+      if (m.t === 'result') resolve(m.result)
+      else reject(new Error(`redis-read: ${m.error}`))
+    })
+    child.once('exit', (code, signal) => {
+      if (!settled) reject(new Error(`redis-read exited (${code ?? signal}) before its result`))
+    })
+  }).finally(() => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
+  })
 }
 
 function summarize(latencies) {
@@ -367,6 +393,23 @@ const SCENARIOS = [
       } finally {
         ws.kill()
       }
+    },
+  },
+  {
+    id: 8,
+    slug: 'redis-read',
+    title: 'Redis reads: stampede-cache (l1: false) against a raw ioredis client',
+    processes: 1,
+    // One measurement with both sides in it, not one per peer: its row is stampede-cache's.
+    peers: ['stampede-cache'],
+    describe: (s) =>
+      'every read goes to Redis: stampede-cache with `l1: false` (`getOrLoad`, the loader never called) against `JSON.parse(await redis.get(k))` on ioredis, ' +
+      `in one fresh process (bench/redis-read.js), no simulated database; ${s.redisRead.rounds} interleaved rounds of ${n(s.redisRead.reads)} reads a side per row, ` +
+      'reads/s = the median of the rounds, ratio = the median of the per-round ratios (stampede-cache / ioredis; above 1 = stampede-cache faster); ' +
+      '"64 in flight on 64 keys" runs 64 sequential `await` loops over 64 distinct keys, so in-process coalescing cannot help; ' +
+      `cold first read: from process start to the value of one 91 B key, each side in its own fresh process, median of ${s.redisRead.coldRuns} (below 1 = stampede-cache faster)`,
+    async run({ redisUrl, s }) {
+      return redisReadChild(redisUrl, s.redisRead)
     },
   },
 ]
