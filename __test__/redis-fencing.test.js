@@ -252,6 +252,33 @@ const READ_ALL = `
   return { out, calls }
 `
 
+test('a Redis restart without persistence between a set and an older load\'s write-back: that load is not written (history soak, seed 7009)', { timeout: TEST_TIMEOUT }, async (t) => {
+  // A key Redis knows nothing of: before the fix its fence was empty, and after a restart (which
+  // loses B's set and its generation) it was empty again, so A's older result matched and was
+  // written, then served to B after B's own write.
+  const { redis, spawnWorker, stored } = await setup(t)
+  const A = await spawnWorker('A')
+  const B = await spawnWorker('B')
+  const key = 'fence:restart'
+  const load = await startGated(A, { key, name: 'a', value: 'A-old' }, 'A cold load')
+  const s = await B.request('set', { key, value: 'new' })
+  assert.ok(s.ok, `B's set: ${s.message}`)
+  await redis.restart('SIGKILL')
+  // Both instances talk to the new server again before A's load ends (else its write-back is
+  // simply not sent, which proves nothing).
+  for (const w of [A, B]) {
+    await waitFor(async () => (await w.request('set', { key: `probe:${w.name}`, value: 1 })).ok, { what: `${w.name} to reach the restarted Redis`, timeout: 15_000 })
+  }
+  await load.open()
+  const a = await within(load.result, 10_000, "A's load to end")
+  assert.ok(a.ok, `A's caller: ${a.code} ${a.message}`)
+  await sleep(BUS_MS)
+  assert.notDeepEqual(await stored(key), { exists: true, value: 'A-old' }, "A's load, begun before B's set, was written after the restart")
+  const r = await B.request('read', { key, loader: { value: 'reloaded' } })
+  assert.ok(r.results[0].ok, r.results[0].message)
+  assert.notEqual(r.results[0].value, 'A-old', "B was served a value older than its own write")
+})
+
 test("finding 2: one instance's writes of a key reach Redis in call order", { timeout: TEST_TIMEOUT }, async (t) => {
   const { redis, spawnWorker, vkey } = await setup(t)
   const W = await spawnWorker('W')

@@ -301,6 +301,42 @@ test('a set made after a deleteByTag elsewhere resolved is kept, whether or not 
   await assertServed([A, B, C], 'unheard', 'new', 'a deleteByTag never announced')
 })
 
+test('after a Redis restart without persistence the namespace clock never runs backwards: a deleteByTag still drops entries written since', { timeout: TEST_TIMEOUT }, async (t) => {
+  // Before the fix Redis's clock restarted at 0 while every instance still knew 3: entries were
+  // born at 3, and a deleteByTag made afterwards (clock 1, or 4 from an instance's own floor)
+  // could leave them alive.
+  const { redis, spawnWorker } = await setup(t)
+  const A = await spawnWorker('A')
+  const B = await spawnWorker('B')
+  for (let i = 0; i < 3; i++) assert.ok(await run(A, 'await cache.deleteByTag("unrelated"); return true'))
+  await sleep(BUS_MS)
+  await redis.restart('SIGKILL')
+  for (const w of [A, B]) {
+    await waitFor(async () => (await w.request('set', { key: `probe:${w.name}`, value: 1 })).ok, { what: `${w.name} to reach the restarted Redis`, timeout: 15_000 })
+  }
+  assert.deepEqual(await run(A, FILL, { keys: ['k'], tags: { k: ['t'] } }), { k: 'opt:k' })
+  // An instance started after the restart knows no clock but Redis's.
+  const C = await spawnWorker('C')
+  assert.ok(await run(C, 'await cache.deleteByTag("t"); return true'))
+  await sleep(BUS_MS)
+  // The first read reloads it (then the others may read that from Redis); none serves the old one.
+  assert.deepEqual(await serves(A, 'k'), { value: 'LOADED', loaded: true }, "A after deleteByTag('t')")
+  for (const w of [B, C]) assert.equal((await serves(w, 'k')).value, 'LOADED', `${w.name} after deleteByTag('t')`)
+
+  // And one that knew the clock before the restart: its own deleteByTag is never numbered
+  // below what it knew.
+  assert.deepEqual(await run(A, FILL, { keys: ['j'], tags: { j: ['u'] } }), { j: 'opt:j' })
+  await redis.restart('SIGKILL')
+  for (const w of [A, B]) {
+    await waitFor(async () => (await w.request('set', { key: `probe:${w.name}`, value: 1 })).ok, { what: `${w.name} to reach the restarted Redis`, timeout: 15_000 })
+  }
+  assert.deepEqual(await run(A, FILL, { keys: ['j'], tags: { j: ['u'] } }), { j: 'opt:j' })
+  assert.ok(await run(B, 'await cache.deleteByTag("u"); return true'))
+  await sleep(BUS_MS)
+  assert.deepEqual(await serves(A, 'j'), { value: 'LOADED', loaded: true }, "A after deleteByTag('u')")
+  assert.equal((await serves(B, 'j')).value, 'LOADED', "B after deleteByTag('u')")
+})
+
 test('Redis down: deleteByTag and clear are applied in process and reject with ERR_REDIS; the cache goes on working', { timeout: TEST_TIMEOUT }, async (t) => {
   const { redis, spawnWorker } = await setup(t)
   const A = await spawnWorker('A')

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::envelopes::{usable, Fetched};
+use super::envelopes::{usable, Fetched, GENERATION_TTL};
 use super::{RedisTier, Remote, Unavailable};
 use crate::inbox::Stamp;
 
@@ -149,6 +149,8 @@ impl RedisTier {
                     .arg(token)
                     .arg(lock_ttl_ms.max(1))
                     .arg(if past_value { "1" } else { "0" })
+                    .arg(new_token())
+                    .arg(GENERATION_TTL.as_millis() as u64)
                     .invoke_async(&mut c)
                     .await
             })
@@ -313,6 +315,8 @@ impl RedisTier {
                         .key(&keys.2)
                         .arg(token)
                         .arg(lock_ttl_ms.max(1))
+                        .arg(new_token())
+                        .arg(GENERATION_TTL.as_millis() as u64)
                         .invoke_async(&mut c)
                         .await
                 }
@@ -369,6 +373,8 @@ impl RedisTier {
                 .fence
                 .key(&keys.0)
                 .key(&keys.1)
+                .arg(new_token())
+                .arg(GENERATION_TTL.as_millis() as u64)
                 .invoke_async::<String>(&mut c)
                 .await
         });

@@ -103,6 +103,7 @@ struct Scripts {
     clear: Script,
     sweep: Script,
     reborn: Script,
+    advance: Script,
 }
 
 pub struct RedisTier {
@@ -225,6 +226,7 @@ impl RedisTier {
                 clear: Script::new(include_str!("scripts/clear.lua")),
                 sweep: Script::new(include_str!("scripts/sweep.lua")),
                 reborn: Script::new(include_str!("scripts/reborn.lua")),
+                advance: Script::new(include_str!("scripts/advance.lua")),
             },
             epoch: Instant::now(),
             serializer,

@@ -74,8 +74,37 @@ impl RedisTier {
             .await
             .ok()
             .map(clock_of)?;
+        if clock < self.inbox.clock() {
+            // Redis lost the clock (see advance.lua): raise it before anything is born here.
+            return self.advance_clock("get", key, 0).await.ok();
+        }
         self.inbox.observe_clock(clock);
         Some(clock)
+    }
+
+    /// Moves Redis's namespace clock to at least the one known here, plus `step`
+    /// (`advance.lua`); the result is known here from then on.
+    async fn advance_clock(
+        &self,
+        op: &'static str,
+        key: &str,
+        step: u64,
+    ) -> Result<u64, Unavailable> {
+        let meta = self.meta_key();
+        let known = self.inbox.clock();
+        let clock = self
+            .run(op, key, |mut c| async move {
+                self.scripts
+                    .advance
+                    .key(&meta)
+                    .arg(known)
+                    .arg(step)
+                    .invoke_async::<u64>(&mut c)
+                    .await
+            })
+            .await?;
+        self.inbox.observe_clock(clock);
+        Ok(clock)
     }
 
     /// Whether an entry born at `born` carrying `tags`, read from Redis for `key`, is still
@@ -140,18 +169,8 @@ impl RedisTier {
     /// clock advanced but a tag's key may not have been written. The caller rejects with
     /// ERR_REDIS either way. Run it through `in_order_global`.
     pub async fn delete_tags(&self, tags: &[String]) -> Result<(), TagFailure> {
-        let meta = self.meta_key();
         let first = tags.first().map_or("", String::as_str);
-        let clock = self
-            .run("deleteByTag", first, |mut c| async move {
-                redis::cmd("HINCRBY")
-                    .arg(&meta)
-                    .arg("clock")
-                    .arg(1)
-                    .query_async::<u64>(&mut c)
-                    .await
-            })
-            .await;
+        let clock = self.advance_clock("deleteByTag", first, 1).await;
         let Ok(clock) = clock else {
             return Err(TagFailure::NotTaken);
         };
@@ -188,6 +207,7 @@ impl RedisTier {
         let meta = self.meta_key();
         let mut prefix = vec![NAMESPACE_MESSAGE];
         prefix.extend_from_slice(format!("C {} ", self.origin).as_bytes());
+        let known = self.inbox.clock();
         let clock = self
             .run("clear", "", |mut c| async move {
                 self.scripts
@@ -195,6 +215,7 @@ impl RedisTier {
                     .key(&meta)
                     .arg(&self.channel)
                     .arg(prefix)
+                    .arg(known)
                     .invoke_async::<u64>(&mut c)
                     .await
             })
@@ -279,7 +300,12 @@ impl RedisTier {
         };
         match tokio::time::timeout(self.link.command_timeout, read).await {
             Ok(Ok((clock, cleared))) => {
-                self.inbox.observe_clock(clock_of(clock));
+                let clock = clock_of(clock);
+                if clock < self.inbox.clock() {
+                    // Redis lost the clock while this instance was away (see advance.lua).
+                    let _ = self.advance_clock("bus", "", 0).await;
+                }
+                self.inbox.observe_clock(clock);
                 self.inbox.clear_at(clock_of(cleared));
             }
             Ok(Err(e)) => {

@@ -1,7 +1,8 @@
 -- A background refresh's claim on a key: take the lock, and if taken return the envelope and
 -- the key's fence (see write_back.lua) as they are now.
 -- KEYS[1] value key, KEYS[2] lock key, KEYS[3] generation key (one hash tag: one cluster slot).
--- ARGV[1] lock token, ARGV[2] lockTtl (ms).
+-- ARGV[1] lock token, ARGV[2] lockTtl (ms), ARGV[3] a new generation and ARGV[4] its px, for a
+-- key that has none (a fence is never empty: see cold_gate.lua).
 -- Returns {1, value or false, fence} when ARGV[1] now holds the lock, else {0}.
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- A lock left with no expiry would hold every refresh of the key back forever.
@@ -10,6 +11,10 @@ if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 local value = redis.pcall('GET', KEYS[1])
 if type(value) ~= 'string' then value = false end
-local fence = (redis.call('GET', KEYS[3]) or '') .. '/' ..
-  (value and string.match(value, '^{"sc":1,"gen":"(%w*)"') or '')
+local generation = redis.call('GET', KEYS[3])
+if not generation then
+  generation = ARGV[3]
+  redis.call('SET', KEYS[3], generation, 'PX', ARGV[4])
+end
+local fence = generation .. '/' .. (value and string.match(value, '^{"sc":1,"gen":"(%w*)"') or '')
 return {1, value, fence}
