@@ -144,6 +144,8 @@ impl RedisTier {
                 if origin != self.origin {
                     let stamp = self.inbox.invalidate_stamped(key);
                     self.carried.keep(key, stamp, envelope);
+                } else {
+                    self.carried.own_heard(key);
                 }
                 self.waiters.wake(key);
             }
@@ -158,6 +160,8 @@ impl RedisTier {
         if origin != self.origin {
             self.inbox.invalidate(key);
             self.carried.forget(key);
+        } else {
+            self.carried.own_heard(key);
         }
         self.waiters.wake(key);
     }

@@ -9,6 +9,15 @@
 //! is exactly what Redis held when the script that wrote it published it, so serving it is no
 //! older than an in-process copy kept until that same announcement.
 //!
+//! One more rule, for this process's own writes. Its writes' replies come on the command
+//! connection, announcements on the subscriber connection, so another process's announcement of
+//! a write Redis ran *before* one of ours can arrive *after* our write returned (and after the
+//! stamp our write gave the key): kept then, it would be served over our newer write. Announcements
+//! arrive in the order Redis ran the writes, so each write of ours that will announce its key is
+//! counted until its own announcement arrives, and while one is outstanding no announcement of the
+//! key is kept: it ran before ours. An own announcement lost with the bus leaves its count behind,
+//! which only stops that key being carried (past a bound, every key, until the cache closes).
+//!
 //! Entries and bytes are bounded; on overflow everything carried is forgotten (reads then ask
 //! Redis, as they would without this).
 
@@ -28,6 +37,9 @@ pub const MAX_CARRIED_ENVELOPE: usize = 4 * 1024;
 /// Carried envelopes kept per cache at most, and their bytes in all.
 pub const MAX_CARRIED_KEYS: usize = 4_096;
 pub const MAX_CARRIED_BYTES: usize = 4 * 1024 * 1024;
+
+/// Keys with an own announcement outstanding, at most; past it nothing is carried any more.
+pub const MAX_OWN_PENDING: usize = 4_096;
 
 /// The announcement of `key` carrying `envelope`, or `None` if the envelope is too large.
 pub fn message(origin: &str, key: &str, envelope: &str) -> Option<Vec<u8>> {
@@ -72,14 +84,47 @@ pub struct Carried {
 struct Inner {
     by_key: HashMap<Box<str>, (Stamp, Box<[u8]>)>,
     bytes: usize,
+    /// Own announcements not heard back yet, by key.
+    own: HashMap<Box<str>, u32>,
+    /// Too many own announcements went unheard: nothing is carried any more.
+    off: bool,
 }
 
 impl Carried {
-    /// Keeps `envelope` for `key`, valid while the key's stamp is `stamp`.
+    /// A write of ours that will announce `key` is about to be sent.
+    pub fn expect_own(&self, key: &str) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if g.own.len() >= MAX_OWN_PENDING && !g.own.contains_key(key) {
+            g.off = true;
+            g.own = HashMap::new();
+            g.by_key = HashMap::new();
+            g.bytes = 0;
+        }
+        if !g.off {
+            *g.own.entry(key.into()).or_default() += 1;
+        }
+    }
+
+    /// One of our announcements of `key` arrived, or a write of ours turned out not to announce.
+    pub fn own_heard(&self, key: &str) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = g.own.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                g.own.remove(key);
+            }
+        }
+    }
+
+    /// Keeps `envelope` for `key`, valid while the key's stamp is `stamp`; not if a write of ours
+    /// to the key is still to be heard (Redis ran this one before it) or carrying is off.
     pub fn keep(&self, key: &str, stamp: Stamp, envelope: &[u8]) {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, old)) = g.by_key.remove(key) {
             g.bytes -= old.len();
+        }
+        if g.off || g.own.contains_key(key) {
+            return;
         }
         if g.by_key.len() >= MAX_CARRIED_KEYS || g.bytes + envelope.len() > MAX_CARRIED_BYTES {
             g.by_key = HashMap::new();
@@ -112,6 +157,7 @@ impl Carried {
         Some(envelope)
     }
 
+    /// Forgets every carried envelope (the own counts stay: those writes may still announce).
     pub fn clear(&self) {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         g.by_key = HashMap::new();
@@ -158,6 +204,35 @@ mod tests {
         c.keep("j", Stamp(1), b"e");
         c.forget("j");
         assert_eq!(c.usage(), (0, 0));
+    }
+
+    #[test]
+    fn nothing_is_kept_while_an_own_announcement_of_the_key_is_outstanding() {
+        let c = Carried::default();
+        c.expect_own("k");
+        c.expect_own("k");
+        // Redis ran this before our two writes: it arrives before their announcements.
+        c.keep("k", Stamp(1), b"older");
+        assert_eq!(c.take("k", Stamp(1)), None);
+        c.own_heard("k");
+        c.keep("k", Stamp(2), b"older");
+        assert_eq!(c.take("k", Stamp(2)), None, "one of ours is still to come");
+        c.own_heard("k");
+        c.keep("k", Stamp(3), b"newer");
+        assert_eq!(c.take("k", Stamp(3)).as_deref(), Some(&b"newer"[..]));
+        c.own_heard("k"); // an extra one (a write that did not announce, cancelled twice) is harmless
+        c.keep("j", Stamp(4), b"other keys are not held back");
+        assert!(c.take("j", Stamp(4)).is_some());
+    }
+
+    #[test]
+    fn too_many_unheard_own_announcements_turn_carrying_off() {
+        let c = Carried::default();
+        for i in 0..=MAX_OWN_PENDING {
+            c.expect_own(&format!("k{i}"));
+        }
+        c.keep("fresh", Stamp(1), b"e");
+        assert_eq!(c.take("fresh", Stamp(1)), None);
     }
 
     #[test]

@@ -168,6 +168,7 @@ impl RedisTier {
         // Published instead of `msg` when the script writes: other processes then have the
         // value without reading it (see `carried.rs`).
         let carrying = self.carrying_announcement(key, &text, !body.tags.is_empty());
+        self.carried.expect_own(key);
         let written = self
             .run("set", key, |mut c| async move {
                 self.scripts
@@ -189,7 +190,13 @@ impl RedisTier {
             .await;
         match written {
             Ok(1) => WriteBack::Written,
-            Ok(_) => WriteBack::Dropped,
+            Ok(_) => {
+                if token.is_none() {
+                    // Dropped without a lock to release: the script announced nothing.
+                    self.carried.own_heard(key);
+                }
+                WriteBack::Dropped
+            }
             Err(Unavailable) => {
                 // The script may not have run: free the lock if it is still ours.
                 if let Some(token) = token {
@@ -228,6 +235,7 @@ impl RedisTier {
         let msg = self.announcement(key);
         let op = if written.is_some() { "set" } else { "delete" };
         let vkey = keys.0.clone();
+        self.carried.expect_own(key);
         let wrote = self.run(op, key, |mut c| async move {
             self.scripts
                 .write

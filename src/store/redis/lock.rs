@@ -395,7 +395,10 @@ impl RedisTier {
     /// load, a timed-out one).
     pub async fn release(&self, key: &str, token: &str, announce: bool) {
         let (lkey, msg) = (self.lock_key(key), self.announcement(key));
-        let _ = self
+        if announce {
+            self.carried.expect_own(key);
+        }
+        let released = self
             .run("unlock", key, |mut c| async move {
                 let channel = if announce { self.channel.as_str() } else { "" };
                 self.scripts
@@ -408,6 +411,10 @@ impl RedisTier {
                     .await
             })
             .await;
+        if announce && released == Ok(0) {
+            // Not ours any more: nothing was announced.
+            self.carried.own_heard(key);
+        }
     }
 
     /// `lkey`'s remaining life in ms (None: absent; Some(u64::MAX): no expiry). For tests.
