@@ -27,6 +27,7 @@ use crate::policy::{
 use crate::store::redis::{RedisTier, Reports};
 
 mod redis;
+mod settle;
 
 impl AsRef<str> for ErrorCode {
     fn as_ref(&self) -> &str {

@@ -9,7 +9,7 @@ use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use tokio::sync::oneshot;
 
-use super::{engine, napi_fail, policy_of, with_engine, JsErr};
+use super::{engine, napi_fail, policy_of, settle, with_engine, JsErr};
 use crate::cache::Extra;
 use crate::envelope::{Body, Envelope, Fmt};
 use crate::error::ErrorCode;
@@ -149,7 +149,7 @@ pub fn redis_gate(
     let tier = tier_of(id, &key);
     // Taken before Redis is asked: an invalidation after this may predate our read.
     let stamp = engine(id).map(|e| e.borrow().cache.inbox().stamp(&key));
-    env.spawn_future(async move {
+    settle::spawn_settled(env, async move {
         let Some((tier, lock_ttl, local_fresh_until)) = tier else {
             return Ok(RedisAnswer::kind(GATE_CLOSED, stamp));
         };
@@ -225,7 +225,7 @@ pub fn redis_fetch(
     let tier = tier_of(id, &key);
     // Here, on the JS thread, before a set or delete called after this read can touch it.
     let stamp = engine(id).map(|e| e.borrow().cache.inbox().stamp(&key));
-    env.spawn_future(async move {
+    settle::spawn_settled(env, async move {
         let (Some((tier, _, _)), Some(stamp)) = (tier, stamp) else {
             return Ok(RedisAnswer::kind(GATE_UNAVAILABLE, None));
         };
@@ -371,7 +371,7 @@ pub fn write_back(
         });
         Some(())
     });
-    env.spawn_future(async move {
+    settle::spawn_settled(env, async move {
         if queued.is_none() {
             return Ok(NOT_SENT);
         }
@@ -449,7 +449,7 @@ pub fn redis_write(
         });
         Some(())
     });
-    env.spawn_future(async move {
+    settle::spawn_settled(env, async move {
         if queued.is_none() {
             return Ok(UNAVAILABLE);
         }
@@ -481,7 +481,7 @@ pub fn redis_failed(
             let _ = tx.send(());
         });
     }
-    env.spawn_future(async move {
+    settle::spawn_settled(env, async move {
         let _ = rx.await;
         Ok(())
     })
@@ -584,7 +584,7 @@ pub fn clear_entries(env: &Env, id: u32) -> Result<PromiseRaw<'_, i32>, JsErr> {
             let _ = tx.send(job_tier.clear(&tentative).await.ok());
         });
     }
-    env.spawn_future(async move {
+    settle::spawn_settled(env, async move {
         let Some(tier) = sweeper else {
             return Ok(0);
         };
