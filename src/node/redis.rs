@@ -9,7 +9,9 @@ use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use tokio::sync::oneshot;
 
-use super::{engine, napi_fail, policy_of, with_engine, JsErr};
+use super::engines::{engine, with_engine};
+use super::options::policy_of;
+use super::{napi_fail, JsErr};
 use crate::cache::Extra;
 use crate::envelope::{Body, Envelope, Fmt};
 use crate::error::ErrorCode;
