@@ -1,5 +1,7 @@
 //! The hot path: `peek`, a raw N-API function, and the hit encoding it shares with the other
-//! reads.
+//! reads. Every `unsafe` block of the binding is in this file (the raw N-API calls, and the one
+//! conversion of a JS value whose type napi cannot check for us, `checked_cast`), so the code the
+//! compiler cannot check is read in one place.
 
 use napi::bindgen_prelude::*;
 use napi::sys;
@@ -31,8 +33,9 @@ unsafe extern "C" fn peek_raw(
     let mut out = std::ptr::null_mut();
     // Not zeroed: N-API writes the bytes it reports, and only those are read.
     let mut buf = std::mem::MaybeUninit::<[u8; KEY_BUF]>::uninit();
-    // SAFETY: called by Node on the JS thread with a valid env and callback info; every
-    // out-pointer is a live local, and `buf`'s length is passed with it.
+    // SAFETY: Node calls this on the JS thread with a valid env and callback info; every
+    // out-pointer is a live local; `buf`'s length is passed with it, and the slice reads only the
+    // `len` bytes N-API reports having written there (at most `KEY_BUF - 1`).
     unsafe {
         let mut code = MISS;
         if sys::napi_get_cb_info(
@@ -133,4 +136,20 @@ pub(super) fn encode_hit(hit: Hit) -> i32 {
         Hit::Negative { .. } => 2,
     };
     (hit.slot() as i32) * 8 + kind * 2 + hit.wants_refresh() as i32
+}
+
+/// `v` as a `T`, once napi's own check says that it is one (`ValidateNapiValue`: the JS type, or
+/// `Array.isArray`, or `Buffer.isBuffer`); an error if not. Every conversion of an argument whose
+/// type varies (an option, a key) goes through here.
+pub(super) fn checked_cast<T: FromNapiValue + ValidateNapiValue>(
+    v: &Unknown<'_>,
+) -> napi::Result<T> {
+    let raw = v.value();
+    // SAFETY: `raw` is `v`'s env and value, handed to the call running now on the JS thread, so
+    // both are live for `validate`; and `cast` (`T::from_napi_value`) requires a value that is a
+    // `T`, which `validate` has just checked.
+    unsafe {
+        T::validate(raw.env, raw.value)?;
+        v.cast::<T>()
+    }
 }

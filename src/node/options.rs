@@ -9,6 +9,7 @@ use napi::ValueType;
 use napi_derive::napi;
 
 use super::engines::{engine, with_engine, EngineState};
+use super::hot_path::checked_cast;
 use super::{js_err, napi_fail, JsErr};
 use crate::error::{Error as CoreError, ErrorCode};
 use crate::key;
@@ -18,7 +19,7 @@ use crate::policy::{
 
 /// Reads an optional option of JS type `expected` (`what` names it in the error); undefined is
 /// absent, any other type is an invalid option named `label`.
-fn typed_option<T: FromNapiValue>(
+fn typed_option<T: FromNapiValue + ValidateNapiValue>(
     obj: &Object,
     name: &str,
     label: &str,
@@ -31,7 +32,7 @@ fn typed_option<T: FromNapiValue>(
     };
     match v.get_type().map_err(fail)? {
         ValueType::Undefined => Ok(None),
-        t if t == expected => Ok(Some(unsafe { v.cast::<T>() }.map_err(fail)?)),
+        t if t == expected => Ok(Some(checked_cast::<T>(&v).map_err(fail)?)),
         other => Err(js_err(CoreError::invalid_option(
             label,
             format!("must be {what}, got {}", type_name(other)),
@@ -55,11 +56,9 @@ fn pem_option(obj: &Object, name: &str, label: &str) -> Result<Option<Vec<u8>>, 
     };
     match v.get_type().map_err(fail)? {
         ValueType::Undefined => Ok(None),
-        ValueType::String => Ok(Some(
-            unsafe { v.cast::<String>() }.map_err(fail)?.into_bytes(),
-        )),
+        ValueType::String => Ok(Some(checked_cast::<String>(&v).map_err(fail)?.into_bytes())),
         ValueType::Object if v.is_buffer().map_err(fail)? => Ok(Some(
-            unsafe { v.cast::<BufferSlice>() }.map_err(fail)?.to_vec(),
+            checked_cast::<BufferSlice>(&v).map_err(fail)?.to_vec(),
         )),
         other => Err(js_err(CoreError::invalid_option(
             label,
@@ -89,14 +88,14 @@ fn urls_option(obj: &Object, name: &str, label: &str) -> Result<Vec<String>, JsE
     if !v.is_array().map_err(fail)? {
         return Err(wrong());
     }
-    let arr = unsafe { v.cast::<Array>() }.map_err(fail)?;
+    let arr = checked_cast::<Array>(&v).map_err(fail)?;
     let mut out = Vec::with_capacity(arr.len() as usize);
     for i in 0..arr.len() {
         let item: Unknown = arr.get(i).map_err(fail)?.ok_or_else(wrong)?;
         if item.get_type().map_err(fail)? != ValueType::String {
             return Err(wrong());
         }
-        out.push(unsafe { item.cast::<String>() }.map_err(fail)?);
+        out.push(checked_cast::<String>(&item).map_err(fail)?);
     }
     if out.is_empty() {
         return Err(wrong());
@@ -126,10 +125,10 @@ fn redis_option(obj: &Object) -> Result<Option<RedisConfig>, JsErr> {
     match v.get_type().map_err(fail)? {
         ValueType::Undefined => Ok(None),
         ValueType::String => Ok(Some(RedisConfig::from_url(
-            &unsafe { v.cast::<String>() }.map_err(fail)?,
+            &checked_cast::<String>(&v).map_err(fail)?,
         ))),
         ValueType::Object if !v.is_array().map_err(fail)? => {
-            let o = unsafe { v.cast::<Object>() }.map_err(fail)?;
+            let o = checked_cast::<Object>(&v).map_err(fail)?;
             known_names(
                 &o,
                 &[
@@ -164,7 +163,7 @@ fn redis_option(obj: &Object) -> Result<Option<RedisConfig>, JsErr> {
                 match tls.get_type().map_err(fail)? {
                     ValueType::Undefined => {}
                     ValueType::Object if !tls.is_array().map_err(fail)? => {
-                        let t = unsafe { tls.cast::<Object>() }.map_err(fail)?;
+                        let t = checked_cast::<Object>(&tls).map_err(fail)?;
                         known_names(
                             &t,
                             &["ca", "cert", "key", "servername", "rejectUnauthorized"],
@@ -274,7 +273,7 @@ pub(super) fn engine_options(options: Option<&Object>) -> Result<Options, JsErr>
                 .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?
             {
                 ValueType::Undefined => {}
-                ValueType::Boolean if !unsafe { l1.cast::<bool>() }.unwrap_or(true) => {
+                ValueType::Boolean if !checked_cast::<bool>(&l1).unwrap_or(true) => {
                     raw.l1 = Some(None)
                 }
                 ValueType::Object
@@ -282,7 +281,7 @@ pub(super) fn engine_options(options: Option<&Object>) -> Result<Options, JsErr>
                         .is_array()
                         .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))? =>
                 {
-                    let l1obj = unsafe { l1.cast::<Object>() }
+                    let l1obj = checked_cast::<Object>(&l1)
                         .map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?;
                     known_names(&l1obj, &["maxEntries", "maxBytes"], "l1")?;
                     let max = number_option(&l1obj, "maxEntries", "l1.maxEntries")?;
@@ -311,7 +310,7 @@ pub fn encode_key(key: Unknown<'_>) -> Result<String, JsErr> {
     match t {
         ValueType::String => {
             let s =
-                unsafe { key.cast::<String>() }.map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?;
+                checked_cast::<String>(&key).map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?;
             key::check(&s).map_err(js_err)?;
             Ok(s)
         }
@@ -321,7 +320,7 @@ pub fn encode_key(key: Unknown<'_>) -> Result<String, JsErr> {
                 .map_err(|e| napi_fail(ErrorCode::InvalidKey, e))? =>
         {
             let arr =
-                unsafe { key.cast::<Array>() }.map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?;
+                checked_cast::<Array>(&key).map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?;
             let n = arr.len();
             if n as usize > key::MAX_KEY_BYTES {
                 return Err(invalid("an array key has too many parts"));
@@ -336,9 +335,9 @@ pub fn encode_key(key: Unknown<'_>) -> Result<String, JsErr> {
                     .get_type()
                     .map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?
                 {
-                    ValueType::String => unsafe { part.cast::<String>() },
+                    ValueType::String => checked_cast::<String>(&part),
                     ValueType::Number => {
-                        let n = unsafe { part.cast::<f64>() }
+                        let n = checked_cast::<f64>(&part)
                             .map_err(|e| napi_fail(ErrorCode::InvalidKey, e))?;
                         if !n.is_finite() {
                             return Err(invalid(
