@@ -95,39 +95,19 @@ const { observeInvalidations, takeInvalidations } = native
 const deleteTags = fromNative(native.deleteTags)
 const clearEntries = fromNative(native.clearEntries)
 
-const STEP_SERVE = 0
-const STEP_LEAD = 1
-// Redis answers (src/node/redis.rs).
-const GATE_FOUND = 0
-const GATE_SKIP = 2
-const GATE_CLOSED = 5
-// What became of a write-back: 0 means Redis holds something newer (keep nothing).
-const DROPPED = 0
-// redisWrite: Redis could not take the change.
-const REDIS_UNAVAILABLE = -1
-// Indexes in a resolved policy (src/node/mod.rs, policy_vec).
-const POLICY_TTL = 0
-const POLICY_HARD_TTL = 1
-const POLICY_NEGATIVE_TTL = 2
-const POLICY_LOAD_TIMEOUT = 5
-// What a flight is for (redisGate's purpose; PAST_VALUE: a cold load past a value Redis has
-// that this cache's serializer could not read).
-const COLD = 0
-const REFRESH = 1
-const FORCE = 2
-const PAST_VALUE = 3
-// As the channels name them, by the numbers above and the engine's (src/node).
-const REASONS = ['cold', 'refresh', 'force']
-// A hit is `slot * 8 + kind * 2 + refresh` (src/node/mod.rs, encode_hit).
-const HIT_STATES = ['fresh', 'stale', 'negative']
-// RedisAnswer.lock (src/node/redis.rs): 0 is no bid.
-const LOCK_OUTCOMES = [undefined, 'won', 'waited', 'took_over', 'gave_up', 'skipped']
+// The codes the engine answers with and the indexes of the arrays it takes, read once, here, from
+// the binding (src/node/codes.rs says what each means). A hit is one integer: the slot is
+// `n >> HIT_SLOT_SHIFT`, the kind `(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK` (its state for the hit
+// channel is HIT_STATES[kind]), and `n & HIT_REFRESH` asks for a background refresh.
+const { HIT_SLOT_SHIFT, HIT_KIND_SHIFT, HIT_KIND_MASK, HIT_REFRESH, HIT_STATES } = native
+const { STEP_SERVE, STEP_LEAD, WRITTEN_NOWHERE } = native
+const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT } = native
+// What a flight is for (redisGate's purpose), and the reason the channels give it.
+const { PURPOSE_COLD, PURPOSE_REFRESH, PURPOSE_FORCE, PURPOSE_PAST_VALUE, REASONS } = native
+const { GATE_FOUND, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, UNAVAILABLE } = native
+// How a value is written in the Redis envelope.
+const { FMT_JSON, FMT_V8, FMT_TEXT, FMT_BYTES } = native
 const noop = () => {}
-// How a value is written in the Redis envelope (src/envelope.rs, Fmt).
-const FMT_JSON = 0
-const FMT_V8 = 1
-const FMT_TEXT = 2
-const FMT_BYTES = 3
 // Tags per entry, and per deleteByTag call, at most.
 const MAX_TAGS = 64
 const MAX_TAG_BYTES = 1024
@@ -361,12 +341,12 @@ class StampedeCache {
       return Promise.reject(invalidArgument(`the loader must be a function, got ${loader === null ? 'null' : typeof loader}`))
     }
     if (options === undefined && typeof key === 'string') {
-      // The hot path: slot * 8 + kind * 2 + (1 if a background refresh is due), or -1.
+      // The hot path: a hit (see HIT_SLOT_SHIFT), or a negative number for a miss.
       const r = peek(this.#id, key)
       if (r >= 0) {
-        const value = this.#values[r >> 3]
-        if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', HIT_STATES[(r >> 1) & 3])
-        if (r & 1) this.#refresh(key, loader, null, undefined, value)
+        const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
+        if (r & HIT_REFRESH) this.#refresh(key, loader, null, undefined, value)
         return Promise.resolve(value)
       }
     }
@@ -397,16 +377,16 @@ class StampedeCache {
     this.#watchInvalidations()
     const step = engine.lookup(this.#id, k, policy, force)
     if (step.kind === STEP_SERVE) {
-      const value = this.#values[step.n >> 3]
+      const value = this.#values[step.n >> HIT_SLOT_SHIFT]
       this.#publishInvalidations()
-      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', HIT_STATES[(step.n >> 1) & 3])
-      if (step.n & 1) this.#refresh(k, loader, policy, waitUntil, value, tags)
+      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(step.n))
+      if (step.n & HIT_REFRESH) this.#refresh(k, loader, policy, waitUntil, value, tags)
       return value
     }
     let load
     if (step.kind === STEP_LEAD) {
       const stale = force ? this.#currentValue(k) : undefined
-      load = this.#lead(k, step.n, loader, policy, stale, force ? FORCE : COLD, waitUntil, tags)
+      load = this.#lead(k, step.n, loader, policy, stale, force ? PURPOSE_FORCE : PURPOSE_COLD, waitUntil, tags)
     } else {
       load = this.#flights.get(step.n)
     }
@@ -448,9 +428,9 @@ class StampedeCache {
           this.#adoptDecoded(k, flight, gate, value)
           // A cold load answered by Redis is that tier's hit; a refresh found refreshed
           // elsewhere is not a read.
-          if (purpose === COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(gate))
+          if (purpose === PURPOSE_COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(gate))
           // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
-          if (purpose === COLD && gate.freshUntil <= Date.now() && gate.retryAfter <= Date.now()) {
+          if (purpose === PURPOSE_COLD && gate.freshUntil <= Date.now() && gate.retryAfter <= Date.now()) {
             this.#refresh(k, loader, policy, waitUntil, value, tags)
           }
           return value
@@ -459,7 +439,7 @@ class StampedeCache {
           gate = null
           break
         }
-        gate = await this.#gate(k, PAST_VALUE, purpose)
+        gate = await this.#gate(k, PURPOSE_PAST_VALUE, purpose)
       }
     }
     if (gate !== null) {
@@ -472,7 +452,7 @@ class StampedeCache {
       if (gate.kind === GATE_CLOSED) {
         this.#flights.delete(flight)
         // A background refresh just ends (the stale value it had is what its readers got).
-        if (purpose === REFRESH) return stale
+        if (purpose === PURPOSE_REFRESH) return stale
         throw closedError()
       }
     }
@@ -485,7 +465,7 @@ class StampedeCache {
   async #gate(k, ask, purpose) {
     const gate = await redisGate(this.#id, k, ask)
     this.#drainRedisReports()
-    if (gate.lock !== 0 && lockChannel.hasSubscribers) {
+    if (gate.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
       lockChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], outcome: LOCK_OUTCOMES[gate.lock] })
     }
     return gate
@@ -552,7 +532,7 @@ class StampedeCache {
       result.done = true
       await this.#loadFailed(k, flight, token)
       // A caller that has a value (forceRefresh of a live entry) gets it instead of a timeout.
-      if (err instanceof StampedeCacheError && err.code === 'ERR_LOAD_TIMEOUT' && purpose === FORCE && stale !== undefined) {
+      if (err instanceof StampedeCacheError && err.code === 'ERR_LOAD_TIMEOUT' && purpose === PURPOSE_FORCE && stale !== undefined) {
         return stale
       }
       throw err
@@ -579,7 +559,7 @@ class StampedeCache {
     // The call's tags and the loader's; with neither, a refresh keeps the tags of the entry
     // it replaces (the engine knows them in process; the gate read them from Redis).
     tags = tags === null ? result.tags : result.tags === null ? tags : [...new Set([...tags, ...result.tags])]
-    const inherit = purpose !== COLD
+    const inherit = purpose !== PURPOSE_COLD
     if (tags === null && inherit && gate?.tags) tags = gate.tags
     let slot
     if (this.#redis) {
@@ -597,7 +577,7 @@ class StampedeCache {
         token,
         gate?.fence ?? null,
         gate?.fencedAt ?? -1,
-        purpose === FORCE,
+        purpose === PURPOSE_FORCE,
         tags,
         inherit,
         size,
@@ -751,7 +731,7 @@ class StampedeCache {
   #refresh(k, loader, policy, waitUntil, stale, tags = null) {
     const flight = beginRefresh(this.#id, k)
     if (flight < 0) return
-    const load = this.#lead(k, flight, loader, policy, stale, REFRESH, undefined, tags)
+    const load = this.#lead(k, flight, loader, policy, stale, PURPOSE_REFRESH, undefined, tags)
     const done = load.then(noop, (err) => this.#report(err, 'refresh', k))
     this.#background.add(done)
     done.then(() => this.#background.delete(done))
@@ -782,8 +762,8 @@ class StampedeCache {
     const hit = engine.getEntry(this.#id, k)
     this.#publishInvalidations()
     if (hit >= 0) {
-      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', HIT_STATES[(hit >> 1) & 3])
-      return this.#values[hit >> 3]
+      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(hit))
+      return this.#values[hit >> HIT_SLOT_SHIFT]
     }
     if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     if (!this.#redis) return undefined
@@ -815,9 +795,9 @@ class StampedeCache {
     this.#publishInvalidation(k, 'local')
     if (!this.#redis) return
     // A zero TTL caches nothing: an older copy in Redis must not come back either.
-    const sent = await redisWrite(this.#id, k, text, slot === -2, fmt)
+    const sent = await redisWrite(this.#id, k, text, slot === WRITTEN_NOWHERE, fmt)
     this.#drainRedisReports()
-    if (sent === REDIS_UNAVAILABLE) throw redisError('set')
+    if (sent === UNAVAILABLE) throw redisError('set')
   }
 
   async delete(key) {
@@ -831,7 +811,7 @@ class StampedeCache {
     if (!this.#redis) return removed === 1
     const removedRemote = await redisWrite(this.#id, k, undefined, true, FMT_JSON)
     this.#drainRedisReports()
-    if (removedRemote === REDIS_UNAVAILABLE) throw redisError('delete')
+    if (removedRemote === UNAVAILABLE) throw redisError('delete')
     return removed === 1 || removedRemote === 1
   }
 
@@ -871,7 +851,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local', list)
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === REDIS_UNAVAILABLE) throw redisError('deleteByTag')
+    if (outcome === UNAVAILABLE) throw redisError('deleteByTag')
   }
 
   /**
@@ -889,7 +869,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local')
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === REDIS_UNAVAILABLE) throw redisError('clear')
+    if (outcome === UNAVAILABLE) throw redisError('clear')
   }
 
   stats() {
@@ -929,6 +909,11 @@ class StampedeCache {
     const facadeFlights = this.#flights.size
     return { engineFlights, facadeFlights, background: this.#background.size, entries, lockWaiters, unsentWrites, inboxKeys, keptInvalidations }
   }
+}
+
+// The state of a hit (see HIT_SLOT_SHIFT), as the hit channel names it.
+function hitState(n) {
+  return HIT_STATES[(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK]
 }
 
 // The state of an entry read from Redis, as the hit channel names it.

@@ -112,7 +112,7 @@ pub enum EntryState {
 }
 
 impl EntryState {
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             EntryState::Fresh => "fresh",
             EntryState::Stale => "stale",

@@ -90,7 +90,7 @@ impl Fmt {
         }
     }
 
-    pub fn code(self) -> u32 {
+    pub const fn code(self) -> u32 {
         match self {
             Fmt::Json => 0,
             Fmt::V8 => 1,

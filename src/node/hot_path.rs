@@ -7,11 +7,10 @@ use napi::bindgen_prelude::*;
 use napi::sys;
 use napi_derive::napi;
 
+use super::codes::{encode_hit, MISS};
 use super::engines::ENGINES;
-use crate::cache::Hit;
 use crate::key;
 
-pub(super) const MISS: i32 = -1;
 /// N-API copies at most `KEY_BUF - 1` bytes and cuts at a character boundary (up to 3 bytes
 /// short), so a copy of at most MAX_KEY_BYTES bytes is the whole string: a longer string would
 /// have filled at least `KEY_BUF - 4` = MAX_KEY_BYTES + 1 bytes.
@@ -125,17 +124,6 @@ pub fn register_raw_functions(exports: Object, env: Env) -> napi::Result<()> {
         ))?;
     }
     Ok(())
-}
-
-/// A hit as one integer: `slot * 8 + kind * 2 + refresh`, kind 0 fresh, 1 stale, 2 negative
-/// (the facade reports the kind to its hit channel; the slot is `n >> 3`).
-pub(super) fn encode_hit(hit: Hit) -> i32 {
-    let kind = match hit {
-        Hit::Fresh { .. } => 0,
-        Hit::Stale { .. } => 1,
-        Hit::Negative { .. } => 2,
-    };
-    (hit.slot() as i32) * 8 + kind * 2 + hit.wants_refresh() as i32
 }
 
 /// `v` as a `T`, once napi's own check says that it is one (`ValidateNapiValue`: the JS type, or

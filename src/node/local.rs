@@ -5,17 +5,13 @@ use std::result::Result;
 
 use napi_derive::napi;
 
+use super::codes::{encode_hit, MISS, NO_SLOT, STEP_JOIN, STEP_LEAD, STEP_SERVE, WRITTEN_NOWHERE};
 use super::engines::{engine, with_engine};
-use super::hot_path::{encode_hit, MISS};
 use super::options::policy_of;
 use super::JsErr;
 use crate::cache::{Extra, Step};
 
-pub const STEP_SERVE: u32 = 0;
-pub const STEP_LEAD: u32 = 1;
-pub const STEP_JOIN: u32 = 2;
-
-/// `kind` 0: serve `n` (see `encode_hit`); 1: lead flight `n`; 2: join flight `n`.
+/// `kind`: `STEP_SERVE` the hit `n`, `STEP_LEAD` flight `n`, or `STEP_JOIN` flight `n`.
 #[napi(object)]
 pub struct LookupStep {
     pub kind: u32,
@@ -58,8 +54,8 @@ pub fn begin_refresh(id: u32, key: String) -> f64 {
 }
 
 /// The loader of `flight` returned (a cache without Redis; with Redis, `write_back` then
-/// `finish_write`): the slot to keep the value at, -1 when the in-process tier keeps nothing,
-/// -2 when the flight was superseded (its result is written nowhere). `tags`: the result's;
+/// `finish_write`): the slot to keep the value at, `NO_SLOT` when the in-process tier keeps
+/// nothing, `WRITTEN_NOWHERE` when the flight was superseded. `tags`: the result's;
 /// `inherit` (a refresh): none given keeps the replaced entry's. `size`: serialized bytes.
 #[napi]
 pub fn complete(
@@ -89,12 +85,12 @@ pub fn complete(
                 extra,
                 inherit,
             ) {
-                None => -2,
-                Some(w) => w.slot.map_or(-1, |s| s as i32),
+                None => WRITTEN_NOWHERE,
+                Some(w) => w.slot.map_or(NO_SLOT, |s| s as i32),
             },
         )
     })
-    .unwrap_or(-2)
+    .unwrap_or(WRITTEN_NOWHERE)
 }
 
 /// The loader of `flight` is about to run.
@@ -132,8 +128,8 @@ pub fn fail(id: u32, key: String, flight: f64) -> f64 {
     with_engine(id, |c| Ok(c.cache.fail(&key, flight as u64).unwrap_or(0.0))).unwrap_or(0.0)
 }
 
-/// Writes a value given to `set`: its slot, -1 when the in-process tier keeps nothing, -2 when a
-/// zero TTL caches nothing at all.
+/// Writes a value given to `set`: its slot, `NO_SLOT` when the in-process tier keeps nothing,
+/// `WRITTEN_NOWHERE` when a zero TTL caches nothing at all.
 #[napi]
 pub fn set_entry(
     id: u32,
@@ -151,27 +147,27 @@ pub fn set_entry(
         };
         Ok(match e.cache.set(&key, negative, &p, &extra)? {
             // A zero TTL keeps nothing here; the facade deletes any older copy in Redis.
-            None => -2,
+            None => WRITTEN_NOWHERE,
             Some(w) => {
                 if e.redis.is_some() {
                     e.written.insert(key, (w.envelope, extra.tags));
                 }
-                w.slot.map_or(-1, |s| s as i32)
+                w.slot.map_or(NO_SLOT, |s| s as i32)
             }
         })
     })
 }
 
-/// `[freedSlot or -1, 1 if a live entry was removed else 0]`.
+/// `[freedSlot or NO_SLOT, 1 if a live entry was removed else 0]`.
 #[napi]
 pub fn delete_entry(id: u32, key: String) -> Result<Vec<i32>, JsErr> {
     with_engine(id, |c| {
         let (slot, removed) = c.cache.delete(&key)?;
-        Ok(vec![slot.map_or(-1, |s| s as i32), removed as i32])
+        Ok(vec![slot.map_or(NO_SLOT, |s| s as i32), removed as i32])
     })
 }
 
-/// A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or -1.
+/// A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or `MISS`.
 /// With Redis, a miss here is counted by the Redis read that follows.
 #[napi]
 pub fn get_entry(id: u32, key: String) -> Result<i32, JsErr> {
@@ -288,10 +284,11 @@ pub fn debug_counts(id: u32) -> Vec<u32> {
         .unwrap_or_else(|| vec![0; 6])
 }
 
-/// The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or -1.
+/// The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or
+/// `NO_SLOT`.
 #[napi]
 pub fn current_slot(id: u32, key: String) -> i32 {
     engine(id)
         .and_then(|e| e.borrow_mut().cache.live_slot(&key))
-        .map_or(-1, |s| s as i32)
+        .map_or(NO_SLOT, |s| s as i32)
 }

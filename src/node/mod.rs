@@ -11,6 +11,7 @@
 
 use crate::error::{Error as CoreError, ErrorCode};
 
+mod codes;
 mod engines;
 mod hot_path;
 mod local;

@@ -8,6 +8,10 @@ use napi::bindgen_prelude::*;
 use napi::ValueType;
 use napi_derive::napi;
 
+use super::codes::{
+    POLICY_BETA, POLICY_FIELDS, POLICY_HARD_TTL, POLICY_JITTER, POLICY_LOAD_TIMEOUT,
+    POLICY_NEGATIVE_TTL, POLICY_TTL,
+};
 use super::engines::{engine, with_engine, EngineState};
 use super::hot_path::checked_cast;
 use super::{js_err, napi_fail, JsErr};
@@ -369,7 +373,7 @@ pub fn encode_key(key: Unknown<'_>) -> Result<String, JsErr> {
 }
 
 /// Validates a call's options (`getOrLoad` or `set`) and returns the policy its entry is written
-/// with: `[ttl, hardTtl, negativeTtl, jitter, beta, loadTimeout]`.
+/// with (see `policy_vec`).
 #[napi]
 pub fn resolve_policy(id: u32, options: Object, for_set: bool) -> Result<Vec<f64>, JsErr> {
     let (allowed, what) = if for_set {
@@ -382,27 +386,36 @@ pub fn resolve_policy(id: u32, options: Object, for_set: bool) -> Result<Vec<f64
     with_engine(id, |c| c.cache.options().resolve(&overrides)).map(|p| policy_vec(&p))
 }
 
+/// A policy as the facade holds it: `POLICY_FIELDS` numbers, indexed by the `POLICY_*` codes.
 fn policy_vec(p: &EntryPolicy) -> Vec<f64> {
-    vec![
-        p.ttl,
-        p.hard_ttl,
-        p.negative_ttl,
-        p.jitter,
-        p.beta,
-        p.load_timeout,
-    ]
+    let mut v = vec![0.0; POLICY_FIELDS as usize];
+    for (i, x) in [
+        (POLICY_TTL, p.ttl),
+        (POLICY_HARD_TTL, p.hard_ttl),
+        (POLICY_NEGATIVE_TTL, p.negative_ttl),
+        (POLICY_JITTER, p.jitter),
+        (POLICY_BETA, p.beta),
+        (POLICY_LOAD_TIMEOUT, p.load_timeout),
+    ] {
+        v[i as usize] = x;
+    }
+    v
 }
 
+/// The policy the facade passed (see `policy_vec`), or the constructor's for none.
 pub(super) fn policy_of(c: &EngineState, p: Option<&[f64]>) -> EntryPolicy {
     match p {
-        Some([ttl, hard_ttl, negative_ttl, jitter, beta, load_timeout, ..]) => EntryPolicy {
-            ttl: *ttl,
-            hard_ttl: *hard_ttl,
-            negative_ttl: *negative_ttl,
-            jitter: *jitter,
-            beta: *beta,
-            load_timeout: *load_timeout,
-        },
+        Some(p) if p.len() >= POLICY_FIELDS as usize => {
+            let at = |i: u32| p[i as usize];
+            EntryPolicy {
+                ttl: at(POLICY_TTL),
+                hard_ttl: at(POLICY_HARD_TTL),
+                negative_ttl: at(POLICY_NEGATIVE_TTL),
+                jitter: at(POLICY_JITTER),
+                beta: at(POLICY_BETA),
+                load_timeout: at(POLICY_LOAD_TIMEOUT),
+            }
+        }
         _ => c.cache.options().defaults,
     }
 }
