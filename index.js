@@ -425,14 +425,12 @@ class StampedeCache {
         const value = this.#decode(gate)
         if (value !== UNREADABLE) {
           this.#flights.delete(flight)
-          this.#adoptDecoded(k, flight, gate, value)
+          const refresh = this.#adoptDecoded(k, flight, purpose === PURPOSE_COLD, gate, value)
           // A cold load answered by Redis is that tier's hit; a refresh found refreshed
           // elsewhere is not a read.
-          if (purpose === PURPOSE_COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(gate))
+          if (purpose === PURPOSE_COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', gate.state)
           // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
-          if (purpose === PURPOSE_COLD && gate.freshUntil <= Date.now() && gate.retryAfter <= Date.now()) {
-            this.#refresh(k, loader, policy, waitUntil, value, tags)
-          }
+          if (refresh) this.#refresh(k, loader, policy, waitUntil, value, tags)
           return value
         }
         if (tries >= 2) {
@@ -482,13 +480,15 @@ class StampedeCache {
     }
   }
 
-  // Takes an envelope read from Redis into the in-process tier, with its decoded value.
-  #adoptDecoded(k, flight, answer, value) {
+  // Takes an envelope read from Redis into the in-process tier, with its decoded value. Returns
+  // whether the caller (of a cold flight: `cold`) should start a refresh of the stale value.
+  #adoptDecoded(k, flight, cold, answer, value) {
     const size = answer.json === undefined || answer.json === null ? 0 : Buffer.byteLength(answer.json)
-    const slot = adopt(
+    const { slot, refresh } = adopt(
       this.#id,
       k,
       flight,
+      cold,
       answer.freshUntil,
       answer.hardUntil,
       answer.computeMs,
@@ -502,6 +502,7 @@ class StampedeCache {
     this.#keep(slot, value)
     // After the value is in place: a subscriber may read the cache.
     this.#publishInvalidations()
+    return refresh
   }
 
   // Keeps `value` at `slot` (if the engine gave one). Under l1.maxBytes, first drops the values
@@ -772,8 +773,8 @@ class StampedeCache {
     if (answer.kind !== GATE_FOUND) return undefined
     const value = this.#decode(answer)
     if (value === UNREADABLE) return undefined
-    this.#adoptDecoded(k, -1, answer, value)
-    if (hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(answer))
+    this.#adoptDecoded(k, -1, false, answer, value)
+    if (hitChannel.hasSubscribers) this.#publishHit(k, 'redis', answer.state)
     return value
   }
 
@@ -825,9 +826,8 @@ class StampedeCache {
     const answer = await redisFetch(this.#id, k, false)
     this.#drainRedisReports()
     if (answer.kind !== GATE_FOUND) return undefined
-    const now = Date.now()
     return {
-      state: answer.negative ? 'negative' : answer.freshUntil > now ? 'fresh' : 'stale',
+      state: answer.state,
       freshUntil: answer.freshUntil,
       hardUntil: answer.hardUntil,
       computeMs: answer.computeMs,
@@ -914,11 +914,6 @@ class StampedeCache {
 // The state of a hit (see HIT_SLOT_SHIFT), as the hit channel names it.
 function hitState(n) {
   return HIT_STATES[(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK]
-}
-
-// The state of an entry read from Redis, as the hit channel names it.
-function remoteState(answer) {
-  return answer.negative ? 'negative' : answer.freshUntil > Date.now() ? 'fresh' : 'stale'
 }
 
 function withWaitUntil(waitUntil, fn) {

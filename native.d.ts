@@ -21,10 +21,20 @@ export declare function abandon(id: number, key: string, flight: number): void
 
 /**
  * Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
- * The slot for the value; `NO_SLOT` when the tier keeps nothing; `WRITTEN_NOWHERE` when
- * superseded, expired or dead.
+ * `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found
+ * (a refresh found refreshed elsewhere, and `get`, start none).
  */
-export declare function adopt(id: number, key: string, flight: number, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number): number
+export declare function adopt(id: number, key: string, flight: number, cold: boolean, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number): Adopted
+
+/**
+ * What `adopt` did: the slot for the value (`NO_SLOT` when the tier keeps nothing,
+ * `WRITTEN_NOWHERE` when superseded, expired or dead), and whether the caller, served a stale
+ * value, should start its refresh.
+ */
+export interface Adopted {
+  slot: number
+  refresh: boolean
+}
 
 /** Registers the background refresh a hit asked for: its flight id, or -1 if one already runs. */
 export declare function beginRefresh(id: number, key: string): number
@@ -288,6 +298,11 @@ export interface RedisAnswer {
   tags?: Array<string>
   /** The value's format (a `FMT_*` code). */
   fmt: number
+  /**
+   * `found`: the entry's state when Redis answered (fresh, stale or negative), as `inspect`
+   * and the hit channel report it.
+   */
+  state?: string
 }
 
 /**

@@ -112,6 +112,17 @@ pub enum EntryState {
 }
 
 impl EntryState {
+    /// The state of a live (not expired) entry at `now`.
+    pub fn of_live(env: &Envelope, now: f64) -> EntryState {
+        if env.negative {
+            EntryState::Negative
+        } else if now < env.fresh_until {
+            EntryState::Fresh
+        } else {
+            EntryState::Stale
+        }
+    }
+
     pub const fn as_str(self) -> &'static str {
         match self {
             EntryState::Fresh => "fresh",
@@ -712,14 +723,12 @@ impl<C: Clock> Cache<C> {
             return Ok(None);
         }
         let env = e.envelope;
-        let state = match env.state(self.clock.now_ms()) {
-            State::Expired => return Ok(None),
-            _ if env.negative => EntryState::Negative,
-            State::Fresh => EntryState::Fresh,
-            State::Stale => EntryState::Stale,
-        };
+        let now = self.clock.now_ms();
+        if env.state(now) == State::Expired {
+            return Ok(None);
+        }
         Ok(Some(EntryInfo {
-            state,
+            state: EntryState::of_live(&env, now),
             fresh_until: env.fresh_until,
             hard_until: env.hard_until,
             compute_ms: env.compute_ms,
@@ -801,6 +810,15 @@ mod tests {
             .unwrap()
             .slot
             .unwrap()
+    }
+
+    #[test]
+    fn a_live_entry_reads_fresh_stale_or_negative() {
+        let e = Envelope::new(1_000.0, 100.0, 1_000.0, 5.0, false);
+        assert_eq!(EntryState::of_live(&e, 1_099.0), EntryState::Fresh);
+        assert_eq!(EntryState::of_live(&e, 1_100.0), EntryState::Stale);
+        let n = Envelope::new(1_000.0, 100.0, 100.0, 5.0, true);
+        assert_eq!(EntryState::of_live(&n, 1_000.0), EntryState::Negative);
     }
 
     #[test]

@@ -176,6 +176,12 @@ impl Envelope {
         now >= self.retry_after
     }
 
+    /// A caller served this entry, stale, should start its refresh: past fresh, and no error
+    /// backoff in force.
+    pub fn refresh_due(&self, now: f64) -> bool {
+        now >= self.fresh_until && self.refresh_allowed(now)
+    }
+
     /// Milliseconds the entry has left to live at `now`, rounded up, at least 1 (a Redis PX).
     pub fn remaining_ms(&self, now: f64) -> u64 {
         (self.hard_until - now).ceil().max(1.0) as u64
@@ -329,6 +335,16 @@ fn push_number(out: &mut String, n: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refresh_is_due_past_fresh_unless_backed_off() {
+        let mut e = Envelope::new(1_000.0, 100.0, 1_000.0, 5.0, false);
+        assert!(!e.refresh_due(1_099.0));
+        assert!(e.refresh_due(1_100.0));
+        e.retry_after = 1_500.0;
+        assert!(!e.refresh_due(1_499.0));
+        assert!(e.refresh_due(1_500.0));
+    }
 
     #[test]
     fn states_follow_the_two_ttls() {

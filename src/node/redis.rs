@@ -17,7 +17,8 @@ use super::codes::{
 use super::engines::{engine, with_engine};
 use super::options::policy_of;
 use super::{napi_fail, JsErr};
-use crate::cache::Extra;
+use crate::cache::{EntryState, Extra};
+use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Body, Envelope, Fmt};
 use crate::error::ErrorCode;
 use crate::inbox::Stamp;
@@ -72,6 +73,9 @@ pub struct RedisAnswer {
     pub tags: Option<Vec<String>>,
     /// The value's format (a `FMT_*` code).
     pub fmt: u32,
+    /// `found`: the entry's state when Redis answered (fresh, stale or negative), as `inspect`
+    /// and the hit channel report it.
+    pub state: Option<String>,
 }
 
 impl RedisAnswer {
@@ -92,6 +96,7 @@ impl RedisAnswer {
             born: -1.0,
             tags: None,
             fmt: 0,
+            state: None,
         }
     }
 
@@ -107,6 +112,13 @@ impl RedisAnswer {
             born: e.born as f64,
             tags: (!r.tags.is_empty()).then_some(r.tags),
             fmt: r.fmt.code(),
+            // Redis keeps an entry until its hardUntil, so one found is live (past hardUntil by
+            // this clock, it reads as stale).
+            state: Some(
+                EntryState::of_live(&e, SystemClock.now_ms())
+                    .as_str()
+                    .to_string(),
+            ),
             ..RedisAnswer::kind(GATE_FOUND, Some(r.stamp))
         }
     }
@@ -212,14 +224,24 @@ pub fn redis_fetch(
     })
 }
 
+/// What `adopt` did: the slot for the value (`NO_SLOT` when the tier keeps nothing,
+/// `WRITTEN_NOWHERE` when superseded, expired or dead), and whether the caller, served a stale
+/// value, should start its refresh.
+#[napi(object)]
+pub struct Adopted {
+    pub slot: i32,
+    pub refresh: bool,
+}
+
 /// Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
-/// The slot for the value; `NO_SLOT` when the tier keeps nothing; `WRITTEN_NOWHERE` when
-/// superseded, expired or dead.
+/// `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found
+/// (a refresh found refreshed elsewhere, and `get`, start none).
 #[napi]
 pub fn adopt(
     id: u32,
     key: String,
     flight: f64,
+    cold: bool,
     fresh_until: f64,
     hard_until: f64,
     compute_ms: f64,
@@ -229,7 +251,7 @@ pub fn adopt(
     born: f64,
     tags: Option<Vec<String>>,
     size: f64,
-) -> i32 {
+) -> Adopted {
     let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
     let envelope = Envelope {
         fresh_until,
@@ -245,12 +267,18 @@ pub fn adopt(
         size: size as u64,
     };
     with_engine(id, |e| {
-        Ok(match e.cache.adopt(&key, flight, envelope, extra, stamp) {
+        // Decided whether or not the entry is kept here: the caller was served it either way.
+        let refresh = cold && envelope.refresh_due(e.cache.now());
+        let slot = match e.cache.adopt(&key, flight, envelope, extra, stamp) {
             None => WRITTEN_NOWHERE,
             Some(slot) => slot.map_or(NO_SLOT, |s| s as i32),
-        })
+        };
+        Ok(Adopted { slot, refresh })
     })
-    .unwrap_or(WRITTEN_NOWHERE)
+    .unwrap_or(Adopted {
+        slot: WRITTEN_NOWHERE,
+        refresh: false,
+    })
 }
 
 /// Another process holds the refresh: end `flight` and hold local refreshes back meanwhile.
