@@ -310,7 +310,7 @@ class StampedeCache {
   #watchingInvalidations = false
   /** The serializer, as a codec (see JSON_CODEC). */
   #codec
-  /** l1.maxBytes is set: slots the engine frees are released here too (see #keep). */
+  /** l1.maxBytes is set: slots the engine frees are released here too (see #fill). */
   #bytesBounded = false
 
   constructor(options) {
@@ -499,20 +499,24 @@ class StampedeCache {
       answer.tags ?? null,
       size,
     )
-    this.#keep(slot, value)
+    this.#fill(slot, value)
     // After the value is in place: a subscriber may read the cache.
     this.#publishInvalidations()
     return refresh
   }
 
-  // Keeps `value` at `slot` (if the engine gave one). Under l1.maxBytes, first drops the values
-  // at slots the engine freed since (evicted by size, removed), so memory, not just the count,
-  // stays within the budget; before writing, as `slot` may be one of them, reused.
-  #keep(slot, value) {
+  // Keeps `value` at `slot`, what the engine call that wrote it answered (NO_SLOT or
+  // WRITTEN_NOWHERE: nothing to keep), and returns `slot`. The one place a value is stored at a
+  // slot, called in the JS turn of that engine call, before any await: the engine may hand the
+  // slot to another key at its next call (src/node/mod.rs, "Boundary rules"). Under l1.maxBytes,
+  // first drops the values at slots the engine freed since (evicted by size, removed), so memory,
+  // not just the count, stays within the budget; before writing, as `slot` may be one of them.
+  #fill(slot, value) {
     if (this.#bytesBounded) {
       for (const freed of takeReleased(this.#id)) this.#values[freed] = undefined
     }
     if (slot >= 0) this.#values[slot] = value
+    return slot
   }
 
   async #runLoader(k, flight, loader, policy, stale, purpose, gate, tags) {
@@ -562,7 +566,6 @@ class StampedeCache {
     tags = tags === null ? result.tags : result.tags === null ? tags : [...new Set([...tags, ...result.tags])]
     const inherit = purpose !== PURPOSE_COLD
     if (tags === null && inherit && gate?.tags) tags = gate.tags
-    let slot
     if (this.#redis) {
       this.#held.delete(flight)
       // In Redis (or dropped there as older than what Redis holds, and the lock released)
@@ -588,12 +591,11 @@ class StampedeCache {
       this.#publishInvalidations()
       const outcome = await written
       this.#flights.delete(flight)
-      slot = finishWrite(this.#id, k, flight, outcome !== DROPPED, gate?.stamp ?? -1)
+      this.#fill(finishWrite(this.#id, k, flight, outcome !== DROPPED, gate?.stamp ?? -1), stored)
     } else {
       this.#flights.delete(flight)
-      slot = complete(this.#id, k, flight, computeMs, negative, policy, tags, inherit, size)
+      this.#fill(complete(this.#id, k, flight, computeMs, negative, policy, tags, inherit, size), stored)
     }
-    this.#keep(slot, stored)
     this.#publishInvalidations()
     this.#drainRedisReports()
     return stored
@@ -790,8 +792,7 @@ class StampedeCache {
     }
     const { text, stored, size, fmt } = toStored(this.#codec, value)
     this.#watchInvalidations()
-    const slot = engine.setEntry(this.#id, k, stored === null || stored === undefined, policy, tags, size)
-    this.#keep(slot, stored)
+    const slot = this.#fill(engine.setEntry(this.#id, k, stored === null || stored === undefined, policy, tags, size), stored)
     this.#publishInvalidations()
     this.#publishInvalidation(k, 'local')
     if (!this.#redis) return
@@ -806,7 +807,7 @@ class StampedeCache {
     const k = engine.encodeKey(key)
     this.#watchInvalidations()
     const [slot, removed] = engine.deleteEntry(this.#id, k)
-    if (slot >= 0) this.#values[slot] = undefined
+    this.#fill(slot, undefined)
     this.#publishInvalidations()
     this.#publishInvalidation(k, 'local')
     if (!this.#redis) return removed === 1
