@@ -793,13 +793,15 @@ class StampedeCache {
     const { text, stored, size, fmt } = toStored(this.#codec, value)
     this.#watchInvalidations()
     const slot = this.#fill(engine.setEntry(this.#id, k, stored === null || stored === undefined, policy, tags, size), stored)
+    // Sent before any subscriber runs (one may write the key too): Redis gets the writes in call
+    // order. A zero TTL caches nothing: an older copy in Redis must not come back either.
+    const sent = this.#redis ? redisWrite(this.#id, k, text, slot === WRITTEN_NOWHERE, fmt) : null
     this.#publishInvalidations()
     this.#publishInvalidation(k, 'local')
-    if (!this.#redis) return
-    // A zero TTL caches nothing: an older copy in Redis must not come back either.
-    const sent = await redisWrite(this.#id, k, text, slot === WRITTEN_NOWHERE, fmt)
+    if (sent === null) return
+    const outcome = await sent
     this.#drainRedisReports()
-    if (sent === UNAVAILABLE) throw redisError('set')
+    if (outcome === UNAVAILABLE) throw redisError('set')
   }
 
   async delete(key) {
@@ -808,10 +810,12 @@ class StampedeCache {
     this.#watchInvalidations()
     const [slot, removed] = engine.deleteEntry(this.#id, k)
     this.#fill(slot, undefined)
+    // Sent before any subscriber runs, as for set.
+    const sent = this.#redis ? redisWrite(this.#id, k, undefined, true, FMT_JSON) : null
     this.#publishInvalidations()
     this.#publishInvalidation(k, 'local')
-    if (!this.#redis) return removed === 1
-    const removedRemote = await redisWrite(this.#id, k, undefined, true, FMT_JSON)
+    if (sent === null) return removed === 1
+    const removedRemote = await sent
     this.#drainRedisReports()
     if (removedRemote === UNAVAILABLE) throw redisError('delete')
     return removed === 1 || removedRemote === 1
