@@ -18,8 +18,8 @@ use crate::error::{Error as CoreError, ErrorCode};
 use crate::store::redis::{RedisTier, Reports};
 
 /// One cache instance: the engine, its Redis tier if configured (taken out by `close`), the
-/// envelopes (and tags) `set_entry` wrote that `redis_set` sends next (same JS turn), and the
-/// results of loads being written back, by flight.
+/// envelopes (and tags) `set_entry` wrote that `redis_write` sends next (same JS turn, see
+/// "Boundary rules" in `mod.rs`), and the results of loads being written back, by flight.
 pub struct EngineState {
     pub(super) cache: Cache,
     pub(super) redis: Option<Arc<RedisTier>>,

@@ -6,8 +6,39 @@
 //! no handle unwrapping: each worker thread has its own table and its own instances.
 //!
 //! By concern: `engines` (the table, creating and closing an engine), `options` (what is read
-//! from JS values: options, policies, keys), `hot_path` (`peek`, the raw N-API code),
-//! `local` (the in-process operations), `redis` (the Redis operations).
+//! from JS values: options, policies, keys), `hot_path` (`peek`, and every `unsafe` block),
+//! `local` (the in-process operations), `redis` (the Redis operations), `codes` (the numbers
+//! the facade and the binding agree on, exported to JS).
+//!
+//! # Boundary rules
+//!
+//! What the facade and the binding each rely on the other for. Where code can enforce a rule,
+//! the rule says where it does.
+//!
+//! 1. **Every flight ends exactly once**, with one of: `complete` (no Redis), `writeBack` then
+//!    `finishWrite` (Redis), `adopt` (Redis had the entry), `abandon` (another process holds the
+//!    refresh), `fail` (the loader threw or timed out, or its value could not be serialized), or
+//!    `skip` (`ctx.skipCache()`). Each end takes the flight from the engine only if it is still
+//!    the key's (`Singleflight::take`), so a superseded flight's end writes nothing, and the
+//!    facade drops the flight's promise (`#flights`) at the same point. The tests'
+//!    `assertNoLeaks`/`assertIdle` check that no flight outlives its load (`_debugCounts()`).
+//! 2. **`redisWrite` runs in the JS turn of the `setEntry` that filled `written`**, before any
+//!    `await` and before any user code (a channel subscriber) can run: it sends the envelope that
+//!    call wrote, and queues it behind this instance's earlier writes of the key, so Redis sees
+//!    writes in call order. `redisWrite` takes the key's entry out of `written`; one left over is
+//!    an unsent write (`_debugCounts().unsentWrites`, 0 when idle in the tests). `writeBack`'s
+//!    `prepared` is taken by the `finishWrite` of the same flight (by flight id, after the await).
+//! 3. **A slot is filled before the next `await`**: after a call answers a slot (`complete`,
+//!    `finishWrite`, `adopt`, `setEntry`, `deleteEntry`'s freed slot), the facade stores the
+//!    value there (or drops it) in the same JS turn, since the engine may hand the slot to
+//!    another key at its next call, and a hit there (the hot path is synchronous) reads whatever
+//!    the slot holds. In `index.js`, `#fill(slot, value)` is the one place that stores a value
+//!    at a slot, and each call that answers a slot is its argument (or the statement before it).
+//!    Under `l1.maxBytes`, `#fill` first drops the values at the slots `takeReleased` lists.
+//! 4. **Codes cross as numbers the binding exports** (`codes.rs`); the facade reads them once,
+//!    at load, and declares none itself.
+//! 5. **Errors cross as `napi::Error` whose status is the stable `ERR_*` code** (`js_err`); the
+//!    facade rewraps them as `StampedeCacheError`s. Loader errors never cross.
 
 use crate::error::{Error as CoreError, ErrorCode};
 
@@ -25,7 +56,7 @@ impl AsRef<str> for ErrorCode {
 }
 
 /// Errors reach JS with `code` set to the stable code; the facade rewraps them. (Exported
-/// functions spell `Result<T, JsError>` out: napi-derive recognizes a `Result` return by name.)
+/// functions spell `Result<T, JsErr>` out: napi-derive recognizes a `Result` return by name.)
 type JsErr = napi::Error<ErrorCode>;
 
 fn js_err(e: CoreError) -> JsErr {
