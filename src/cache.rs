@@ -614,13 +614,8 @@ impl<C: Clock> Cache<C> {
         })
     }
 
-    /// Fresh, stale or negative value for `get` (never loads, never refreshes). A miss here is
+    /// Fresh, stale or negative entry for `get` (never loads, never refreshes). A miss here is
     /// counted unless Redis is asked next (`count_miss` false), which counts what it finds.
-    pub fn get(&mut self, key: &str, count_miss: bool) -> Result<Option<Slot>> {
-        Ok(self.get_hit(key, count_miss)?.map(Hit::slot))
-    }
-
-    /// As `get`, saying what kind of hit it was.
     pub fn get_hit(&mut self, key: &str, count_miss: bool) -> Result<Option<Hit>> {
         self.ensure_open()?;
         let hit = self.peek(key, 0.0);
