@@ -95,39 +95,19 @@ const { observeInvalidations, takeInvalidations } = native
 const deleteTags = fromNative(native.deleteTags)
 const clearEntries = fromNative(native.clearEntries)
 
-const STEP_SERVE = 0
-const STEP_LEAD = 1
-// Redis answers (src/node/redis.rs).
-const GATE_FOUND = 0
-const GATE_SKIP = 2
-const GATE_CLOSED = 5
-// What became of a write-back: 0 means Redis holds something newer (keep nothing).
-const DROPPED = 0
-// redisWrite: Redis could not take the change.
-const REDIS_UNAVAILABLE = -1
-// Indexes in a resolved policy (src/node/mod.rs, policy_vec).
-const POLICY_TTL = 0
-const POLICY_HARD_TTL = 1
-const POLICY_NEGATIVE_TTL = 2
-const POLICY_LOAD_TIMEOUT = 5
-// What a flight is for (redisGate's purpose; PAST_VALUE: a cold load past a value Redis has
-// that this cache's serializer could not read).
-const COLD = 0
-const REFRESH = 1
-const FORCE = 2
-const PAST_VALUE = 3
-// As the channels name them, by the numbers above and the engine's (src/node).
-const REASONS = ['cold', 'refresh', 'force']
-// A hit is `slot * 8 + kind * 2 + refresh` (src/node/mod.rs, encode_hit).
-const HIT_STATES = ['fresh', 'stale', 'negative']
-// RedisAnswer.lock (src/node/redis.rs): 0 is no bid.
-const LOCK_OUTCOMES = [undefined, 'won', 'waited', 'took_over', 'gave_up', 'skipped']
+// The codes the engine answers with and the indexes of the arrays it takes, read once, here, from
+// the binding (src/node/codes.rs says what each means). A hit is one integer: the slot is
+// `n >> HIT_SLOT_SHIFT`, the kind `(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK` (its state for the hit
+// channel is HIT_STATES[kind]), and `n & HIT_REFRESH` asks for a background refresh.
+const { HIT_SLOT_SHIFT, HIT_KIND_SHIFT, HIT_KIND_MASK, HIT_REFRESH, HIT_STATES } = native
+const { STEP_SERVE, STEP_LEAD, WRITTEN_NOWHERE } = native
+const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT } = native
+// What a flight is for (redisGate's purpose), and the reason the channels give it.
+const { PURPOSE_COLD, PURPOSE_REFRESH, PURPOSE_FORCE, PURPOSE_PAST_VALUE, REASONS } = native
+const { GATE_FOUND, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, UNAVAILABLE } = native
+// How a value is written in the Redis envelope.
+const { FMT_JSON, FMT_V8, FMT_TEXT, FMT_BYTES } = native
 const noop = () => {}
-// How a value is written in the Redis envelope (src/envelope.rs, Fmt).
-const FMT_JSON = 0
-const FMT_V8 = 1
-const FMT_TEXT = 2
-const FMT_BYTES = 3
 // Tags per entry, and per deleteByTag call, at most.
 const MAX_TAGS = 64
 const MAX_TAG_BYTES = 1024
@@ -330,7 +310,7 @@ class StampedeCache {
   #watchingInvalidations = false
   /** The serializer, as a codec (see JSON_CODEC). */
   #codec
-  /** l1.maxBytes is set: slots the engine frees are released here too (see #keep). */
+  /** l1.maxBytes is set: slots the engine frees are released here too (see #fill). */
   #bytesBounded = false
 
   constructor(options) {
@@ -361,12 +341,12 @@ class StampedeCache {
       return Promise.reject(invalidArgument(`the loader must be a function, got ${loader === null ? 'null' : typeof loader}`))
     }
     if (options === undefined && typeof key === 'string') {
-      // The hot path: slot * 8 + kind * 2 + (1 if a background refresh is due), or -1.
+      // The hot path: a hit (see HIT_SLOT_SHIFT), or a negative number for a miss.
       const r = peek(this.#id, key)
       if (r >= 0) {
-        const value = this.#values[r >> 3]
-        if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', HIT_STATES[(r >> 1) & 3])
-        if (r & 1) this.#refresh(key, loader, null, undefined, value)
+        const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
+        if (r & HIT_REFRESH) this.#refresh(key, loader, null, undefined, value)
         return Promise.resolve(value)
       }
     }
@@ -397,16 +377,16 @@ class StampedeCache {
     this.#watchInvalidations()
     const step = engine.lookup(this.#id, k, policy, force)
     if (step.kind === STEP_SERVE) {
-      const value = this.#values[step.n >> 3]
+      const value = this.#values[step.n >> HIT_SLOT_SHIFT]
       this.#publishInvalidations()
-      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', HIT_STATES[(step.n >> 1) & 3])
-      if (step.n & 1) this.#refresh(k, loader, policy, waitUntil, value, tags)
+      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(step.n))
+      if (step.n & HIT_REFRESH) this.#refresh(k, loader, policy, waitUntil, value, tags)
       return value
     }
     let load
     if (step.kind === STEP_LEAD) {
       const stale = force ? this.#currentValue(k) : undefined
-      load = this.#lead(k, step.n, loader, policy, stale, force ? FORCE : COLD, waitUntil, tags)
+      load = this.#lead(k, step.n, loader, policy, stale, force ? PURPOSE_FORCE : PURPOSE_COLD, waitUntil, tags)
     } else {
       load = this.#flights.get(step.n)
     }
@@ -445,21 +425,19 @@ class StampedeCache {
         const value = this.#decode(gate)
         if (value !== UNREADABLE) {
           this.#flights.delete(flight)
-          this.#adoptDecoded(k, flight, gate, value)
+          const refresh = this.#adoptDecoded(k, flight, purpose === PURPOSE_COLD, gate, value)
           // A cold load answered by Redis is that tier's hit; a refresh found refreshed
           // elsewhere is not a read.
-          if (purpose === COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(gate))
+          if (purpose === PURPOSE_COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', gate.state)
           // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
-          if (purpose === COLD && gate.freshUntil <= Date.now() && gate.retryAfter <= Date.now()) {
-            this.#refresh(k, loader, policy, waitUntil, value, tags)
-          }
+          if (refresh) this.#refresh(k, loader, policy, waitUntil, value, tags)
           return value
         }
         if (tries >= 2) {
           gate = null
           break
         }
-        gate = await this.#gate(k, PAST_VALUE, purpose)
+        gate = await this.#gate(k, PURPOSE_PAST_VALUE, purpose)
       }
     }
     if (gate !== null) {
@@ -472,7 +450,7 @@ class StampedeCache {
       if (gate.kind === GATE_CLOSED) {
         this.#flights.delete(flight)
         // A background refresh just ends (the stale value it had is what its readers got).
-        if (purpose === REFRESH) return stale
+        if (purpose === PURPOSE_REFRESH) return stale
         throw closedError()
       }
     }
@@ -484,9 +462,9 @@ class StampedeCache {
   // flight's `purpose`.
   async #gate(k, ask, purpose) {
     // A cold read first takes the value another process's announcement carried, if any.
-    const gate = (ask === COLD ? takeCarried(this.#id, k, false) : null) ?? (await redisGate(this.#id, k, ask))
+    const gate = (ask === PURPOSE_COLD ? takeCarried(this.#id, k, false) : null) ?? (await redisGate(this.#id, k, ask))
     this.#drainRedisReports()
-    if (gate.lock !== 0 && lockChannel.hasSubscribers) {
+    if (gate.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
       lockChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], outcome: LOCK_OUTCOMES[gate.lock] })
     }
     return gate
@@ -503,13 +481,15 @@ class StampedeCache {
     }
   }
 
-  // Takes an envelope read from Redis into the in-process tier, with its decoded value.
-  #adoptDecoded(k, flight, answer, value) {
+  // Takes an envelope read from Redis into the in-process tier, with its decoded value. Returns
+  // whether the caller (of a cold flight: `cold`) should start a refresh of the stale value.
+  #adoptDecoded(k, flight, cold, answer, value) {
     const size = answer.json === undefined || answer.json === null ? 0 : Buffer.byteLength(answer.json)
-    const slot = adopt(
+    const { slot, refresh } = adopt(
       this.#id,
       k,
       flight,
+      cold,
       answer.freshUntil,
       answer.hardUntil,
       answer.computeMs,
@@ -520,19 +500,24 @@ class StampedeCache {
       answer.tags ?? null,
       size,
     )
-    this.#keep(slot, value)
+    this.#fill(slot, value)
     // After the value is in place: a subscriber may read the cache.
     this.#publishInvalidations()
+    return refresh
   }
 
-  // Keeps `value` at `slot` (if the engine gave one). Under l1.maxBytes, first drops the values
-  // at slots the engine freed since (evicted by size, removed), so memory, not just the count,
-  // stays within the budget; before writing, as `slot` may be one of them, reused.
-  #keep(slot, value) {
+  // Keeps `value` at `slot`, what the engine call that wrote it answered (NO_SLOT or
+  // WRITTEN_NOWHERE: nothing to keep), and returns `slot`. The one place a value is stored at a
+  // slot, called in the JS turn of that engine call, before any await: the engine may hand the
+  // slot to another key at its next call (src/node/mod.rs, "Boundary rules"). Under l1.maxBytes,
+  // first drops the values at slots the engine freed since (evicted by size, removed), so memory,
+  // not just the count, stays within the budget; before writing, as `slot` may be one of them.
+  #fill(slot, value) {
     if (this.#bytesBounded) {
       for (const freed of takeReleased(this.#id)) this.#values[freed] = undefined
     }
     if (slot >= 0) this.#values[slot] = value
+    return slot
   }
 
   async #runLoader(k, flight, loader, policy, stale, purpose, gate, tags) {
@@ -553,7 +538,7 @@ class StampedeCache {
       result.done = true
       await this.#loadFailed(k, flight, token)
       // A caller that has a value (forceRefresh of a live entry) gets it instead of a timeout.
-      if (err instanceof StampedeCacheError && err.code === 'ERR_LOAD_TIMEOUT' && purpose === FORCE && stale !== undefined) {
+      if (err instanceof StampedeCacheError && err.code === 'ERR_LOAD_TIMEOUT' && purpose === PURPOSE_FORCE && stale !== undefined) {
         return stale
       }
       throw err
@@ -580,9 +565,8 @@ class StampedeCache {
     // The call's tags and the loader's; with neither, a refresh keeps the tags of the entry
     // it replaces (the engine knows them in process; the gate read them from Redis).
     tags = tags === null ? result.tags : result.tags === null ? tags : [...new Set([...tags, ...result.tags])]
-    const inherit = purpose !== COLD
+    const inherit = purpose !== PURPOSE_COLD
     if (tags === null && inherit && gate?.tags) tags = gate.tags
-    let slot
     if (this.#redis) {
       this.#held.delete(flight)
       // In Redis (or dropped there as older than what Redis holds, and the lock released)
@@ -598,7 +582,7 @@ class StampedeCache {
         token,
         gate?.fence ?? null,
         gate?.fencedAt ?? -1,
-        purpose === FORCE,
+        purpose === PURPOSE_FORCE,
         tags,
         inherit,
         size,
@@ -608,12 +592,11 @@ class StampedeCache {
       this.#publishInvalidations()
       const outcome = await written
       this.#flights.delete(flight)
-      slot = finishWrite(this.#id, k, flight, outcome !== DROPPED, gate?.stamp ?? -1)
+      this.#fill(finishWrite(this.#id, k, flight, outcome !== DROPPED, gate?.stamp ?? -1), stored)
     } else {
       this.#flights.delete(flight)
-      slot = complete(this.#id, k, flight, computeMs, negative, policy, tags, inherit, size)
+      this.#fill(complete(this.#id, k, flight, computeMs, negative, policy, tags, inherit, size), stored)
     }
-    this.#keep(slot, stored)
     this.#publishInvalidations()
     this.#drainRedisReports()
     return stored
@@ -752,7 +735,7 @@ class StampedeCache {
   #refresh(k, loader, policy, waitUntil, stale, tags = null) {
     const flight = beginRefresh(this.#id, k)
     if (flight < 0) return
-    const load = this.#lead(k, flight, loader, policy, stale, REFRESH, undefined, tags)
+    const load = this.#lead(k, flight, loader, policy, stale, PURPOSE_REFRESH, undefined, tags)
     const done = load.then(noop, (err) => this.#report(err, 'refresh', k))
     this.#background.add(done)
     done.then(() => this.#background.delete(done))
@@ -783,8 +766,8 @@ class StampedeCache {
     const hit = engine.getEntry(this.#id, k)
     this.#publishInvalidations()
     if (hit >= 0) {
-      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', HIT_STATES[(hit >> 1) & 3])
-      return this.#values[hit >> 3]
+      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(hit))
+      return this.#values[hit >> HIT_SLOT_SHIFT]
     }
     if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     if (!this.#redis) return undefined
@@ -793,8 +776,8 @@ class StampedeCache {
     if (answer.kind !== GATE_FOUND) return undefined
     const value = this.#decode(answer)
     if (value === UNREADABLE) return undefined
-    this.#adoptDecoded(k, -1, answer, value)
-    if (hitChannel.hasSubscribers) this.#publishHit(k, 'redis', remoteState(answer))
+    this.#adoptDecoded(k, -1, false, answer, value)
+    if (hitChannel.hasSubscribers) this.#publishHit(k, 'redis', answer.state)
     return value
   }
 
@@ -810,15 +793,16 @@ class StampedeCache {
     }
     const { text, stored, size, fmt } = toStored(this.#codec, value)
     this.#watchInvalidations()
-    const slot = engine.setEntry(this.#id, k, stored === null || stored === undefined, policy, tags, size)
-    this.#keep(slot, stored)
+    const slot = this.#fill(engine.setEntry(this.#id, k, stored === null || stored === undefined, policy, tags, size), stored)
+    // Sent before any subscriber runs (one may write the key too): Redis gets the writes in call
+    // order. A zero TTL caches nothing: an older copy in Redis must not come back either.
+    const sent = this.#redis ? redisWrite(this.#id, k, text, slot === WRITTEN_NOWHERE, fmt) : null
     this.#publishInvalidations()
     this.#publishInvalidation(k, 'local')
-    if (!this.#redis) return
-    // A zero TTL caches nothing: an older copy in Redis must not come back either.
-    const sent = await redisWrite(this.#id, k, text, slot === -2, fmt)
+    if (sent === null) return
+    const outcome = await sent
     this.#drainRedisReports()
-    if (sent === REDIS_UNAVAILABLE) throw redisError('set')
+    if (outcome === UNAVAILABLE) throw redisError('set')
   }
 
   async delete(key) {
@@ -826,13 +810,15 @@ class StampedeCache {
     const k = engine.encodeKey(key)
     this.#watchInvalidations()
     const [slot, removed] = engine.deleteEntry(this.#id, k)
-    if (slot >= 0) this.#values[slot] = undefined
+    this.#fill(slot, undefined)
+    // Sent before any subscriber runs, as for set.
+    const sent = this.#redis ? redisWrite(this.#id, k, undefined, true, FMT_JSON) : null
     this.#publishInvalidations()
     this.#publishInvalidation(k, 'local')
-    if (!this.#redis) return removed === 1
-    const removedRemote = await redisWrite(this.#id, k, undefined, true, FMT_JSON)
+    if (sent === null) return removed === 1
+    const removedRemote = await sent
     this.#drainRedisReports()
-    if (removedRemote === REDIS_UNAVAILABLE) throw redisError('delete')
+    if (removedRemote === UNAVAILABLE) throw redisError('delete')
     return removed === 1 || removedRemote === 1
   }
 
@@ -846,9 +832,8 @@ class StampedeCache {
     const answer = await redisFetch(this.#id, k, false)
     this.#drainRedisReports()
     if (answer.kind !== GATE_FOUND) return undefined
-    const now = Date.now()
     return {
-      state: answer.negative ? 'negative' : answer.freshUntil > now ? 'fresh' : 'stale',
+      state: answer.state,
       freshUntil: answer.freshUntil,
       hardUntil: answer.hardUntil,
       computeMs: answer.computeMs,
@@ -872,7 +857,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local', list)
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === REDIS_UNAVAILABLE) throw redisError('deleteByTag')
+    if (outcome === UNAVAILABLE) throw redisError('deleteByTag')
   }
 
   /**
@@ -890,7 +875,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local')
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === REDIS_UNAVAILABLE) throw redisError('clear')
+    if (outcome === UNAVAILABLE) throw redisError('clear')
   }
 
   stats() {
@@ -932,9 +917,9 @@ class StampedeCache {
   }
 }
 
-// The state of an entry read from Redis, as the hit channel names it.
-function remoteState(answer) {
-  return answer.negative ? 'negative' : answer.freshUntil > Date.now() ? 'fresh' : 'stale'
+// The state of a hit (see HIT_SLOT_SHIFT), as the hit channel names it.
+function hitState(n) {
+  return HIT_STATES[(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK]
 }
 
 function withWaitUntil(waitUntil, fn) {

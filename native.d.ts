@@ -21,9 +21,20 @@ export declare function abandon(id: number, key: string, flight: number): void
 
 /**
  * Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
- * The slot for the value; -1 when the tier keeps nothing; -2 when superseded, expired or dead.
+ * `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found
+ * (a refresh found refreshed elsewhere, and `get`, start none).
  */
-export declare function adopt(id: number, key: string, flight: number, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number): number
+export declare function adopt(id: number, key: string, flight: number, cold: boolean, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number): Adopted
+
+/**
+ * What `adopt` did: the slot for the value (`NO_SLOT` when the tier keeps nothing,
+ * `WRITTEN_NOWHERE` when superseded, expired or dead), and whether the caller, served a stale
+ * value, should start its refresh.
+ */
+export interface Adopted {
+  slot: number
+  refresh: boolean
+}
 
 /** Registers the background refresh a hit asked for: its flight id, or -1 if one already runs. */
 export declare function beginRefresh(id: number, key: string): number
@@ -33,7 +44,7 @@ export declare function beginRefresh(id: number, key: string): number
  * in Redis after this instance's earlier writes: the clear clock (every entry born before it
  * is dead everywhere), then a sweep that deletes those entries (SCAN, one batch at a time).
  * Resolves 1 once Redis holds the clear (a failed sweep is reported, not thrown: the entries
- * are dead already), 0 without Redis, -1 when Redis could not take it.
+ * are dead already), 0 without Redis, `UNAVAILABLE` when Redis could not take it.
  */
 export declare function clearEntries(id: number): Promise<number>
 
@@ -46,8 +57,8 @@ export declare function closeEngine(id: number, held?: Array<Array<string>> | un
 
 /**
  * The loader of `flight` returned (a cache without Redis; with Redis, `write_back` then
- * `finish_write`): the slot to keep the value at, -1 when the in-process tier keeps nothing,
- * -2 when the flight was superseded (its result is written nowhere). `tags`: the result's;
+ * `finish_write`): the slot to keep the value at, `NO_SLOT` when the in-process tier keeps
+ * nothing, `WRITTEN_NOWHERE` when the flight was superseded. `tags`: the result's;
  * `inherit` (a refresh): none given keeps the replaced entry's. `size`: serialized bytes.
  */
 export declare function complete(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy: Array<number> | undefined | null, tags: Array<string> | undefined | null, inherit: boolean, size: number): number
@@ -58,7 +69,10 @@ export declare function complete(id: number, key: string, flight: number, comput
  */
 export declare function createEngine(options?: object | undefined | null): ExternalObject<EngineToken>
 
-/** The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or -1. */
+/**
+ * The slot of a live entry without counting a read (for `ctx.stale` on forceRefresh), or
+ * `NO_SLOT`.
+ */
 export declare function currentSlot(id: number, key: string): number
 
 /**
@@ -73,16 +87,19 @@ export declare function debugCounts(id: number): Array<number>
  */
 export declare function defaultPolicy(id: number): Array<number>
 
-/** `[freedSlot or -1, 1 if a live entry was removed else 0]`. */
+/** `[freedSlot or NO_SLOT, 1 if a live entry was removed else 0]`. */
 export declare function deleteEntry(id: number, key: string): Array<number>
 
 /**
  * `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
  * that began before and will carry one, is dead), then in Redis after this instance's earlier
- * writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis, -1 when
- * Redis could not take it (the effect here is kept; see `Cache::revert_tags`).
+ * writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis,
+ * `UNAVAILABLE` when Redis could not take it (the effect here is kept; see `Cache::revert_tags`).
  */
 export declare function deleteTags(id: number, tags: Array<string>): Promise<number>
+
+/** Redis holds something newer: keep nothing. */
+export declare const DROPPED: number
 
 /** Validates a key and returns its string form (array keys encoded, see `key.rs`). */
 export declare function encodeKey(key: unknown): string
@@ -103,28 +120,108 @@ export interface EntryInfo {
 export declare function fail(id: number, key: string, flight: number): number
 
 /**
- * Ends `flight` after its write-back: the slot its value goes to, -1 when the in-process tier
- * keeps nothing, -2 when it is kept nowhere (dropped, superseded, invalidated since `stamp`).
+ * Ends `flight` after its write-back: the slot its value goes to, `NO_SLOT` when the in-process
+ * tier keeps nothing, `WRITTEN_NOWHERE` when it is kept nowhere (dropped, superseded,
+ * invalidated since `stamp`).
  */
 export declare function finishWrite(id: number, key: string, flight: number, keep: boolean, stamp: number): number
 
+/** A custom serializer's bytes. */
+export declare const FMT_BYTES: number
+
+/** How a value is written in the Redis envelope (`fmt`, see `envelope::Fmt`): JSON. */
+export declare const FMT_JSON: number
+
+/** A custom serializer's string. */
+export declare const FMT_TEXT: number
+
+/** `node:v8` serialization, as base64. */
+export declare const FMT_V8: number
+
+/** The cache closed meanwhile: no loader runs. */
+export declare const GATE_CLOSED: number
+
+/** What a Redis answer says to do next (`RedisAnswer.kind`): take the entry Redis has (`adopt`). */
+export declare const GATE_FOUND: number
+
+/** Call the loader (holding the lock if the answer has a token). */
+export declare const GATE_LEAD: number
+
+/** `redisFetch`: Redis has no entry. */
+export declare const GATE_MISSING: number
+
+/** Another process holds the refresh: `abandon` the flight. */
+export declare const GATE_SKIP: number
+
+/** `redisFetch`: Redis could not be asked. */
+export declare const GATE_UNAVAILABLE: number
+
 /**
- * A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or -1.
+ * A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or `MISS`.
  * With Redis, a miss here is counted by the Redis read that follows.
  */
 export declare function getEntry(id: number, key: string): number
 
 export declare function hasRedis(id: number): boolean
 
+export declare const HIT_KIND_MASK: number
+
+/** A hit's kind is `(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK`, an index in `HIT_STATES`. */
+export declare const HIT_KIND_SHIFT: number
+
+/** Set in a hit that asks the facade to start a background refresh. */
+export declare const HIT_REFRESH: number
+
+/**
+ * A hit (from `peek`, `lookup` or `getEntry`) is one integer, so the hot path returns a number
+ * and allocates nothing: `slot << HIT_SLOT_SHIFT | kind << HIT_KIND_SHIFT | refresh`. A miss is
+ * negative (`MISS`).
+ */
+export declare const HIT_SLOT_SHIFT: number
+
+/** The state of a hit of each kind, as the hit channel reports it. */
+export declare const HIT_STATES: string[]
+
 export declare function inspectEntry(id: number, key: string): EntryInfo | null
+
+export declare const LOCK_GAVE_UP: number
+
+/** What became of a bid for the Redis lock (`RedisAnswer.lock`, see `LockOutcome`): no bid. */
+export declare const LOCK_NONE: number
+
+/** The `outcome` the lock channel reports, by `LOCK_*` code (no bid is not reported). */
+export declare const LOCK_OUTCOMES: string[]
+
+export declare const LOCK_SKIPPED: number
+
+export declare const LOCK_TOOK_OVER: number
+
+export declare const LOCK_WAITED: number
+
+export declare const LOCK_WON: number
 
 export declare function lookup(id: number, key: string, policy: Array<number> | undefined | null, force: boolean): LookupStep
 
-/** `kind` 0: serve `n` (see `encode_hit`); 1: lead flight `n`; 2: join flight `n`. */
+/** `kind`: `STEP_SERVE` the hit `n`, `STEP_LEAD` flight `n`, or `STEP_JOIN` flight `n`. */
 export interface LookupStep {
   kind: number
   n: number
 }
+
+/** No usable entry. */
+export declare const MISS: number
+
+/**
+ * A write answers the slot to keep its value at (`>= 0`), or this when the in-process tier keeps
+ * nothing (Redis may).
+ */
+export declare const NO_SLOT: number
+
+/**
+ * Nothing was sent: nothing to write (superseded, closed), or the load began unfenced or too
+ * long ago (kept in process only).
+ */
+export declare const NOT_SENT: number
 
 /** The loader of `flight` is about to run. */
 export declare function noteLoaderCall(id: number, key: string, flight: number): void
@@ -135,8 +232,41 @@ export declare function noteLoaderCall(id: number, key: string, flight: number):
  */
 export declare function observeInvalidations(id: number, on: boolean): void
 
+export declare const POLICY_BETA: number
+
+export declare const POLICY_FIELDS: number
+
+export declare const POLICY_HARD_TTL: number
+
+export declare const POLICY_JITTER: number
+
+export declare const POLICY_LOAD_TIMEOUT: number
+
+export declare const POLICY_NEGATIVE_TTL: number
+
 /**
- * A Redis answer. `found`: the envelope's times, its tags, and the value as JSON (`json`
+ * A call's policy as the facade holds it (`resolvePolicy`, `defaultPolicy`) is an array of
+ * `POLICY_FIELDS` numbers, indexed by the `POLICY_*` codes.
+ */
+export declare const POLICY_TTL: number
+
+/** What a flight is for, and asks Redis for (`redisGate`'s `purpose`): a load on a miss. */
+export declare const PURPOSE_COLD: number
+
+/** A `forceRefresh` call. */
+export declare const PURPOSE_FORCE: number
+
+/** A cold load whose serializer could not read the value Redis has: the lock is taken past it. */
+export declare const PURPOSE_PAST_VALUE: number
+
+/** A background refresh of a stale or early-refreshed entry. */
+export declare const PURPOSE_REFRESH: number
+
+/** The `reason` the channels give a flight, by purpose (`PURPOSE_COLD` to `PURPOSE_FORCE`). */
+export declare const REASONS: string[]
+
+/**
+ * A Redis answer; `kind` (a `GATE_*` code) says what to do next. `found`: the envelope's times, its tags, and the value as JSON (`json`
  * absent for a cached `undefined`; for a v8 or custom serializer, a JSON string of base64 or
  * text, as `fmt` says). `lead`: call the loader, holding the lock if `token` is set, fenced by
  * `fence`/`fencedAt` if set, born at `born` (hand them back to `writeBack`); `tags`: the
@@ -158,7 +288,7 @@ export interface RedisAnswer {
    * `finishWrite`); -1 for none.
    */
   stamp: number
-  /** What became of the bid for the lock (`LOCK_*`), for the facade's lock channel. */
+  /** What became of the bid for the lock (a `LOCK_*` code), for the facade's lock channel. */
   lock: number
   /**
    * The namespace clock the entry was born at (found), or Redis had at the gate (lead); -1
@@ -166,8 +296,13 @@ export interface RedisAnswer {
    */
   born: number
   tags?: Array<string>
-  /** 0 json, 1 v8, 2 custom string, 3 custom bytes. */
+  /** The value's format (a `FMT_*` code). */
   fmt: number
+  /**
+   * `found`: the entry's state when Redis answered (fresh, stale or negative), as `inspect`
+   * and the hit channel report it.
+   */
+  state?: string
 }
 
 /**
@@ -182,7 +317,10 @@ export declare function redisFailed(id: number, key: string, token: string | und
  */
 export declare function redisFetch(id: number, key: string, count: boolean): Promise<RedisAnswer>
 
-/** Asks Redis before a load (`purpose`: cold, refresh or force): found / lead / skip / closed. */
+/**
+ * Asks Redis before a load (`purpose`: a `PURPOSE_*` code; anything unknown is a cold load):
+ * found / lead / skip / closed.
+ */
 export declare function redisGate(id: number, key: string, purpose: number): Promise<RedisAnswer>
 
 export interface RedisReport {
@@ -194,19 +332,19 @@ export interface RedisReport {
 /**
  * Sends what `set_entry` just wrote (or, with `delete`, the key's removal) to Redis after this
  * instance's earlier writes of the key. Resolves 1 when a value key existed before, 0 when not,
- * -1 when Redis could not take the change.
+ * `UNAVAILABLE` when Redis could not take the change.
  */
 export declare function redisWrite(id: number, key: string, valueJson: string | undefined | null, delete: boolean, fmt: number): Promise<number>
 
 /**
  * Validates a call's options (`getOrLoad` or `set`) and returns the policy its entry is written
- * with: `[ttl, hardTtl, negativeTtl, jitter, beta, loadTimeout]`.
+ * with (see `policy_vec`).
  */
 export declare function resolvePolicy(id: number, options: object, forSet: boolean): Array<number>
 
 /**
- * Writes a value given to `set`: its slot, -1 when the in-process tier keeps nothing, -2 when a
- * zero TTL caches nothing at all.
+ * Writes a value given to `set`: its slot, `NO_SLOT` when the in-process tier keeps nothing,
+ * `WRITTEN_NOWHERE` when a zero TTL caches nothing at all.
  */
 export declare function setEntry(id: number, key: string, negative: boolean, policy: Array<number> | undefined | null, tags: Array<string> | undefined | null, size: number): number
 
@@ -236,6 +374,15 @@ export interface Stats {
   l1Bytes: number
 }
 
+/** Join flight `n`: await its leader's promise. */
+export declare const STEP_JOIN: number
+
+/** Lead flight `n`: ask Redis if configured, call the loader, end the flight. */
+export declare const STEP_LEAD: number
+
+/** What `lookup` says to do (`LookupStep.kind`): serve the hit `n`. */
+export declare const STEP_SERVE: number
+
 /**
  * The envelope another process's announcement carried for `key` (see
  * `store/redis/carried.rs`), as a found answer, if nothing was heard of the key since: the read
@@ -258,11 +405,24 @@ export declare function takeRedisReports(id: number): Array<RedisReport>
  */
 export declare function takeReleased(id: number): Array<number>
 
+/** Redis could not take it. */
+export declare const UNAVAILABLE: number
+
 /**
  * The loader of `flight` returned: prepares its entry (the flight stays registered, so callers
  * keep joining it) and writes it back to Redis, fenced by what the gate read, after this
  * instance's earlier writes of the key; always releases `token`'s lock. Resolves with what
- * became of it; then call `finish_write`, whose `keep` is "not dropped". `tags`, `inherit`,
- * `size` as for `complete`; `born`: the gate's (-1: none); `fmt`: the value's format code.
+ * became of it (`WRITTEN`, `DROPPED`, `UNAVAILABLE`, `NOT_SENT`); then call `finish_write`,
+ * whose `keep` is "not `DROPPED`". `tags`, `inherit`,
+ * `size` as for `complete`; `born`: the gate's (-1: none); `fmt`: a `FMT_*` code.
  */
 export declare function writeBack(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy: Array<number> | undefined | null, valueJson: string | undefined | null, token: string | undefined | null, fence: string | undefined | null, fencedAt: number, forced: boolean, tags: Array<string> | undefined | null, inherit: boolean, size: number, born: number, fmt: number): Promise<number>
+
+/**
+ * What became of a write sent to Redis: a write-back (`writeBack`: all four), or a `set`,
+ * `delete`, `deleteByTag` or `clear` (`UNAVAILABLE`). Written.
+ */
+export declare const WRITTEN: number
+
+/** A write kept nowhere: a superseded flight, a zero TTL, a result Redis dropped. */
+export declare const WRITTEN_NOWHERE: number

@@ -223,6 +223,43 @@ test('a subscriber that calls the cache while it is told of a miss, a hit or a l
   for (const v of values) assert.deepEqual(v, { n: 1 })
 })
 
+test('Redis: a subscriber told of a set or delete that sets the same key: every write succeeds and Redis ends with the last one called', { timeout: 30_000 }, async (t) => {
+  const redis = new RedisServer()
+  t.after(() => redis.dispose())
+  await redis.start()
+  const namespace = `reentrantw${process.pid}`
+  const cache = new StampedeCache({ redis: redis.url, namespace })
+  t.after(() => cache.close())
+  const inRedis = async () => {
+    const raw = await redis.cmd('GET', `${namespace}:v:{k}`)
+    return raw === null ? undefined : JSON.parse(raw).value
+  }
+  let inner = null
+  let armed = true
+  const onInvalidate = (m) => {
+    if (m.cache !== cache || m.key !== 'k' || m.source !== 'local' || !armed) return
+    // Disarmed first: the inner set is told of too.
+    armed = false
+    inner = cache.set('k', 'inner')
+  }
+  dc.subscribe('stampede-cache:invalidate', onInvalidate)
+  t.after(() => dc.unsubscribe('stampede-cache:invalidate', onInvalidate))
+
+  // The outer write reaches Redis before the subscriber runs (docs: src/node/mod.rs, "Boundary
+  // rules"), so it is not lost to the inner one, and the inner one, called last, wins everywhere.
+  await cache.set('k', 'outer')
+  await inner
+  assert.equal(await cache.get('k'), 'inner')
+  assert.equal(await inRedis(), 'inner')
+
+  armed = true
+  assert.equal(await cache.delete('k'), true)
+  await inner
+  assert.equal(await cache.get('k'), 'inner')
+  assert.equal(await inRedis(), 'inner')
+  assert.equal(cache._debugCounts().unsentWrites, 0)
+})
+
 test("Redis: two instances; lock outcomes, Redis hits and bus invalidations reach each instance's subscribers in order", { timeout: 60_000 }, async (t) => {
   const redis = new RedisServer()
   t.after(() => redis.dispose())

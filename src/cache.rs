@@ -113,7 +113,18 @@ pub enum EntryState {
 }
 
 impl EntryState {
-    pub fn as_str(self) -> &'static str {
+    /// The state of a live (not expired) entry at `now`.
+    pub fn of_live(env: &Envelope, now: f64) -> EntryState {
+        if env.negative {
+            EntryState::Negative
+        } else if now < env.fresh_until {
+            EntryState::Fresh
+        } else {
+            EntryState::Stale
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
         match self {
             EntryState::Fresh => "fresh",
             EntryState::Stale => "stale",
@@ -635,13 +646,8 @@ impl<C: Clock> Cache<C> {
         })
     }
 
-    /// Fresh, stale or negative value for `get` (never loads, never refreshes). A miss here is
+    /// Fresh, stale or negative entry for `get` (never loads, never refreshes). A miss here is
     /// counted unless Redis is asked next (`count_miss` false), which counts what it finds.
-    pub fn get(&mut self, key: &str, count_miss: bool) -> Result<Option<Slot>> {
-        Ok(self.get_hit(key, count_miss)?.map(Hit::slot))
-    }
-
-    /// As `get`, saying what kind of hit it was.
     pub fn get_hit(&mut self, key: &str, count_miss: bool) -> Result<Option<Hit>> {
         self.ensure_open()?;
         let hit = self.peek(key, 0.0);
@@ -744,14 +750,12 @@ impl<C: Clock> Cache<C> {
             return Ok(None);
         }
         let env = e.envelope;
-        let state = match env.state(self.clock.now_ms()) {
-            State::Expired => return Ok(None),
-            _ if env.negative => EntryState::Negative,
-            State::Fresh => EntryState::Fresh,
-            State::Stale => EntryState::Stale,
-        };
+        let now = self.clock.now_ms();
+        if env.state(now) == State::Expired {
+            return Ok(None);
+        }
         Ok(Some(EntryInfo {
-            state,
+            state: EntryState::of_live(&env, now),
             fresh_until: env.fresh_until,
             hard_until: env.hard_until,
             compute_ms: env.compute_ms,
@@ -834,6 +838,15 @@ mod tests {
             .unwrap()
             .slot
             .unwrap()
+    }
+
+    #[test]
+    fn a_live_entry_reads_fresh_stale_or_negative() {
+        let e = Envelope::new(1_000.0, 100.0, 1_000.0, 5.0, false);
+        assert_eq!(EntryState::of_live(&e, 1_099.0), EntryState::Fresh);
+        assert_eq!(EntryState::of_live(&e, 1_100.0), EntryState::Stale);
+        let n = Envelope::new(1_000.0, 100.0, 100.0, 5.0, true);
+        assert_eq!(EntryState::of_live(&n, 1_000.0), EntryState::Negative);
     }
 
     #[test]

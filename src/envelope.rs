@@ -90,7 +90,7 @@ impl Fmt {
         }
     }
 
-    pub fn code(self) -> u32 {
+    pub const fn code(self) -> u32 {
         match self {
             Fmt::Json => 0,
             Fmt::V8 => 1,
@@ -174,6 +174,12 @@ impl Envelope {
     #[inline]
     pub fn refresh_allowed(&self, now: f64) -> bool {
         now >= self.retry_after
+    }
+
+    /// A caller served this entry, stale, should start its refresh: past fresh, and no error
+    /// backoff in force.
+    pub fn refresh_due(&self, now: f64) -> bool {
+        now >= self.fresh_until && self.refresh_allowed(now)
     }
 
     /// Milliseconds the entry has left to live at `now`, rounded up, at least 1 (a Redis PX).
@@ -329,6 +335,16 @@ fn push_number(out: &mut String, n: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refresh_is_due_past_fresh_unless_backed_off() {
+        let mut e = Envelope::new(1_000.0, 100.0, 1_000.0, 5.0, false);
+        assert!(!e.refresh_due(1_099.0));
+        assert!(e.refresh_due(1_100.0));
+        e.retry_after = 1_500.0;
+        assert!(!e.refresh_due(1_499.0));
+        assert!(e.refresh_due(1_500.0));
+    }
 
     #[test]
     fn states_follow_the_two_ttls() {

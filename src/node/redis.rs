@@ -9,8 +9,16 @@ use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use tokio::sync::oneshot;
 
-use super::{engine, napi_fail, policy_of, settle, with_engine, JsErr};
-use crate::cache::Extra;
+use super::codes::{
+    lock_code, DROPPED, GATE_CLOSED, GATE_FOUND, GATE_LEAD, GATE_MISSING, GATE_SKIP,
+    GATE_UNAVAILABLE, LOCK_NONE, NOT_SENT, NO_SLOT, PURPOSE_FORCE, PURPOSE_PAST_VALUE,
+    PURPOSE_REFRESH, UNAVAILABLE, WRITTEN, WRITTEN_NOWHERE,
+};
+use super::engines::{engine, with_engine};
+use super::options::policy_of;
+use super::{napi_fail, settle, JsErr};
+use crate::cache::{EntryState, Extra};
+use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Body, Envelope, Fmt};
 use crate::error::ErrorCode;
 use crate::inbox::Stamp;
@@ -37,21 +45,7 @@ fn tier(id: u32) -> Option<Arc<RedisTier>> {
     engine(id).and_then(|e| e.borrow().redis.clone())
 }
 
-/// `kind`: what the facade does next.
-pub const GATE_FOUND: u32 = 0;
-pub const GATE_LEAD: u32 = 1;
-pub const GATE_SKIP: u32 = 2;
-pub const GATE_MISSING: u32 = 3;
-pub const GATE_UNAVAILABLE: u32 = 4;
-pub const GATE_CLOSED: u32 = 5;
-
-/// Why a flight asks Redis (`redis_gate`'s `purpose`; anything else is a cold load).
-pub const PURPOSE_REFRESH: u32 = 1;
-pub const PURPOSE_FORCE: u32 = 2;
-/// A cold load whose serializer could not read the value Redis has: the lock is taken past it.
-pub const PURPOSE_PAST_VALUE: u32 = 3;
-
-/// A Redis answer. `found`: the envelope's times, its tags, and the value as JSON (`json`
+/// A Redis answer; `kind` (a `GATE_*` code) says what to do next. `found`: the envelope's times, its tags, and the value as JSON (`json`
 /// absent for a cached `undefined`; for a v8 or custom serializer, a JSON string of base64 or
 /// text, as `fmt` says). `lead`: call the loader, holding the lock if `token` is set, fenced by
 /// `fence`/`fencedAt` if set, born at `born` (hand them back to `writeBack`); `tags`: the
@@ -71,33 +65,17 @@ pub struct RedisAnswer {
     /// The key's invalidation stamp before Redis was asked (hand it back to `adopt` or
     /// `finishWrite`); -1 for none.
     pub stamp: f64,
-    /// What became of the bid for the lock (`LOCK_*`), for the facade's lock channel.
+    /// What became of the bid for the lock (a `LOCK_*` code), for the facade's lock channel.
     pub lock: u32,
     /// The namespace clock the entry was born at (found), or Redis had at the gate (lead); -1
     /// for none.
     pub born: f64,
     pub tags: Option<Vec<String>>,
-    /// 0 json, 1 v8, 2 custom string, 3 custom bytes.
+    /// The value's format (a `FMT_*` code).
     pub fmt: u32,
-}
-
-/// `lock`: no bid, won, waited, took over, gave up, skipped (see `LockOutcome`).
-pub const LOCK_NONE: u32 = 0;
-pub const LOCK_WON: u32 = 1;
-pub const LOCK_WAITED: u32 = 2;
-pub const LOCK_TOOK_OVER: u32 = 3;
-pub const LOCK_GAVE_UP: u32 = 4;
-pub const LOCK_SKIPPED: u32 = 5;
-
-fn lock_code(outcome: LockOutcome) -> u32 {
-    match outcome {
-        LockOutcome::None => LOCK_NONE,
-        LockOutcome::Won => LOCK_WON,
-        LockOutcome::Waited => LOCK_WAITED,
-        LockOutcome::TookOver => LOCK_TOOK_OVER,
-        LockOutcome::GaveUp => LOCK_GAVE_UP,
-        LockOutcome::Skipped => LOCK_SKIPPED,
-    }
+    /// `found`: the entry's state when Redis answered (fresh, stale or negative), as `inspect`
+    /// and the hit channel report it.
+    pub state: Option<String>,
 }
 
 impl RedisAnswer {
@@ -118,6 +96,7 @@ impl RedisAnswer {
             born: -1.0,
             tags: None,
             fmt: 0,
+            state: None,
         }
     }
 
@@ -133,12 +112,20 @@ impl RedisAnswer {
             born: e.born as f64,
             tags: (!r.tags.is_empty()).then_some(r.tags),
             fmt: r.fmt.code(),
+            // Redis keeps an entry until its hardUntil, so one found is live (past hardUntil by
+            // this clock, it reads as stale).
+            state: Some(
+                EntryState::of_live(&e, SystemClock.now_ms())
+                    .as_str()
+                    .to_string(),
+            ),
             ..RedisAnswer::kind(GATE_FOUND, Some(r.stamp))
         }
     }
 }
 
-/// Asks Redis before a load (`purpose`: cold, refresh or force): found / lead / skip / closed.
+/// Asks Redis before a load (`purpose`: a `PURPOSE_*` code; anything unknown is a cold load):
+/// found / lead / skip / closed.
 #[napi]
 pub fn redis_gate(
     env: &Env,
@@ -237,13 +224,24 @@ pub fn redis_fetch(
     })
 }
 
+/// What `adopt` did: the slot for the value (`NO_SLOT` when the tier keeps nothing,
+/// `WRITTEN_NOWHERE` when superseded, expired or dead), and whether the caller, served a stale
+/// value, should start its refresh.
+#[napi(object)]
+pub struct Adopted {
+    pub slot: i32,
+    pub refresh: bool,
+}
+
 /// Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
-/// The slot for the value; -1 when the tier keeps nothing; -2 when superseded, expired or dead.
+/// `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found
+/// (a refresh found refreshed elsewhere, and `get`, start none).
 #[napi]
 pub fn adopt(
     id: u32,
     key: String,
     flight: f64,
+    cold: bool,
     fresh_until: f64,
     hard_until: f64,
     compute_ms: f64,
@@ -253,7 +251,7 @@ pub fn adopt(
     born: f64,
     tags: Option<Vec<String>>,
     size: f64,
-) -> i32 {
+) -> Adopted {
     let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
     let envelope = Envelope {
         fresh_until,
@@ -269,12 +267,18 @@ pub fn adopt(
         size: size as u64,
     };
     with_engine(id, |e| {
-        Ok(match e.cache.adopt(&key, flight, envelope, extra, stamp) {
-            None => -2,
-            Some(slot) => slot.map_or(-1, |s| s as i32),
-        })
+        // Decided whether or not the entry is kept here: the caller was served it either way.
+        let refresh = cold && envelope.refresh_due(e.cache.now());
+        let slot = match e.cache.adopt(&key, flight, envelope, extra, stamp) {
+            None => WRITTEN_NOWHERE,
+            Some(slot) => slot.map_or(NO_SLOT, |s| s as i32),
+        };
+        Ok(Adopted { slot, refresh })
     })
-    .unwrap_or(-2)
+    .unwrap_or(Adopted {
+        slot: WRITTEN_NOWHERE,
+        refresh: false,
+    })
 }
 
 /// Another process holds the refresh: end `flight` and hold local refreshes back meanwhile.
@@ -288,17 +292,12 @@ pub fn abandon(id: u32, key: String, flight: f64) {
     });
 }
 
-/// What became of a write-back (`write_back`'s answer).
-pub const WRITTEN: i32 = 1;
-pub const DROPPED: i32 = 0;
-pub const UNAVAILABLE: i32 = -1;
-pub const NOT_SENT: i32 = -2;
-
 /// The loader of `flight` returned: prepares its entry (the flight stays registered, so callers
 /// keep joining it) and writes it back to Redis, fenced by what the gate read, after this
 /// instance's earlier writes of the key; always releases `token`'s lock. Resolves with what
-/// became of it; then call `finish_write`, whose `keep` is "not dropped". `tags`, `inherit`,
-/// `size` as for `complete`; `born`: the gate's (-1: none); `fmt`: the value's format code.
+/// became of it (`WRITTEN`, `DROPPED`, `UNAVAILABLE`, `NOT_SENT`); then call `finish_write`,
+/// whose `keep` is "not `DROPPED`". `tags`, `inherit`,
+/// `size` as for `complete`; `born`: the gate's (-1: none); `fmt`: a `FMT_*` code.
 #[napi]
 pub fn write_back(
     env: &Env,
@@ -384,8 +383,9 @@ pub fn write_back(
     })
 }
 
-/// Ends `flight` after its write-back: the slot its value goes to, -1 when the in-process tier
-/// keeps nothing, -2 when it is kept nowhere (dropped, superseded, invalidated since `stamp`).
+/// Ends `flight` after its write-back: the slot its value goes to, `NO_SLOT` when the in-process
+/// tier keeps nothing, `WRITTEN_NOWHERE` when it is kept nowhere (dropped, superseded,
+/// invalidated since `stamp`).
 #[napi]
 pub fn finish_write(id: u32, key: String, flight: f64, keep: bool, stamp: f64) -> i32 {
     let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
@@ -393,7 +393,7 @@ pub fn finish_write(id: u32, key: String, flight: f64, keep: bool, stamp: f64) -
         let Some(prepared) = e.prepared.remove(&(flight as u64)) else {
             // Superseded before it was prepared: only the flight ends.
             e.cache.finish_write(&key, flight as u64, None, false, None);
-            return Ok(-2);
+            return Ok(WRITTEN_NOWHERE);
         };
         let keep = keep && prepared.is_some();
         Ok(
@@ -402,17 +402,17 @@ pub fn finish_write(id: u32, key: String, flight: f64, keep: bool, stamp: f64) -
                 .finish_write(&key, flight as u64, prepared, keep, stamp)
             {
                 Some(slot) => slot as i32,
-                None if keep => -1,
-                None => -2,
+                None if keep => NO_SLOT,
+                None => WRITTEN_NOWHERE,
             },
         )
     })
-    .unwrap_or(-2)
+    .unwrap_or(WRITTEN_NOWHERE)
 }
 
 /// Sends what `set_entry` just wrote (or, with `delete`, the key's removal) to Redis after this
 /// instance's earlier writes of the key. Resolves 1 when a value key existed before, 0 when not,
-/// -1 when Redis could not take the change.
+/// `UNAVAILABLE` when Redis could not take the change.
 #[napi]
 pub fn redis_write(
     env: &Env,
@@ -518,8 +518,8 @@ pub fn has_redis(id: u32) -> bool {
 
 /// `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
 /// that began before and will carry one, is dead), then in Redis after this instance's earlier
-/// writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis, -1 when
-/// Redis could not take it (the effect here is kept; see `Cache::revert_tags`).
+/// writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis,
+/// `UNAVAILABLE` when Redis could not take it (the effect here is kept; see `Cache::revert_tags`).
 #[napi]
 pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'_, i32>, JsErr> {
     let (tx, rx) = oneshot::channel();
@@ -568,7 +568,7 @@ pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'
 /// in Redis after this instance's earlier writes: the clear clock (every entry born before it
 /// is dead everywhere), then a sweep that deletes those entries (SCAN, one batch at a time).
 /// Resolves 1 once Redis holds the clear (a failed sweep is reported, not thrown: the entries
-/// are dead already), 0 without Redis, -1 when Redis could not take it.
+/// are dead already), 0 without Redis, `UNAVAILABLE` when Redis could not take it.
 #[napi]
 pub fn clear_entries(env: &Env, id: u32) -> Result<PromiseRaw<'_, i32>, JsErr> {
     let (tx, rx) = oneshot::channel();

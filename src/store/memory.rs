@@ -68,10 +68,6 @@ impl MemoryStore {
         }
     }
 
-    pub fn enabled(&self) -> bool {
-        self.lru.is_some()
-    }
-
     /// The key's entry, marked most recently used.
     #[inline]
     pub fn get(&mut self, key: &str) -> Option<&mut Entry> {
@@ -268,7 +264,6 @@ mod tests {
     #[test]
     fn disabled_tier_keeps_nothing() {
         let mut s = MemoryStore::new(None, None);
-        assert!(!s.enabled());
         assert_eq!(put(&mut s, "a", 1), None);
         assert!(s.get("a").is_none());
     }

@@ -1,0 +1,143 @@
+//! The hot path: `peek`, a raw N-API function, and the hit encoding it shares with the other
+//! reads. Every `unsafe` block of the binding is in this file (the raw N-API calls, and the one
+//! conversion of a JS value whose type napi cannot check for us, `checked_cast`), so the code the
+//! compiler cannot check is read in one place.
+
+use napi::bindgen_prelude::*;
+use napi::sys;
+use napi_derive::napi;
+
+use super::codes::{encode_hit, MISS};
+use super::engines::ENGINES;
+use crate::key;
+
+/// N-API copies at most `KEY_BUF - 1` bytes and cuts at a character boundary (up to 3 bytes
+/// short), so a copy of at most MAX_KEY_BYTES bytes is the whole string: a longer string would
+/// have filled at least `KEY_BUF - 4` = MAX_KEY_BYTES + 1 bytes.
+const KEY_BUF: usize = key::MAX_KEY_BYTES + 5;
+
+/// The hot path: a usable entry for a string key under the default policy, as `encode_hit`
+/// (refresh = 1 asks the facade to start a background refresh), or -1.
+///
+/// Registered as a raw N-API callback rather than through `#[napi]`: the macro's per-call
+/// machinery (argument validation, borrow scopes) cost more than the lookup itself, and this
+/// function only reads two primitives and returns an int. The key is read into a stack buffer,
+/// so a hit allocates nothing and never converts or copies the cached value.
+unsafe extern "C" fn peek_raw(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
+    let mut argc = 2usize;
+    let mut argv = [std::ptr::null_mut(); 2];
+    let mut out = std::ptr::null_mut();
+    // Not zeroed: N-API writes the bytes it reports, and only those are read.
+    let mut buf = std::mem::MaybeUninit::<[u8; KEY_BUF]>::uninit();
+    // SAFETY: Node calls this on the JS thread with a valid env and callback info; every
+    // out-pointer is a live local; `buf`'s length is passed with it, and the slice reads only the
+    // `len` bytes N-API reports having written there (at most `KEY_BUF - 1`).
+    unsafe {
+        let mut code = MISS;
+        if sys::napi_get_cb_info(
+            env,
+            info,
+            &mut argc,
+            argv.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ) == sys::Status::napi_ok
+            && argc == 2
+        {
+            let mut id = 0u32;
+            let mut len = 0usize;
+            if sys::napi_get_value_uint32(env, argv[0], &mut id) == sys::Status::napi_ok
+                && sys::napi_get_value_string_utf8(
+                    env,
+                    argv[1],
+                    buf.as_mut_ptr().cast(),
+                    KEY_BUF,
+                    &mut len,
+                ) == sys::Status::napi_ok
+            {
+                let written =
+                    std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), len.min(KEY_BUF));
+                code = peek_key(id, written);
+            }
+        }
+        sys::napi_create_int32(env, code, &mut out);
+    }
+    out
+}
+
+#[inline]
+fn peek_key(id: u32, key: &[u8]) -> i32 {
+    // Empty or longer than the limit (maybe truncated): never stored, so a miss; the slow path
+    // reports the invalid key. U+FFFD may stand for a lone surrogate that UTF-8 cannot carry,
+    // which would alias another key: the slow path decides those too.
+    if key.is_empty() || key.len() > key::MAX_KEY_BYTES || has_replacement_char(key) {
+        return MISS;
+    }
+    let Ok(key) = std::str::from_utf8(key) else {
+        return MISS;
+    };
+    ENGINES.with_borrow(|engines| {
+        let Some(Some(engine)) = engines.get(id as usize) else {
+            return MISS;
+        };
+        let cache = &mut engine.borrow_mut().cache;
+        // Invalidations from other processes are applied on the slow path, where the facade
+        // reports them to its invalidation channel if anyone listens (once per delivery).
+        if cache.inbox().has_pending() {
+            return MISS;
+        }
+        let beta = cache.options().defaults.beta;
+        cache.peek(key, beta).map_or(MISS, encode_hit)
+    })
+}
+
+/// U+FFFD is EF BF BD in UTF-8.
+#[inline]
+fn has_replacement_char(key: &[u8]) -> bool {
+    key.contains(&0xEF) && key.windows(3).any(|w| w == [0xEF, 0xBF, 0xBD])
+}
+
+/// Adds `peek(id, key)` to the module's exports. One function for every engine keeps the
+/// facade's call site monomorphic (a function per engine made it ~15% slower with 3 caches).
+#[napi(module_exports)]
+pub fn register_raw_functions(exports: Object, env: Env) -> napi::Result<()> {
+    let mut f = std::ptr::null_mut();
+    // SAFETY: env and exports come from Node's module initialisation on the JS thread.
+    unsafe {
+        let name = c"peek";
+        napi::check_status!(sys::napi_create_function(
+            env.raw(),
+            name.as_ptr(),
+            4,
+            Some(peek_raw),
+            std::ptr::null_mut(),
+            &mut f
+        ))?;
+        napi::check_status!(sys::napi_set_named_property(
+            env.raw(),
+            exports.raw(),
+            name.as_ptr(),
+            f
+        ))?;
+    }
+    Ok(())
+}
+
+/// `v` as a `T`, once napi's own check says that it is one (`ValidateNapiValue`: the JS type, or
+/// `Array.isArray`, or `Buffer.isBuffer`); an error if not. Every conversion of an argument whose
+/// type varies (an option, a key) goes through here.
+pub(super) fn checked_cast<T: FromNapiValue + ValidateNapiValue>(
+    v: &Unknown<'_>,
+) -> napi::Result<T> {
+    let raw = v.value();
+    // SAFETY: `raw` is `v`'s env and value, handed to the call running now on the JS thread, so
+    // both are live for `validate`; and `cast` (`T::from_napi_value`) requires a value that is a
+    // `T`, which `validate` has just checked.
+    unsafe {
+        T::validate(raw.env, raw.value)?;
+        v.cast::<T>()
+    }
+}
