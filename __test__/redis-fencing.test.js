@@ -373,6 +373,37 @@ const WAIT_THEN_CLOSE = `
   return { waited: true, closedAt, r, calls, closed }
 `
 
+// Its sibling (soak seed 7022): the read starts *after* the write was called, while the write
+// still waits in the key's write order behind an earlier write of the same instance, so Redis
+// runs the read before it. The read's stamp already includes the write, so only knowing that the
+// write was unsent (or unacknowledged) keeps the older value out.
+const WRITE_WRITE_GET = `
+  const wrong = []
+  for (let i = 0; i < args.runs; i++) {
+    const k = args.prefix + i
+    const first = tools.outcome(cache.set(k, 'v2'))
+    const second = tools.outcome(args.write === 'set' ? cache.set(k, 'v3') : cache.delete(k))
+    // The set above left 'v3' in process (a local hit): a delete leaves nothing, so get reads Redis.
+    const read = tools.outcome(args.write === 'set' ? cache.getOrLoad(k, () => 'loaded') : cache.get(k))
+    await Promise.all([first, second, read])
+    const after = await tools.outcome(cache.get(k))
+    const seen = after.undef ? 'undefined' : JSON.stringify(after.value)
+    if (seen !== (args.write === 'set' ? '"v3"' : 'undefined')) wrong.push(k + '=' + seen)
+  }
+  return wrong
+`
+
+test('a read started after its own instance called set or delete, while that write waited behind another, is not kept over it (soak seed 7022)', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { spawnWorker } = await setup(t)
+  const A = await spawnWorker('A', { ttl: 60_000 })
+  const runs = 150
+  for (const write of ['delete', 'set']) {
+    const wrong = await A.request('run', { body: WRITE_WRITE_GET, args: { runs, prefix: `wwg:${write}:`, write } })
+    t.diagnostic(`set + ${write} + read: ${wrong.length} of ${runs} served the older value afterwards`)
+    assert.deepEqual(wrong, [], `after its own ${write} resolved, A served a value Redis held before it`)
+  }
+})
+
 test('finding 5: lock waiters wake when the bus drops and when their cache closes', { timeout: TEST_TIMEOUT }, async (t) => {
   await t.test("(a) subscribers killed just before the holder's write: the waiter resolves with its value at once, not after lockTtl", async (t) => {
     const { redis, spawnWorker, stored, lkey } = await setup(t, { lockTtl: 10_000 })

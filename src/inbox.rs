@@ -38,6 +38,11 @@ pub const MAX_PENDING_KEYS: usize = 10_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp(pub u64);
 
+impl Stamp {
+    /// Matches no key's stamp ever (stamps use 52 bits): a read handed it is never kept.
+    pub const OUTDATED: Stamp = Stamp(u64::MAX);
+}
+
 #[derive(Debug)]
 pub struct Inbox {
     /// Set whenever `keys` or `clear_all` has something; checked on every read.

@@ -267,6 +267,13 @@ pub fn adopt(
         size: size as u64,
     };
     with_engine(id, |e| {
+        // A write of the key by this instance is queued or unanswered: Redis may have run this
+        // read before it (the read's stamp already includes the write's call). Served, not kept.
+        let stamp = if e.redis.as_ref().is_some_and(|t| t.writing(&key)) {
+            Some(Stamp::OUTDATED)
+        } else {
+            stamp
+        };
         // Decided whether or not the entry is kept here: the caller was served it either way.
         let refresh = cold && envelope.refresh_due(e.cache.now());
         let slot = match e.cache.adopt(&key, flight, envelope, extra, stamp) {

@@ -257,6 +257,10 @@ impl RedisTier {
             }
         };
         let (existed, clock) = tokio::join!(wrote, clock);
+        // Whatever Redis answered, the key may have changed there now: a read this instance sent
+        // after the write was asked for, answered before it ran, must not be kept (its stamp
+        // predates this; see also `WriteOrder::busy`).
+        self.inbox.touch(key);
         let existed = existed?;
         if let (Some(born), Some(clock)) = (born, clock) {
             if clock > born {

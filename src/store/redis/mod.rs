@@ -489,6 +489,11 @@ impl RedisTier {
     pub fn pending_writes(&self) -> usize {
         self.order.pending()
     }
+
+    /// A write of `key` by this instance is queued or unanswered (see `WriteOrder::busy`).
+    pub fn writing(&self, key: &str) -> bool {
+        self.order.busy(key)
+    }
 }
 
 /// Resolves once the flag is set (`close` called, first subscription attempted, ...).

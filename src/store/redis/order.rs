@@ -123,6 +123,12 @@ impl WriteOrder {
     }
 
     /// Writes queued or running (for tests: none may be left behind).
+    /// Whether a write of `key` was asked for and has not finished (queued, or sent and not
+    /// answered yet): a read of the key sent meanwhile may be run by Redis before it.
+    pub fn busy(&self, key: &str) -> bool {
+        self.lock().queues.contains_key(key)
+    }
+
     pub fn pending(&self) -> usize {
         self.lock().unfinished.len()
     }
