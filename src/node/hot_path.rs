@@ -1,7 +1,8 @@
 //! The hot path: `peek`, a raw N-API function, and the hit encoding it shares with the other
 //! reads. Every `unsafe` block of the binding is in this file (the raw N-API calls, and the one
-//! conversion of a JS value whose type napi cannot check for us, `checked_cast`), so the code the
-//! compiler cannot check is read in one place.
+//! conversion of a JS value whose type napi cannot check for us, `checked_cast`), or in
+//! `settle.rs` (the threadsafe function Redis promises settle through), so the code the compiler
+//! cannot check is read in two places.
 
 use napi::bindgen_prelude::*;
 use napi::sys;
