@@ -215,9 +215,18 @@ impl RedisTier {
             reports: Arc::new(Reports::default()),
             shutdown,
             scripts: Scripts {
-                fence: Script::new(include_str!("scripts/fence.lua")),
-                cold_gate: Script::new(include_str!("scripts/cold_gate.lua")),
-                refresh_gate: Script::new(include_str!("scripts/refresh_gate.lua")),
+                fence: Script::new(concat!(
+                    include_str!("scripts/fence_of.lua"),
+                    include_str!("scripts/fence.lua")
+                )),
+                cold_gate: Script::new(concat!(
+                    include_str!("scripts/fence_of.lua"),
+                    include_str!("scripts/cold_gate.lua")
+                )),
+                refresh_gate: Script::new(concat!(
+                    include_str!("scripts/fence_of.lua"),
+                    include_str!("scripts/refresh_gate.lua")
+                )),
                 write_back: Script::new(include_str!("scripts/write_back.lua")),
                 write: Script::new(include_str!("scripts/write.lua")),
                 release: Script::new(include_str!("scripts/release.lua")),

@@ -4,22 +4,14 @@
 -- KEYS[1] value key, KEYS[2] lock key, KEYS[3] generation key (one hash tag: one cluster slot).
 -- ARGV[1] lock token, ARGV[2] lockTtl (ms), ARGV[3] '1' to take the lock even when a value is
 --   there (the caller found that value unusable: not ours, or expired by its clock), ARGV[4] a
---   new generation and ARGV[5] its px, for a key that has none (see below).
+--   new generation and ARGV[5] its px, for a key that has none (see fence_of.lua).
 -- Returns {value or false, fence, state, lock ms left}, state 0: value found; 1: the lock is now
 --   ARGV[1]'s; 2: another holds it. A lock with no expiry is given lockTtl, so a stray key can
 --   never hold a waiter, or the key, forever.
 local value = redis.pcall('GET', KEYS[1])
 if type(value) ~= 'string' then value = false end
 if value and ARGV[3] ~= '1' then return {value, '', 0, 0} end
--- A load's fence is never empty: a key with no generation gets one now. An empty fence would
--- match again after Redis lost the key's state (a restart without persistence, a failover that
--- lost writes), and a load begun before a set that was lost would be written over it.
-local generation = redis.call('GET', KEYS[3])
-if not generation then
-  generation = ARGV[4]
-  redis.call('SET', KEYS[3], generation, 'PX', ARGV[5])
-end
-local fence = generation .. '/' .. (value and string.match(value, '^{"sc":1,"gen":"(%w*)"') or '')
+local fence = fence_of(value, KEYS[3], ARGV[4], ARGV[5])
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {false, fence, 1, 0} end
 local left = redis.call('PTTL', KEYS[2])
 if left < 0 then
