@@ -92,6 +92,31 @@ const engine = {
 const { peek, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
 const { redisGate, redisFetch, takeCarried, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
+
+// A Redis answer crosses as an array (see `RedisAnswer` in src/node/redis.rs); named here.
+function answerOf(a) {
+  if (a === null || a === undefined) return null
+  const lead = a[14]
+  return {
+    kind: a[0],
+    json: a[1],
+    freshUntil: a[2],
+    hardUntil: a[3],
+    computeMs: a[4],
+    negative: a[5],
+    retryAfter: a[6],
+    stamp: a[7],
+    lock: a[8],
+    born: a[9],
+    tags: a[10],
+    fmt: a[11],
+    state: a[12],
+    bytes: a[13],
+    token: lead[0],
+    fence: lead[1],
+    fencedAt: lead[2],
+  }
+}
 const deleteTags = fromNative(native.deleteTags)
 const clearEntries = fromNative(native.clearEntries)
 
@@ -462,7 +487,7 @@ class StampedeCache {
   // flight's `purpose`.
   async #gate(k, ask, purpose) {
     // A cold read first takes the value another process's announcement carried, if any.
-    const gate = (ask === PURPOSE_COLD ? takeCarried(this.#id, k, false) : null) ?? (await redisGate(this.#id, k, ask))
+    const gate = answerOf(ask === PURPOSE_COLD ? takeCarried(this.#id, k, false) : null) ?? answerOf(await redisGate(this.#id, k, ask))
     this.#drainRedisReports()
     if (gate.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
       lockChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], outcome: LOCK_OUTCOMES[gate.lock] })
@@ -484,7 +509,7 @@ class StampedeCache {
   // Takes an envelope read from Redis into the in-process tier, with its decoded value. Returns
   // whether the caller (of a cold flight: `cold`) should start a refresh of the stale value.
   #adoptDecoded(k, flight, cold, answer, value) {
-    const size = answer.json === undefined || answer.json === null ? 0 : Buffer.byteLength(answer.json)
+    const size = answer.bytes
     const { slot, refresh } = adopt(
       this.#id,
       k,
@@ -771,7 +796,7 @@ class StampedeCache {
     }
     if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     if (!this.#redis) return undefined
-    const answer = takeCarried(this.#id, k, true) ?? (await redisFetch(this.#id, k, true))
+    const answer = answerOf(takeCarried(this.#id, k, true)) ?? answerOf(await redisFetch(this.#id, k, true))
     this.#drainRedisReports()
     if (answer.kind !== GATE_FOUND) return undefined
     const value = this.#decode(answer)
@@ -829,7 +854,7 @@ class StampedeCache {
     const local = engine.inspectEntry(this.#id, k)
     this.#publishInvalidations()
     if (local || !this.#redis) return local ?? undefined
-    const answer = await redisFetch(this.#id, k, false)
+    const answer = answerOf(await redisFetch(this.#id, k, false))
     this.#drainRedisReports()
     if (answer.kind !== GATE_FOUND) return undefined
     return {

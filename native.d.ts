@@ -266,46 +266,6 @@ export declare const PURPOSE_REFRESH: number
 export declare const REASONS: string[]
 
 /**
- * A Redis answer; `kind` (a `GATE_*` code) says what to do next. `found`: the envelope's times, its tags, and the value as JSON (`json`
- * absent for a cached `undefined`; for a v8 or custom serializer, a JSON string of base64 or
- * text, as `fmt` says). `lead`: call the loader, holding the lock if `token` is set, fenced by
- * `fence`/`fencedAt` if set, born at `born` (hand them back to `writeBack`); `tags`: the
- * refreshed entry's.
- */
-export interface RedisAnswer {
-  kind: number
-  token?: string
-  fence?: string
-  fencedAt: number
-  json?: string
-  freshUntil: number
-  hardUntil: number
-  computeMs: number
-  negative: boolean
-  retryAfter: number
-  /**
-   * The key's invalidation stamp before Redis was asked (hand it back to `adopt` or
-   * `finishWrite`); -1 for none.
-   */
-  stamp: number
-  /** What became of the bid for the lock (a `LOCK_*` code), for the facade's lock channel. */
-  lock: number
-  /**
-   * The namespace clock the entry was born at (found), or Redis had at the gate (lead); -1
-   * for none.
-   */
-  born: number
-  tags?: Array<string>
-  /** The value's format (a `FMT_*` code). */
-  fmt: number
-  /**
-   * `found`: the entry's state when Redis answered (fresh, stale or negative), as `inspect`
-   * and the hit channel report it.
-   */
-  state?: string
-}
-
-/**
  * A load holding `token` failed or timed out: release the lock (announcing it, so waiters
  * take over at once); a failed refresh first records `retry_after` in the Redis envelope.
  */
@@ -313,15 +273,15 @@ export declare function redisFailed(id: number, key: string, token: string | und
 
 /**
  * Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. `count`
- * (for `get`): counted as an l2Hit or a miss.
+ * (for `get`): counted as an l2Hit or a miss. Takes the read lane when it can.
  */
-export declare function redisFetch(id: number, key: string, count: boolean): Promise<RedisAnswer>
+export declare function redisFetch(id: number, key: string, count: boolean): Promise<unknown[]>
 
 /**
  * Asks Redis before a load (`purpose`: a `PURPOSE_*` code; anything unknown is a cold load):
- * found / lead / skip / closed.
+ * found / lead / skip / closed. A cold load's first read takes the read lane when it can.
  */
-export declare function redisGate(id: number, key: string, purpose: number): Promise<RedisAnswer>
+export declare function redisGate(id: number, key: string, purpose: number): Promise<unknown[]>
 
 export interface RedisReport {
   op: string
@@ -388,7 +348,7 @@ export declare const STEP_SERVE: number
  * `store/redis/carried.rs`), as a found answer, if nothing was heard of the key since: the read
  * needs no Redis round trip. `null`: ask Redis. `count` (for `get`): counted as an l2Hit.
  */
-export declare function takeCarried(id: number, key: string, count: boolean): RedisAnswer | null
+export declare function takeCarried(id: number, key: string, count: boolean): unknown[] | null
 
 /**
  * The keys dropped because other processes changed them, in the order applied, since the last

@@ -404,7 +404,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
     };
 
     // A free lock: won at the first look.
-    let (gate, outcome) = b.cold_gate_observed("free", 1_000, false).await;
+    let (gate, outcome) = b.cold_gate_observed("free", 1_000, false, false).await;
     assert!(
         matches!(gate, Gate::Lead { token: Some(_), .. }),
         "{gate:?}"
@@ -415,7 +415,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
     let held = lead(&a, "filled", 10_000).await;
     let waiter = {
         let b = b.clone();
-        tokio::spawn(async move { b.cold_gate_observed("filled", 10_000, false).await })
+        tokio::spawn(async move { b.cold_gate_observed("filled", 10_000, false, false).await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
@@ -428,7 +428,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
 
     // Held by a holder that vanishes (its lock expires): waited, then took it over.
     let _: () = set_lock("expiring", 150).query_async(&mut c).await.unwrap();
-    let (gate, outcome) = b.cold_gate_observed("expiring", 5_000, false).await;
+    let (gate, outcome) = b.cold_gate_observed("expiring", 5_000, false, false).await;
     assert!(
         matches!(gate, Gate::Lead { token: Some(_), .. }),
         "{gate:?}"
@@ -437,7 +437,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
 
     // Held past two lockTtls: waited, then gave up and loads without the lock (fenced).
     let _: () = set_lock("stuck", 60_000).query_async(&mut c).await.unwrap();
-    let (gate, outcome) = b.cold_gate_observed("stuck", 150, false).await;
+    let (gate, outcome) = b.cold_gate_observed("stuck", 150, false, false).await;
     assert!(
         matches!(
             gate,

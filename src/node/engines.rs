@@ -10,6 +10,7 @@ use std::sync::Arc;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
+use super::lane::LaneSlot;
 use super::options::engine_options;
 use super::{js_err, JsErr};
 use crate::cache::{Cache, Prepared};
@@ -27,11 +28,14 @@ pub struct EngineState {
     pub(super) reports: Option<Arc<Reports>>,
     pub(super) written: HashMap<String, (Envelope, Vec<String>)>,
     pub(super) prepared: HashMap<u64, Option<Prepared>>,
+    /// The read lane to the tier's server, if any (see `lane.rs`).
+    pub(super) lane: LaneSlot,
 }
 
 impl Drop for EngineState {
     fn drop(&mut self) {
-        // A cache collected without close() still stops its bus task.
+        // A cache collected without close() still closes its lane and stops its bus task.
+        self.lane.close();
         if let Some(r) = &self.redis {
             r.close(Vec::new());
         }
@@ -118,6 +122,7 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
         redis,
         written: HashMap::new(),
         prepared: HashMap::new(),
+        lane: LaneSlot::default(),
     }));
     let id = ENGINES.with_borrow_mut(|v| match v.iter().position(Option::is_none) {
         Some(free) => {
@@ -147,6 +152,7 @@ pub fn close_engine(id: u32, held: Option<Vec<Vec<String>>>) {
         e.cache.close();
         e.written.clear();
         e.prepared.clear();
+        e.lane.close();
         if let Some(r) = e.redis.take() {
             let held = held
                 .unwrap_or_default()

@@ -7,9 +7,10 @@
 //!
 //! By concern: `engines` (the table, creating and closing an engine), `options` (what is read
 //! from JS values: options, policies, keys), `hot_path` (`peek`, and every `unsafe` block but
-//! `settle`'s), `local` (the in-process operations), `redis` (the Redis operations), `codes` (the numbers
+//! `settle`'s and `lane`'s), `local` (the in-process operations), `redis` (the Redis operations), `codes` (the numbers
 //! the facade and the binding agree on, exported to JS), `settle` (the one threadsafe function
-//! per JS thread that Redis promises settle through, in batches; its raw N-API calls).
+//! per JS thread that Redis promises settle through, in batches; its raw N-API calls), `lane`
+//! (the read lane's socket, driven by the JS thread's libuv loop; its raw libuv calls).
 //!
 //! # Boundary rules
 //!
@@ -46,6 +47,7 @@ use crate::error::{Error as CoreError, ErrorCode};
 mod codes;
 mod engines;
 mod hot_path;
+mod lane;
 mod local;
 mod options;
 mod redis;

@@ -188,6 +188,89 @@ impl Local {
     }
 }
 
+/// A promise made on this JS thread and not settled yet: settled exactly once, by
+/// `spawn_into` (from the runtime) or `settle_here` (on the JS thread), which take it.
+pub struct Promised {
+    id: u32,
+    shared: Arc<Shared>,
+}
+
+/// Makes a promise on this JS thread (inside a napi call or a handle scope on `env`).
+pub fn promise(env: sys::napi_env) -> napi::Result<(Promised, sys::napi_value)> {
+    LOCAL.with_borrow_mut(|local| {
+        if local.is_none() {
+            *local = Some(Local::new(env)?);
+        }
+        let local = local.as_mut().expect("made above");
+        let mut deferred = ptr::null_mut();
+        let mut promise = ptr::null_mut();
+        // SAFETY: on the JS thread, inside a napi call (or handle scope) on `env`.
+        check(
+            unsafe { sys::napi_create_promise(env, &mut deferred, &mut promise) },
+            "napi_create_promise",
+        )?;
+        let id = local.insert(env, deferred);
+        Ok((
+            Promised {
+                id,
+                shared: local.shared.clone(),
+            },
+            promise,
+        ))
+    })
+}
+
+/// Runs `fut` on napi's tokio runtime and settles `promised` with its result, on this JS
+/// thread in a batch with whatever else ended meanwhile.
+pub fn spawn_into<T, F>(promised: Promised, fut: F)
+where
+    T: ToNapiValue + Send + 'static,
+    F: Future<Output = napi::Result<T>> + Send + 'static,
+{
+    napi::bindgen_prelude::spawn(async move {
+        let result = fut.await;
+        let settlement: Settlement = Box::new(move |env| {
+            // SAFETY: called by `call_js` on the JS thread with its live environment.
+            result.and_then(|v| unsafe { T::to_napi_value(env, v) })
+        });
+        promised.shared.push(promised.id, settlement);
+    });
+}
+
+/// Settles `promised` now. On the JS thread that made it, inside a handle scope on `env`.
+pub fn settle_here<T: ToNapiValue>(
+    env: sys::napi_env,
+    promised: Promised,
+    result: napi::Result<T>,
+) {
+    let Some(deferred) =
+        LOCAL.with_borrow_mut(|l| l.as_mut().and_then(|l| l.take(env, promised.id)))
+    else {
+        return;
+    };
+    // SAFETY: on the JS thread, in a handle scope on `env` (the caller's promise).
+    let value = result.and_then(|v| unsafe { T::to_napi_value(env, v) });
+    settle_deferred(env, deferred, value);
+}
+
+fn settle_deferred(
+    env: sys::napi_env,
+    deferred: sys::napi_deferred,
+    value: napi::Result<sys::napi_value>,
+) {
+    match value {
+        // SAFETY: `deferred` came from napi_create_promise on this environment and is
+        // settled exactly once (taken out of the table by the caller).
+        Ok(value) => unsafe {
+            sys::napi_resolve_deferred(env, deferred, value);
+        },
+        Err(e) => unsafe {
+            let reason = JsError::from(e).into_value(env);
+            sys::napi_reject_deferred(env, deferred, reason);
+        },
+    }
+}
+
 /// Runs `fut` on napi's tokio runtime and returns a promise of its result, settled on this JS
 /// thread in a batch with whatever else ended meanwhile.
 pub fn spawn_settled<'env, T, F>(env: &'env Env, fut: F) -> napi::Result<PromiseRaw<'env, T>>
@@ -195,31 +278,9 @@ where
     T: ToNapiValue + Send + 'static,
     F: Future<Output = napi::Result<T>> + Send + 'static,
 {
-    let raw_env = env.raw();
-    let (shared, id, promise) = LOCAL.with_borrow_mut(|local| -> napi::Result<_> {
-        if local.is_none() {
-            *local = Some(Local::new(raw_env)?);
-        }
-        let local = local.as_mut().expect("made above");
-        let mut deferred = ptr::null_mut();
-        let mut promise = ptr::null_mut();
-        // SAFETY: on the JS thread, inside a napi call on `raw_env`.
-        check(
-            unsafe { sys::napi_create_promise(raw_env, &mut deferred, &mut promise) },
-            "napi_create_promise",
-        )?;
-        let id = local.insert(raw_env, deferred);
-        Ok((local.shared.clone(), id, promise))
-    })?;
-    napi::bindgen_prelude::spawn(async move {
-        let result = fut.await;
-        let settlement: Settlement = Box::new(move |env| {
-            // SAFETY: called by `call_js` on the JS thread with its live environment.
-            result.and_then(|v| unsafe { T::to_napi_value(env, v) })
-        });
-        shared.push(id, settlement);
-    });
-    Ok(PromiseRaw::new(raw_env, promise))
+    let (promised, promise) = promise(env.raw())?;
+    spawn_into(promised, fut);
+    Ok(PromiseRaw::new(env.raw(), promise))
 }
 
 /// The JS thread settles everything queued. `env` is null while Node tears the environment
@@ -244,17 +305,7 @@ unsafe extern "C" fn call_js(
         else {
             continue;
         };
-        match settlement(env) {
-            // SAFETY: `deferred` came from napi_create_promise on this environment and is
-            // settled exactly once (taken out of the table above).
-            Ok(value) => unsafe {
-                sys::napi_resolve_deferred(env, deferred, value);
-            },
-            Err(e) => unsafe {
-                let reason = JsError::from(e).into_value(env);
-                sys::napi_reject_deferred(env, deferred, reason);
-            },
-        }
+        settle_deferred(env, deferred, settlement(env));
     }
 }
 

@@ -83,6 +83,8 @@ pub struct Link {
     connecting: tokio::sync::Mutex<()>,
     /// Numbers connections, so a failure reported late never drops a newer one.
     next_id: AtomicU64,
+    /// How many connections were dropped (a read lane opened before a drop is dropped too).
+    replaced: AtomicU64,
 }
 
 impl Link {
@@ -94,6 +96,7 @@ impl Link {
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             next_id: AtomicU64::new(1),
+            replaced: AtomicU64::new(0),
         }
     }
 
@@ -138,7 +141,13 @@ impl Link {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         if current.as_ref().is_some_and(|c| c.id == id) {
             *current = None;
+            self.replaced.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// How many connections were dropped so far.
+    pub fn replacements(&self) -> u64 {
+        self.replaced.load(Ordering::Relaxed)
     }
 }
 

@@ -178,17 +178,19 @@ impl RedisTier {
     /// `past_value`: the caller could not use the value Redis has (its serializer failed on
     /// it): the first look takes the lock past it.
     pub async fn cold_gate(&self, key: &str, lock_ttl_ms: u64, past_value: bool) -> Gate {
-        self.cold_gate_observed(key, lock_ttl_ms, past_value)
+        self.cold_gate_observed(key, lock_ttl_ms, past_value, false)
             .await
             .0
     }
 
-    /// `cold_gate`, with what became of the bid for the lock.
+    /// `cold_gate`, with what became of the bid for the lock. `looked`: the caller's own GET
+    /// (the read lane's) found nothing usable just now, so none is sent first.
     pub async fn cold_gate_observed(
         &self,
         key: &str,
         lock_ttl_ms: u64,
         past_value: bool,
+        looked: bool,
     ) -> (Gate, LockOutcome) {
         let token = new_token();
         let lock_ttl = Duration::from_millis(lock_ttl_ms);
@@ -201,7 +203,7 @@ impl RedisTier {
         // the gate script takes 6.6 µs; measured with INFO commandstats). The script, which
         // takes the lock and reads the fence, runs only when the GET found nothing usable (dead
         // entries included), or at once when the caller could not read the value Redis has.
-        if !past_value {
+        if !past_value && !looked {
             match self.fetch(key, self.inbox.stamp(key), false).await {
                 Fetched::Found(r) => return (Gate::Found(r), LockOutcome::None),
                 Fetched::Unavailable => return (Gate::unfenced(), LockOutcome::None),

@@ -13,13 +13,14 @@
 //! By concern: `connection` (making, replacing and classifying), `order` (one instance's
 //! writes in call order), `bus` (pub/sub and lock waiters), `carried` (values announcements
 //! carry, read instead of Redis), `lock` (the gates a load passes),
-//! `envelopes` (reads and fenced writes), `tags` (deleteByTag, clear, and whether an entry read
+//! `envelopes` (reads and fenced writes), `lane` (the read lane the embedder's event loop drives), `tags` (deleteByTag, clear, and whether an entry read
 //! is still alive), `scripts/*.lua` (each names its KEYS/ARGV).
 
 mod bus;
 mod carried;
 mod connection;
 mod envelopes;
+mod lane;
 mod lock;
 mod order;
 mod tags;
@@ -43,6 +44,7 @@ use crate::stats::Stats;
 pub use bus::{channel, Waiters};
 pub use connection::{classify, Fault};
 pub use envelopes::{Fetched, WriteBack};
+pub use lane::{frame, LaneRead, LaneSocket, ProtocolError, Reply};
 pub use lock::{new_token, Fence, Gate, LockOutcome};
 pub use order::WriteOrder;
 pub use tags::TagFailure;

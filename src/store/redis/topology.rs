@@ -21,6 +21,7 @@ use redis::{
 };
 
 use super::connection::tcp_settings;
+use super::lane::LaneTarget;
 
 pub use crate::policy::{RedisConfig, TlsOptions};
 
@@ -356,6 +357,25 @@ impl Topology {
             }
             Kind::Cluster { .. } => unreachable!("a cluster has no one server"),
         }
+    }
+
+    /// Whether a read lane (see `lane.rs`) may reach this server: one server or a Sentinel
+    /// primary, without TLS (the lane speaks plain TCP).
+    pub fn lane_possible(&self) -> bool {
+        match &self.kind {
+            Kind::Single { info } => self.tls.is_none() && LaneTarget::of(info).is_some(),
+            Kind::Sentinel { .. } => self.tls.is_none(),
+            Kind::Cluster { .. } => false,
+        }
+    }
+
+    /// Where a read lane connects now: the one server, or the primary the sentinels name.
+    pub async fn lane_target(&self) -> RedisResult<Option<LaneTarget>> {
+        if !self.lane_possible() {
+            return Ok(None);
+        }
+        let client = self.server(false).await?;
+        Ok(LaneTarget::of(client.get_connection_info()))
     }
 
     /// A new command connection, within `connect_timeout`.

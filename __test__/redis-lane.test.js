@@ -1,0 +1,212 @@
+'use strict'
+// Issue 12, goal 1: the read lane. Plain GETs of the read path go on a second connection whose
+// socket the JS thread's own event loop drives (src/node/lane.rs), not through the runtime's
+// threads. What it must keep: every read answered (by Redis or the loader), never hung, never
+// an older value after this instance's own write; a killed or silent lane costs the reads in
+// flight nothing; the process and worker threads still exit on their own.
+//
+// Each test starts its own redis-server on a free 127.0.0.1 port. The lane is found in
+// CLIENT LIST by its name; facts are read from Redis and from the cache's counts, never timed.
+
+const { test, after } = require('node:test')
+const assert = require('node:assert/strict')
+const path = require('node:path')
+const { spawnSync } = require('node:child_process')
+const { Worker } = require('node:worker_threads')
+const { RedisServer, waitFor, killAllSync } = require('./helpers/redis-server')
+const { StampedeCache } = require('..')
+
+const root = path.join(__dirname, '..')
+const TEST_TIMEOUT = 60_000
+const LANE = 'stampede-cache:read-lane'
+
+after(() => killAllSync())
+
+async function server(t) {
+  const redis = await new RedisServer().start()
+  t.after(() => redis.dispose())
+  return redis
+}
+
+/** CLIENT LIST entries, as objects of their fields. */
+async function clients(redis) {
+  const text = await redis.cmd('CLIENT', 'LIST')
+  return text
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => Object.fromEntries(line.trim().split(' ').map((kv) => kv.split('=', 2))))
+}
+
+async function lanes(redis) {
+  return (await clients(redis)).filter((c) => c.name === LANE)
+}
+
+/** Reads until the lane is open and has carried a GET (it opens in the background). */
+async function laneCarrying(redis, read) {
+  await waitFor(
+    async () => {
+      await read()
+      return (await lanes(redis)).some((c) => c.cmd === 'get')
+    },
+    { what: 'the read lane to carry GETs' },
+  )
+  return (await lanes(redis)).find((c) => c.cmd === 'get')
+}
+
+function cacheOn(t, redis, options = {}) {
+  const cache = new StampedeCache({ redis: redis.url, namespace: 'lane', l1: false, ttl: 60_000, ...options })
+  t.after(() => cache.close())
+  return cache
+}
+
+test('reads take the lane: one named connection carries the GETs, values and counts as before', { timeout: TEST_TIMEOUT }, async (t) => {
+  const redis = await server(t)
+  const writer = cacheOn(t, redis)
+  const reader = cacheOn(t, redis)
+  for (let i = 0; i < 50; i++) await writer.set(`k${i}`, { i, text: 'x'.repeat(i * 300) })
+  const mustNotLoad = () => {
+    throw new Error('must come from Redis')
+  }
+  const lane = await laneCarrying(redis, () => reader.getOrLoad('k0', mustNotLoad))
+  assert.equal((await lanes(redis)).length, 1, 'one lane for the reader (the writer has not read)')
+  const before = reader.stats()
+  const values = await Promise.all(Array.from({ length: 500 }, (_, n) => reader.getOrLoad(`k${n % 50}`, mustNotLoad)))
+  values.forEach((v, n) => assert.deepEqual(v, { i: n % 50, text: 'x'.repeat((n % 50) * 300) }))
+  assert.deepEqual(await Promise.all([reader.get('k7'), reader.get('absent')]), [{ i: 7, text: 'x'.repeat(2100) }, undefined])
+  const after = reader.stats()
+  assert.equal(after.loads, before.loads, 'no loads')
+  assert.equal(after.redisErrors, 0)
+  assert.equal(after.misses - before.misses, 1, 'get(absent) is a miss')
+  const still = (await lanes(redis)).find((c) => c.id === lane.id)
+  assert.ok(still, 'the same lane is still open')
+
+  // A key Redis does not have: the lane's GET finds nothing, the lock is taken on the command
+  // connection, and 20 concurrent callers share one load.
+  let loads = 0
+  const cold = await Promise.all(Array.from({ length: 20 }, () => reader.getOrLoad('cold', async () => ++loads)))
+  assert.deepEqual(new Set(cold), new Set([1]))
+  assert.equal(loads, 1)
+  assert.equal(await writer.getOrLoad('cold', mustNotLoad), 1, 'written back to Redis')
+
+  // An entry with tags is asked again on the command connection (its tags' clocks are read
+  // there): still served, and dead once its tag is deleted.
+  await writer.set('tagged', 'v', { tags: ['t1'] })
+  assert.equal(await reader.getOrLoad('tagged', mustNotLoad), 'v')
+  await writer.deleteByTag('t1')
+  assert.equal(await reader.getOrLoad('tagged', async () => 'reloaded'), 'reloaded')
+})
+
+test("a read after this instance's own set or delete resolved sees it, though the two take different connections", { timeout: TEST_TIMEOUT }, async (t) => {
+  const redis = await server(t)
+  const cache = cacheOn(t, redis)
+  await cache.set('rw', 0)
+  await laneCarrying(redis, () => cache.get('rw'))
+  for (let n = 1; n <= 300; n++) {
+    if (n % 10 === 0) {
+      await cache.delete('rw')
+      assert.equal(await cache.get('rw'), undefined, `read ${n} after delete`)
+      assert.equal(await cache.getOrLoad('rw', async () => n), n, `load ${n} after delete`)
+    } else {
+      await cache.set('rw', n)
+      assert.equal(await cache.getOrLoad('rw', async () => -1), n, `read ${n} after set`)
+    }
+  }
+  assert.equal((await lanes(redis)).length, 1)
+})
+
+test('a killed lane: every read in flight is answered from Redis on the command connection, and a new lane opens', { timeout: TEST_TIMEOUT }, async (t) => {
+  const redis = await server(t)
+  const cache = cacheOn(t, redis)
+  for (let i = 0; i < 64; i++) await cache.set(`k${i}`, `v${i}`)
+  const lane = await laneCarrying(redis, () => cache.get('k0'))
+  const mustNotLoad = () => {
+    throw new Error('Redis is up: the value must come from it')
+  }
+  let killed = 0
+  for (let round = 0; round < 5; round++) {
+    const current = await laneCarrying(redis, () => cache.get('k0'))
+    const reads = Array.from({ length: 256 }, (_, n) => cache.getOrLoad(`k${n % 64}`, mustNotLoad))
+    killed += await redis.cmd('CLIENT', 'KILL', 'ID', current.id)
+    const values = await Promise.all(reads)
+    values.forEach((v, n) => assert.equal(v, `v${n % 64}`))
+  }
+  assert.equal(killed, 5)
+  const reopened = await laneCarrying(redis, () => cache.get('k1'))
+  assert.notEqual(reopened.id, lane.id, 'a new lane')
+  assert.equal(cache.stats().loads, 0)
+  assert.equal(cache.stats().redisErrors, 0, "a lane's loss alone does not take Redis down")
+})
+
+test('Redis paused: a read on the lane ends at commandTimeout (the loader serves), and the lane works after', { timeout: TEST_TIMEOUT }, async (t) => {
+  const redis = await server(t)
+  const cache = cacheOn(t, redis, { redis: { url: redis.url, commandTimeout: 300, connectTimeout: 1_000 } })
+  await cache.set('p', 'from-redis')
+  await laneCarrying(redis, () => cache.get('p'))
+  redis.pause()
+  let loaderCalls = 0
+  const values = await Promise.all(
+    Array.from({ length: 10 }, () =>
+      cache.getOrLoad('p', async () => {
+        loaderCalls++
+        return 'from-loader'
+      }),
+    ),
+  )
+  redis.resume()
+  assert.deepEqual(new Set(values), new Set(['from-loader']), 'served by the loader while Redis was paused')
+  assert.ok(loaderCalls >= 1)
+  assert.ok(cache.stats().redisErrors >= 1, 'the timeout was counted')
+  // Up again: reads go to Redis, on a lane.
+  await waitFor(async () => (await cache.getOrLoad('p', async () => 'loader-again')) === 'from-redis', { what: 'Redis again' })
+  await laneCarrying(redis, () => cache.get('p'))
+})
+
+test('an idle cache with its lane open lets the process exit; a worker thread reading on a lane ends cleanly', { timeout: TEST_TIMEOUT }, async (t) => {
+  const redis = await server(t)
+  const writer = cacheOn(t, redis)
+  await writer.set('w', 'ok')
+  // Never closed: only the lane and the bus are left, and neither holds the process.
+  const r = spawnSync(
+    process.execPath,
+    [
+      '-e',
+      `
+      const { StampedeCache } = require('.')
+      const cache = new StampedeCache({ redis: ${JSON.stringify(redis.url)}, namespace: 'lane', l1: false })
+      ;(async () => {
+        let v
+        for (let i = 0; i < 200; i++) v = await cache.get('w')
+        console.log('value', v)
+      })()
+    `,
+    ],
+    { cwd: root, encoding: 'utf8', timeout: 30_000 },
+  )
+  assert.equal(r.signal, null, `killed by ${r.signal} (hung past the timeout?)`)
+  assert.equal(r.status, 0, r.stderr)
+  assert.match(r.stdout, /value ok/)
+
+  const source = `
+    const { parentPort, workerData } = require('node:worker_threads')
+    const { StampedeCache } = require(workerData.root)
+    const cache = new StampedeCache({ redis: workerData.url, namespace: 'lane', l1: false })
+    ;(async () => {
+      let v
+      for (let i = 0; i < 200; i++) v = await cache.get('w')
+      // Reads in flight when the thread is stopped from outside, which keeps it alive.
+      setInterval(() => {}, 1_000)
+      for (let i = 0; i < 50; i++) cache.get('w')
+      parentPort.postMessage(v)
+    })()
+  `
+  for (let i = 0; i < 3; i++) {
+    const w = new Worker(source, { eval: true, workerData: { root, url: redis.url } })
+    const value = await new Promise((resolve, reject) => {
+      w.once('message', resolve)
+      w.once('error', reject)
+    })
+    assert.equal(value, 'ok')
+    assert.equal(await w.terminate(), 1)
+  }
+  await waitFor(async () => (await lanes(redis)).length === 0, { what: "the workers' lanes to close" })
+})

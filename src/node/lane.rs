@@ -1,0 +1,815 @@
+//! The read lane's event-loop side (see `store::redis::lane`): its socket is watched by the JS
+//! thread's own libuv loop (a `uv_poll_t`), so a read is written to the socket in the call that
+//! asks for it, and its answer settles the promise in the loop's callback, with no runtime
+//! thread in between. A `uv_timer_t` bounds every read by the command timeout.
+//!
+//! libuv's functions are looked up in the host process (Node exports them for addons); where
+//! they are not found (not Unix, or a host that does not export them) there is no lane, and
+//! reads take the command connection as before. The lane opens on the runtime (connect, AUTH,
+//! SELECT) while reads take the command connection; the first read after it opened installs it.
+//!
+//! Every raw libuv call, and the N-API calls around the loop's callbacks, are here, each with
+//! its SAFETY argument.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::ffi::{c_int, c_void};
+use std::io::{self, Read, Write};
+use std::ptr;
+use std::rc::{Rc, Weak};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use napi::bindgen_prelude::*;
+use napi::sys;
+
+use super::engines::engine;
+use super::redis::{settle_lane_read, LaneAsk, RedisAnswer};
+use super::settle::{self, Promised};
+use crate::inbox::Stamp;
+use crate::store::redis::{frame, LaneRead, LaneSocket, RedisTier, PROBE_INTERVAL};
+
+/// An engine's read lane.
+#[derive(Default)]
+pub enum LaneSlot {
+    /// None yet; the next read opens one (not before `retry_at`, after a failure).
+    #[default]
+    Closed,
+    Waiting {
+        retry_at: Instant,
+    },
+    /// Opening on the runtime; the result lands here.
+    Opening(Arc<Mutex<Option<redis::RedisResult<LaneSocket>>>>),
+    Open(Rc<RefCell<Lane>>),
+    /// This host has no libuv to drive one.
+    Never,
+}
+
+impl LaneSlot {
+    /// Closes the lane (the cache closed): reads it carries are asked again on the command
+    /// connection, which answers them as a closed cache does.
+    pub fn close(&mut self) {
+        if let LaneSlot::Open(lane) = std::mem::replace(self, LaneSlot::Never) {
+            Lane::shut(&lane, None);
+        }
+    }
+}
+
+/// Why a lane is shut.
+enum Failure {
+    /// Its connection failed: the reads are asked again on the command connection.
+    Lost(String),
+    /// A read outlived the command timeout: Redis is down.
+    TimedOut(String),
+}
+
+/// A read sent on the lane, waiting for its reply (replies come in the order reads were sent).
+struct Sent {
+    promised: Promised,
+    key: String,
+    stamp: Stamp,
+    ask: LaneAsk,
+    deadline: Instant,
+}
+
+pub struct Lane {
+    env: sys::napi_env,
+    tier: Arc<RedisTier>,
+    stream: std::net::TcpStream,
+    /// The tier's count of replaced command connections when the lane opened.
+    replacement: u64,
+    poll: *mut c_void,
+    timer: *mut c_void,
+    /// Requests not written yet (the socket would have blocked).
+    out: Vec<u8>,
+    /// Replies not framed yet.
+    input: Vec<u8>,
+    sent: VecDeque<Sent>,
+    /// Watching for writability too (`out` is not empty).
+    writable: bool,
+    /// The poll handle keeps the loop alive (while reads are in flight).
+    refd: bool,
+    timer_armed: bool,
+    /// Shut: the handles are closing, nothing is sent.
+    shut: bool,
+    timeout: Duration,
+}
+
+/// Opens, installs or returns `id`'s lane, and sends a read of `key` on it: the promise, or
+/// `None` if the lane cannot take it now (the caller asks on the command connection).
+pub fn read<'env>(
+    env: &'env Env,
+    id: u32,
+    tier: &Arc<RedisTier>,
+    key: String,
+    stamp: Stamp,
+    ask: LaneAsk,
+) -> napi::Result<Option<PromiseRaw<'env, RedisAnswer>>> {
+    let Some(uv) = uv() else { return Ok(None) };
+    let Some(engine) = engine(id) else {
+        return Ok(None);
+    };
+    let mut e = engine.borrow_mut();
+    if !tier.lane_usable() {
+        return Ok(None);
+    }
+    let lane = match &mut e.lane {
+        LaneSlot::Never => return Ok(None),
+        LaneSlot::Open(lane) => {
+            let (shut, current) = {
+                let l = lane.borrow();
+                (l.shut, tier.lane_current(l.replacement))
+            };
+            if !shut && current {
+                lane.clone()
+            } else {
+                // The tier replaced its command connection (or the lane failed): reopen, so
+                // both reach the same server.
+                let lane = lane.clone();
+                e.lane = LaneSlot::Closed;
+                Lane::shut(&lane, None);
+                open(&mut e.lane, tier);
+                return Ok(None);
+            }
+        }
+        LaneSlot::Closed => {
+            open(&mut e.lane, tier);
+            return Ok(None);
+        }
+        LaneSlot::Waiting { retry_at } => {
+            if Instant::now() >= *retry_at {
+                open(&mut e.lane, tier);
+            }
+            return Ok(None);
+        }
+        LaneSlot::Opening(result) => {
+            let Some(opened) = result.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+                return Ok(None);
+            };
+            match opened {
+                Err(_) => {
+                    // The command connection reports Redis's trouble; the lane tries later.
+                    e.lane = LaneSlot::Waiting {
+                        retry_at: Instant::now() + PROBE_INTERVAL,
+                    };
+                    return Ok(None);
+                }
+                // Opened before the tier replaced its command connection: the server may be
+                // gone or demoted (a socket waits here unwatched until a read installs it).
+                Ok(socket) if !tier.lane_current(socket.opened_at_replacement) => {
+                    drop(socket);
+                    open(&mut e.lane, tier);
+                    return Ok(None);
+                }
+                Ok(socket) => match Lane::install(uv, env.raw(), tier.clone(), socket) {
+                    Ok(lane) => {
+                        e.lane = LaneSlot::Open(lane.clone());
+                        lane
+                    }
+                    Err(_) => {
+                        e.lane = LaneSlot::Never;
+                        return Ok(None);
+                    }
+                },
+            }
+        }
+    };
+    drop(e);
+    let (promised, promise) = settle::promise(env.raw())?;
+    Lane::send(
+        &lane,
+        Sent {
+            promised,
+            key,
+            stamp,
+            ask,
+            deadline: Instant::now() + tier.lane_timeout(),
+        },
+    );
+    Ok(Some(PromiseRaw::new(env.raw(), promise)))
+}
+
+fn open(slot: &mut LaneSlot, tier: &Arc<RedisTier>) {
+    let result = Arc::new(Mutex::new(None));
+    *slot = LaneSlot::Opening(result.clone());
+    let tier = tier.clone();
+    napi::bindgen_prelude::spawn(async move {
+        let opened = tier.open_lane().await;
+        *result.lock().unwrap_or_else(|p| p.into_inner()) = Some(opened);
+    });
+}
+
+impl Lane {
+    fn install(
+        uv: &'static Uv,
+        env: sys::napi_env,
+        tier: Arc<RedisTier>,
+        socket: LaneSocket,
+    ) -> napi::Result<Rc<RefCell<Lane>>> {
+        let mut uv_loop = ptr::null_mut();
+        // SAFETY: on the JS thread, inside a napi call on `env`.
+        let status = unsafe { sys::napi_get_uv_event_loop(env, &mut uv_loop) };
+        if status != sys::Status::napi_ok || uv_loop.is_null() {
+            return Err(napi::Error::from_reason("no event loop"));
+        }
+        let uv_loop = uv_loop.cast::<c_void>();
+        // Made here, inside a napi call: the loop's callbacks have no scope to make it in.
+        if async_context(env).is_none() {
+            return Err(napi::Error::from_reason("napi_async_init failed"));
+        }
+        let poll = uv.alloc(UV_POLL);
+        let timer = uv.alloc(UV_TIMER);
+        let fd = raw_fd(&socket.stream);
+        // SAFETY: `poll` and `timer` are zeroed blocks of the size libuv gives for their types;
+        // `uv_loop` is this thread's loop; `fd` is an open non-blocking socket that the lane
+        // owns until both handles have closed.
+        let (a, b) = unsafe {
+            (
+                (uv.poll_init)(uv_loop, poll, fd),
+                (uv.timer_init)(uv_loop, timer),
+            )
+        };
+        if a != 0 || b != 0 {
+            // SAFETY: never initialized: only freed.
+            unsafe {
+                uv.free(poll, UV_POLL);
+                uv.free(timer, UV_TIMER);
+            }
+            return Err(napi::Error::from_reason("uv_poll_init failed"));
+        }
+        let timeout = tier.lane_timeout();
+        let lane = Rc::new(RefCell::new(Lane {
+            env,
+            tier,
+            stream: socket.stream,
+            replacement: socket.opened_at_replacement,
+            poll,
+            timer,
+            out: Vec::new(),
+            input: Vec::with_capacity(16 * 1024),
+            sent: VecDeque::new(),
+            writable: false,
+            refd: true,
+            timer_armed: false,
+            shut: false,
+            timeout,
+        }));
+        // Each handle holds the lane until its close callback.
+        // SAFETY: initialized handles of this thread's loop; their data is a leaked Rc, taken
+        // back in `on_close`. The loop is not kept alive by an idle lane.
+        unsafe {
+            (uv.set_data)(poll, Rc::into_raw(lane.clone()) as *mut c_void);
+            (uv.set_data)(timer, Rc::into_raw(lane.clone()) as *mut c_void);
+            (uv.poll_start)(poll, UV_READABLE, on_poll);
+            (uv.unref)(poll);
+            (uv.unref)(timer);
+        }
+        lane.borrow_mut().refd = false;
+        register_for_teardown(env, &lane);
+        Ok(lane)
+    }
+
+    fn send(lane: &Rc<RefCell<Lane>>, sent: Sent) {
+        let batching = BATCH.with_borrow_mut(|batch| match batch {
+            Some(lanes) => {
+                if !lanes.iter().any(|l| Rc::ptr_eq(l, lane)) {
+                    lanes.push(lane.clone());
+                }
+                true
+            }
+            None => false,
+        });
+        let failed = {
+            let mut l = lane.borrow_mut();
+            let l = &mut *l;
+            l.tier.lane_request(&sent.key, &mut l.out);
+            l.sent.push_back(sent);
+            let failed = if l.writable || batching {
+                Ok(())
+            } else {
+                l.flush()
+            };
+            l.arm_timer();
+            l.update_ref();
+            failed
+        };
+        if let Err(e) = failed {
+            Lane::shut(
+                lane,
+                Some(Failure::Lost(format!("Redis read lane failed: {e}"))),
+            );
+        }
+    }
+
+    /// Writes what it can of `out`; watches for writability while some is left.
+    fn flush(&mut self) -> io::Result<()> {
+        let mut written = 0;
+        while written < self.out.len() {
+            match self.stream.write(&self.out[written..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.out.drain(..written);
+        let want = !self.out.is_empty();
+        if want != self.writable {
+            self.writable = want;
+            let events = if want {
+                UV_READABLE | UV_WRITABLE
+            } else {
+                UV_READABLE
+            };
+            let uv = uv().expect("a lane exists only with libuv");
+            // SAFETY: the lane's live poll handle (not shut: `shut` closes it and nothing
+            // flushes after).
+            unsafe { (uv.poll_start)(self.poll, events, on_poll) };
+        }
+        Ok(())
+    }
+
+    /// Reads what the socket has and frames the replies: each settles the oldest read sent.
+    /// What was answered before a failure is answered still; the failure is returned with it.
+    fn receive(&mut self) -> (Vec<(Sent, LaneRead)>, Option<String>) {
+        let mut failure = None;
+        loop {
+            if self.input.capacity() - self.input.len() < 4096 {
+                self.input.reserve(16 * 1024);
+            }
+            let len = self.input.len();
+            let spare = self.input.capacity() - len;
+            self.input.resize(len + spare, 0);
+            match self.stream.read(&mut self.input[len..]) {
+                Ok(0) => {
+                    self.input.truncate(len);
+                    failure = Some("Redis closed the read lane".to_string());
+                    break;
+                }
+                Ok(n) => {
+                    self.input.truncate(len + n);
+                    if n < spare {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    self.input.truncate(len);
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => break,
+                        io::ErrorKind::Interrupted => {}
+                        _ => {
+                            failure = Some(format!("Redis read lane failed: {e}"));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let mut answered = Vec::new();
+        let mut at = 0;
+        loop {
+            let (reply, len) = match frame(&self.input[at..]) {
+                Ok(Some(framed)) => framed,
+                Ok(None) => break,
+                Err(_) => {
+                    failure = Some("Redis answered the read lane out of protocol".into());
+                    break;
+                }
+            };
+            let Some(sent) = self.sent.pop_front() else {
+                failure = Some("Redis answered a read the lane did not send".into());
+                break;
+            };
+            let read = self.tier.lane_answer(sent.stamp, reply, sent.ask.counted());
+            answered.push((sent, read));
+            at += len;
+        }
+        self.input.drain(..at);
+        self.update_ref();
+        (answered, failure)
+    }
+
+    fn arm_timer(&mut self) {
+        if self.timer_armed || self.shut {
+            return;
+        }
+        let Some(first) = self.sent.front() else {
+            return;
+        };
+        let left = first.deadline.saturating_duration_since(Instant::now());
+        self.timer_armed = true;
+        let uv = uv().expect("a lane exists only with libuv");
+        // SAFETY: the lane's live timer handle; +1 ms so it fires after the deadline.
+        unsafe { (uv.timer_start)(self.timer, on_timer, left.as_millis() as u64 + 1, 0) };
+    }
+
+    fn update_ref(&mut self) {
+        let want = !self.sent.is_empty() && !self.shut;
+        if want == self.refd {
+            return;
+        }
+        self.refd = want;
+        let uv = uv().expect("a lane exists only with libuv");
+        // SAFETY: the lane's poll handle, live until its close callback.
+        unsafe {
+            if want {
+                (uv.ref_)(self.poll)
+            } else {
+                (uv.unref)(self.poll)
+            }
+        }
+    }
+
+    /// Closes the lane: its handles close (the socket with them), and the reads it carries are
+    /// asked again on the command connection. `failure`: why, when it failed.
+    fn shut(lane: &Rc<RefCell<Lane>>, failure: Option<Failure>) {
+        let (tier, env, left) = {
+            let mut l = lane.borrow_mut();
+            if l.shut {
+                return;
+            }
+            l.shut = true;
+            l.refd = false;
+            let uv = uv().expect("a lane exists only with libuv");
+            // SAFETY: live handles of this thread's loop, closed once (`shut` guards); their
+            // close callbacks free them and drop the lane's references.
+            unsafe {
+                (uv.close)(l.poll, Some(on_close_poll));
+                (uv.close)(l.timer, Some(on_close_timer));
+            }
+            let left: Vec<Sent> = l.sent.drain(..).collect();
+            (l.tier.clone(), l.env, left)
+        };
+        let key = left.first().map(|s| s.key.as_str());
+        match failure {
+            Some(Failure::Lost(why)) => tier.lane_lost(key, why),
+            Some(Failure::TimedOut(why)) => tier.lane_timed_out(key, why),
+            None => {}
+        }
+        for s in left {
+            settle_lane_read(env, &tier, s.promised, s.key, s.stamp, s.ask, None);
+        }
+    }
+}
+
+/// The loop's callback: the socket is readable (or writable, or failed).
+unsafe extern "C" fn on_poll(handle: *mut c_void, status: c_int, events: c_int) {
+    // SAFETY: the handle's data is the lane's Rc until `on_close_poll`, and libuv calls no
+    // callback of a closing handle.
+    let Some(lane) = (unsafe { lane_of(handle) }) else {
+        return;
+    };
+    let (answered, failure) = {
+        let mut l = lane.borrow_mut();
+        if l.shut {
+            return;
+        }
+        if status < 0 {
+            (
+                Vec::new(),
+                Some(format!("Redis read lane failed (libuv status {status})")),
+            )
+        } else {
+            let flushed = if events & UV_WRITABLE != 0 {
+                l.flush()
+                    .map_err(|e| format!("Redis read lane failed: {e}"))
+            } else {
+                Ok(())
+            };
+            match flushed {
+                Ok(()) if events & UV_READABLE != 0 => l.receive(),
+                Ok(()) => (Vec::new(), None),
+                Err(e) => (Vec::new(), Some(e)),
+            }
+        }
+    };
+    if !answered.is_empty() {
+        let (env, tier) = {
+            let l = lane.borrow();
+            (l.env, l.tier.clone())
+        };
+        // Reads the settled promises' continuations ask for are written together, after them.
+        BATCH.with_borrow_mut(|b| *b = Some(Vec::new()));
+        // SAFETY: on the JS thread, in the loop's callback, outside any napi call.
+        unsafe {
+            in_callback_scope(env, || {
+                for (s, read) in answered {
+                    settle_lane_read(env, &tier, s.promised, s.key, s.stamp, s.ask, Some(read));
+                }
+            })
+        };
+        let batched = BATCH.with_borrow_mut(Option::take).unwrap_or_default();
+        for other in batched {
+            let flushed = {
+                let mut l = other.borrow_mut();
+                if l.shut || l.writable {
+                    Ok(())
+                } else {
+                    l.flush()
+                }
+            };
+            if let Err(e) = flushed {
+                Lane::shut(
+                    &other,
+                    Some(Failure::Lost(format!("Redis read lane failed: {e}"))),
+                );
+            }
+        }
+    }
+    if let Some(why) = failure {
+        Lane::shut(&lane, Some(Failure::Lost(why)));
+    }
+}
+
+/// The timer's callback: the oldest read in flight may have outlived the command timeout.
+unsafe extern "C" fn on_timer(handle: *mut c_void) {
+    // SAFETY: as in `on_poll`.
+    let Some(lane) = (unsafe { lane_of(handle) }) else {
+        return;
+    };
+    let expired = {
+        let mut l = lane.borrow_mut();
+        l.timer_armed = false;
+        if l.shut {
+            return;
+        }
+        match l.sent.front() {
+            Some(first) if Instant::now() >= first.deadline => true,
+            _ => {
+                l.arm_timer();
+                false
+            }
+        }
+    };
+    if expired {
+        let timeout = lane.borrow().timeout;
+        Lane::shut(
+            &lane,
+            Some(Failure::TimedOut(format!(
+                "Redis get timed out after {timeout:?} (read lane)"
+            ))),
+        );
+    }
+}
+
+/// The lane a handle's data names (a new reference).
+unsafe fn lane_of(handle: *mut c_void) -> Option<Rc<RefCell<Lane>>> {
+    let uv = uv()?;
+    // SAFETY: the caller's handle is live; its data is an Rc leaked by `install`.
+    let data = unsafe { (uv.get_data)(handle) } as *const RefCell<Lane>;
+    if data.is_null() {
+        return None;
+    }
+    // SAFETY: the leaked Rc is alive until the handle's close callback.
+    unsafe {
+        Rc::increment_strong_count(data);
+        Some(Rc::from_raw(data))
+    }
+}
+
+unsafe extern "C" fn on_close_poll(handle: *mut c_void) {
+    // SAFETY: the poll handle closed; nothing refers to it any more.
+    unsafe { release_handle(handle, UV_POLL) }
+}
+
+unsafe extern "C" fn on_close_timer(handle: *mut c_void) {
+    // SAFETY: as in `on_close_poll`.
+    unsafe { release_handle(handle, UV_TIMER) }
+}
+
+unsafe fn release_handle(handle: *mut c_void, kind: c_int) {
+    let Some(uv) = uv() else { return };
+    // SAFETY: a closed handle whose data is the Rc leaked by `install`, taken back once.
+    unsafe {
+        let data = (uv.get_data)(handle) as *const RefCell<Lane>;
+        if !data.is_null() {
+            drop(Rc::from_raw(data));
+        }
+        uv.free(handle, kind);
+    }
+}
+
+/// Runs `f` (which settles promises) the way Node runs a callback: in a handle scope and a
+/// callback scope, whose end runs the microtasks the settlements queued.
+unsafe fn in_callback_scope(env: sys::napi_env, f: impl FnOnce()) {
+    let Some(context) = async_context(env) else {
+        return;
+    };
+    let mut handles = ptr::null_mut();
+    // SAFETY: on the JS thread with its live environment, outside any other napi call; scopes
+    // are closed in reverse order.
+    unsafe {
+        if sys::napi_open_handle_scope(env, &mut handles) != sys::Status::napi_ok {
+            return;
+        }
+        let mut resource = ptr::null_mut();
+        let mut scope = ptr::null_mut();
+        if sys::napi_create_object(env, &mut resource) == sys::Status::napi_ok
+            && sys::napi_open_callback_scope(env, resource, context, &mut scope)
+                == sys::Status::napi_ok
+        {
+            f();
+            sys::napi_close_callback_scope(env, scope);
+        }
+        sys::napi_close_handle_scope(env, handles);
+    }
+}
+
+struct AsyncContext(sys::napi_async_context);
+
+thread_local! {
+    /// While the lane's callback settles promises: the lanes that reads were queued on
+    /// meanwhile, written once the callback's microtasks have run (one write for many reads).
+    static BATCH: RefCell<Option<Vec<Rc<RefCell<Lane>>>>> = const { RefCell::new(None) };
+    /// This JS thread's async context for the lane's callbacks, made once.
+    static CONTEXT: RefCell<Option<AsyncContext>> = const { RefCell::new(None) };
+    /// Lanes open on this thread, closed when its environment is torn down.
+    static OPEN: RefCell<Option<Vec<Weak<RefCell<Lane>>>>> = const { RefCell::new(None) };
+}
+
+/// This thread's async context, made on first use (inside a napi call).
+fn async_context(env: sys::napi_env) -> Option<sys::napi_async_context> {
+    CONTEXT.with_borrow_mut(|c| {
+        if c.is_none() {
+            let name = "stampede-cache:redis-lane";
+            let mut js_name = ptr::null_mut();
+            let mut context = ptr::null_mut();
+            // SAFETY: on the JS thread, in a handle scope; the name is valid UTF-8 of the
+            // length given; no resource object (Node makes one).
+            let ok = unsafe {
+                sys::napi_create_string_utf8(
+                    env,
+                    name.as_ptr().cast(),
+                    name.len() as isize,
+                    &mut js_name,
+                ) == sys::Status::napi_ok
+                    && sys::napi_async_init(env, ptr::null_mut(), js_name, &mut context)
+                        == sys::Status::napi_ok
+            };
+            if !ok {
+                return None;
+            }
+            *c = Some(AsyncContext(context));
+        }
+        c.as_ref().map(|c| c.0)
+    })
+}
+
+/// Closes this thread's lanes when its environment goes (a worker thread ending): a loop may
+/// not be closed with handles still open.
+fn register_for_teardown(env: sys::napi_env, lane: &Rc<RefCell<Lane>>) {
+    OPEN.with_borrow_mut(|open| {
+        let first = open.is_none();
+        let list = open.get_or_insert_with(Vec::new);
+        list.retain(|l| l.strong_count() > 0);
+        list.push(Rc::downgrade(lane));
+        if first {
+            // SAFETY: on the JS thread of `env`; the hook takes no data.
+            unsafe { sys::napi_add_env_cleanup_hook(env, Some(teardown), ptr::null_mut()) };
+        }
+    });
+}
+
+unsafe extern "C" fn teardown(_arg: *mut c_void) {
+    let lanes = OPEN
+        .try_with(|open| open.borrow_mut().take())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let _ = CONTEXT.try_with(|c| c.borrow_mut().take());
+    for lane in lanes.iter().filter_map(Weak::upgrade) {
+        // The environment is going: the reads in flight go with it, unsettled.
+        let mut l = lane.borrow_mut();
+        if l.shut {
+            continue;
+        }
+        l.shut = true;
+        l.sent.clear();
+        let uv = uv().expect("a lane exists only with libuv");
+        // SAFETY: live handles of this thread's loop, closed once (`shut` guards).
+        unsafe {
+            (uv.close)(l.poll, Some(on_close_poll));
+            (uv.close)(l.timer, Some(on_close_timer));
+        }
+    }
+}
+
+// ---- libuv, as the host process exports it ----
+
+const UV_POLL: c_int = 8;
+const UV_TIMER: c_int = 13;
+const UV_READABLE: c_int = 1;
+const UV_WRITABLE: c_int = 2;
+
+type PollCb = unsafe extern "C" fn(*mut c_void, c_int, c_int);
+type TimerCb = unsafe extern "C" fn(*mut c_void);
+type CloseCb = Option<unsafe extern "C" fn(*mut c_void)>;
+
+type HandleSizeFn = unsafe extern "C" fn(c_int) -> usize;
+type PollInitFn = unsafe extern "C" fn(*mut c_void, *mut c_void, c_int) -> c_int;
+type PollStartFn = unsafe extern "C" fn(*mut c_void, c_int, PollCb) -> c_int;
+type TimerInitFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+type TimerStartFn = unsafe extern "C" fn(*mut c_void, TimerCb, u64, u64) -> c_int;
+type CloseFn = unsafe extern "C" fn(*mut c_void, CloseCb);
+type HandleFn = unsafe extern "C" fn(*mut c_void);
+type SetDataFn = unsafe extern "C" fn(*mut c_void, *mut c_void);
+type GetDataFn = unsafe extern "C" fn(*const c_void) -> *mut c_void;
+
+/// The libuv functions the lane uses (stable since libuv 1.19; Node 20 ships 1.46).
+struct Uv {
+    handle_size: HandleSizeFn,
+    poll_init: PollInitFn,
+    poll_start: PollStartFn,
+    timer_init: TimerInitFn,
+    timer_start: TimerStartFn,
+    close: CloseFn,
+    ref_: HandleFn,
+    unref: HandleFn,
+    set_data: SetDataFn,
+    get_data: GetDataFn,
+}
+
+impl Uv {
+    fn layout(&self, kind: c_int) -> std::alloc::Layout {
+        // SAFETY: uv_handle_size only reads a table.
+        let size = unsafe { (self.handle_size)(kind) };
+        std::alloc::Layout::from_size_align(size.max(8), 16).expect("a handle's size")
+    }
+
+    fn alloc(&self, kind: c_int) -> *mut c_void {
+        let layout = self.layout(kind);
+        // SAFETY: a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        p.cast()
+    }
+
+    /// SAFETY: `p` came from `alloc(kind)` and libuv no longer refers to it.
+    unsafe fn free(&self, p: *mut c_void, kind: c_int) {
+        // SAFETY: the caller's promise.
+        unsafe { std::alloc::dealloc(p.cast(), self.layout(kind)) }
+    }
+}
+
+#[cfg(unix)]
+fn raw_fd(stream: &std::net::TcpStream) -> c_int {
+    std::os::fd::AsRawFd::as_raw_fd(stream)
+}
+
+#[cfg(not(unix))]
+fn raw_fd(_stream: &std::net::TcpStream) -> c_int {
+    unreachable!("no lane without libuv's Unix poll")
+}
+
+#[cfg(unix)]
+fn uv() -> Option<&'static Uv> {
+    static UV: std::sync::OnceLock<Option<Uv>> = std::sync::OnceLock::new();
+    UV.get_or_init(|| {
+        // For side-by-side measurements (bench/redis-read.js --no-lane): no lane at all.
+        if std::env::var_os("STAMPEDE_CACHE_NO_LANE").is_some_and(|v| v == "1") {
+            return None;
+        }
+        fn find(name: &std::ffi::CStr) -> Option<*mut c_void> {
+            // SAFETY: dlsym with RTLD_DEFAULT searches the process's global symbols.
+            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+            (!p.is_null()).then_some(p)
+        }
+        // SAFETY: each symbol is libuv's function of that name, whose C signature the field's
+        // type spells (uv.h).
+        unsafe {
+            Some(Uv {
+                handle_size: std::mem::transmute::<*mut c_void, HandleSizeFn>(find(
+                    c"uv_handle_size",
+                )?),
+                poll_init: std::mem::transmute::<*mut c_void, PollInitFn>(find(c"uv_poll_init")?),
+                poll_start: std::mem::transmute::<*mut c_void, PollStartFn>(find(
+                    c"uv_poll_start",
+                )?),
+                timer_init: std::mem::transmute::<*mut c_void, TimerInitFn>(find(
+                    c"uv_timer_init",
+                )?),
+                timer_start: std::mem::transmute::<*mut c_void, TimerStartFn>(find(
+                    c"uv_timer_start",
+                )?),
+                close: std::mem::transmute::<*mut c_void, CloseFn>(find(c"uv_close")?),
+                ref_: std::mem::transmute::<*mut c_void, HandleFn>(find(c"uv_ref")?),
+                unref: std::mem::transmute::<*mut c_void, HandleFn>(find(c"uv_unref")?),
+                set_data: std::mem::transmute::<*mut c_void, SetDataFn>(find(
+                    c"uv_handle_set_data",
+                )?),
+                get_data: std::mem::transmute::<*mut c_void, GetDataFn>(find(
+                    c"uv_handle_get_data",
+                )?),
+            })
+        }
+    })
+    .as_ref()
+}
+
+#[cfg(not(unix))]
+fn uv() -> Option<&'static Uv> {
+    None
+}

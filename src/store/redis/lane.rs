@@ -1,0 +1,396 @@
+//! The read lane: a second connection to the one server (or the Sentinel primary) over plain
+//! TCP, which the hot read path (a `GET` of a key's envelope) takes instead of the command
+//! connection. The embedder drives its socket from its own event loop, so a read and its answer
+//! cross no thread: on the command connection each read goes JS thread → runtime worker →
+//! connection task → JS thread, and a profile put most of a sequential read's time in those
+//! wake-ups (issue 12). Here live what needs no event loop: whether the lane may be used, how it
+//! connects (on the runtime, then handed over as a non-blocking socket), the framing of its
+//! replies, and what a reply means.
+//!
+//! The lane carries plain GETs only; everything else (a miss that must take the lock, an entry
+//! with tags, an error reply) is asked again on the command connection, which knows how to
+//! classify failures and wait. A lane that fails or times out takes the tier down as the
+//! command connection would; one whose tier replaced its command connection since it opened is
+//! dropped too, so both always reach the same server.
+
+use std::io;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use redis::io::tcp::socket2;
+use redis::{ConnectionAddr, ConnectionInfo, RedisError, RedisResult};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::envelopes::usable;
+use super::{connection::timed_out, RedisTier, Remote};
+use crate::inbox::{tag_bucket, Stamp};
+
+/// One reply, framed from the lane's input.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply<'a> {
+    /// A bulk string (`$n`): the value.
+    Bulk(&'a [u8]),
+    /// A null bulk string or array (`$-1`, `*-1`): no such key.
+    Nil,
+    /// An error reply (`-...`), without the dash.
+    Error(&'a [u8]),
+    /// Anything else a GET does not answer with (a status, an integer, an array).
+    Other,
+}
+
+/// The input is not RESP2: the lane cannot know where the next reply starts.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ProtocolError;
+
+/// The first reply in `buf` and its length in bytes, or `None` if it is not complete yet.
+pub fn frame(buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>, ProtocolError> {
+    let Some(len) = frame_len(buf, 0)? else {
+        return Ok(None);
+    };
+    let line_end = line(buf, 1)?.expect("a framed reply has its first line");
+    let reply = match buf[0] {
+        b'$' if buf[1] == b'-' => Reply::Nil,
+        b'$' => Reply::Bulk(&buf[line_end + 2..len - 2]),
+        b'*' if buf[1] == b'-' => Reply::Nil,
+        b'-' => Reply::Error(&buf[1..line_end]),
+        _ => Reply::Other,
+    };
+    Ok(Some((reply, len)))
+}
+
+/// Where the line starting at `from` ends (its `\r`), if it has ended.
+fn line(buf: &[u8], from: usize) -> Result<Option<usize>, ProtocolError> {
+    // Headers are short; a very long one is not RESP.
+    let window = &buf[from.min(buf.len())..buf.len().min(from + 4096)];
+    match window.windows(2).position(|w| w == b"\r\n") {
+        Some(at) => Ok(Some(from + at)),
+        None if window.len() >= 4096 => Err(ProtocolError),
+        None => Ok(None),
+    }
+}
+
+fn number(bytes: &[u8]) -> Result<i64, ProtocolError> {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(ProtocolError)
+}
+
+/// The length of the reply starting at `at`, if it is complete.
+fn frame_len(buf: &[u8], at: usize) -> Result<Option<usize>, ProtocolError> {
+    let Some(&kind) = buf.get(at) else {
+        return Ok(None);
+    };
+    let Some(end) = line(buf, at + 1)? else {
+        return Ok(None);
+    };
+    let after_line = end + 2;
+    match kind {
+        b'+' | b'-' | b':' => Ok(Some(after_line - at)),
+        b'$' => {
+            let n = number(&buf[at + 1..end])?;
+            if n < 0 {
+                return Ok(Some(after_line - at));
+            }
+            let total = after_line + n as usize + 2;
+            if buf.len() < total {
+                return Ok(None);
+            }
+            if &buf[total - 2..total] != b"\r\n" {
+                return Err(ProtocolError);
+            }
+            Ok(Some(total - at))
+        }
+        b'*' => {
+            let n = number(&buf[at + 1..end])?;
+            let mut next = after_line;
+            for _ in 0..n.max(0) {
+                match frame_len(buf, next)? {
+                    Some(len) => next += len,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(next - at))
+        }
+        _ => Err(ProtocolError),
+    }
+}
+
+/// What a lane read found.
+#[derive(Debug, PartialEq)]
+pub enum LaneRead {
+    Found(Remote),
+    /// No entry this cache can use (none, another serializer's, expired, dead): a miss, as the
+    /// command connection's read would say.
+    Missing,
+    /// Ask again on the command connection: an entry with tags (their clocks are read there),
+    /// the bus down (the clear clock is read there), an error reply.
+    Ask,
+}
+
+/// Where a lane connects, and as whom.
+#[derive(Debug, Clone)]
+pub struct LaneTarget {
+    host: String,
+    port: u16,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
+
+impl LaneTarget {
+    /// Plain TCP servers only: TLS and Unix sockets stay on the command connection.
+    pub fn of(info: &ConnectionInfo) -> Option<LaneTarget> {
+        let ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return None;
+        };
+        let s = info.redis_settings();
+        Some(LaneTarget {
+            host: host.clone(),
+            port: *port,
+            username: s.username().map(str::to_string),
+            password: s.password().map(str::to_string),
+            db: s.db(),
+        })
+    }
+
+    /// The commands that make a new connection ours: AUTH (ACL user or password), SELECT, and
+    /// a name operators see in CLIENT LIST (refused by some ACLs: then it stays unnamed). Each
+    /// with whether its refusal refuses the lane.
+    fn handshake(&self) -> Vec<(redis::Cmd, bool)> {
+        let mut out = Vec::new();
+        if let Some(password) = &self.password {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = &self.username {
+                auth.arg(user);
+            }
+            out.push((auth.arg(password).clone(), true));
+        }
+        if self.db != 0 {
+            out.push((redis::cmd("SELECT").arg(self.db).clone(), true));
+        }
+        out.push((
+            redis::cmd("CLIENT").arg("SETNAME").arg(LANE_NAME).clone(),
+            false,
+        ));
+        out
+    }
+}
+
+/// The lane's connection name (CLIENT LIST shows it).
+pub const LANE_NAME: &str = "stampede-cache:read-lane";
+
+/// An open lane's socket (non-blocking) and the tier's command connection count when it began
+/// to open.
+pub struct LaneSocket {
+    pub stream: TcpStream,
+    pub opened_at_replacement: u64,
+}
+
+fn refused(what: String) -> RedisError {
+    RedisError::from(io::Error::new(io::ErrorKind::ConnectionRefused, what))
+}
+
+impl RedisTier {
+    /// Whether reads may take the lane now: a plain-TCP server, Redis up, the bus up (an entry
+    /// without tags is then alive unless an announcement said otherwise), not closed.
+    pub fn lane_usable(&self) -> bool {
+        self.link.topology.lane_possible() && !self.closed() && self.bus_up() && self.redis_up()
+    }
+
+    /// How long a read on the lane may take: the command timeout.
+    pub fn lane_timeout(&self) -> Duration {
+        self.link.command_timeout
+    }
+
+    /// Whether a lane opened at `replacement` still reaches the command connection's server.
+    pub fn lane_current(&self, replacement: u64) -> bool {
+        self.link.replacements() == replacement
+    }
+
+    /// Opens a lane (on the runtime), within the connect timeout.
+    pub async fn open_lane(&self) -> RedisResult<LaneSocket> {
+        let replacement = self.link.replacements();
+        let connect_timeout = self.link.connect_timeout;
+        let opened =
+            async {
+                let target =
+                    self.link.topology.lane_target().await?.ok_or_else(|| {
+                        refused("the server is not reached over plain TCP".into())
+                    })?;
+                let mut stream =
+                    tokio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
+                stream.set_nodelay(true)?;
+                // A replaced lane's unsent reads are discarded rather than delivered late.
+                socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO))?;
+                let handshake = target.handshake();
+                let mut out = Vec::new();
+                for (cmd, _) in &handshake {
+                    cmd.write_packed_command(&mut out);
+                }
+                stream.write_all(&out).await?;
+                let mut input = Vec::new();
+                let mut answered = 0;
+                while answered < handshake.len() {
+                    let mut chunk = [0u8; 512];
+                    let n = stream.read(&mut chunk).await?;
+                    if n == 0 {
+                        return Err(refused("Redis closed the connection".into()));
+                    }
+                    input.extend_from_slice(&chunk[..n]);
+                    while let Some((reply, len)) = frame(&input)
+                        .map_err(|_| refused("Redis answered out of protocol".into()))?
+                    {
+                        if let (Reply::Error(e), true) = (reply, handshake[answered].1) {
+                            return Err(refused(format!(
+                                "Redis refused the connection: {}",
+                                String::from_utf8_lossy(e)
+                            )));
+                        }
+                        answered += 1;
+                        input.drain(..len);
+                    }
+                }
+                let stream = stream.into_std()?;
+                stream.set_nonblocking(true)?;
+                Ok(LaneSocket {
+                    stream,
+                    opened_at_replacement: replacement,
+                })
+            };
+        tokio::time::timeout(connect_timeout, opened)
+            .await
+            .map_err(|_| timed_out("timed out connecting to Redis"))?
+    }
+
+    /// The request of a lane read of `key`, appended to `out`.
+    pub fn lane_request(&self, key: &str, out: &mut Vec<u8>) {
+        redis::cmd("GET")
+            .arg(self.value_key(key))
+            .write_packed_command(out);
+    }
+
+    /// What the lane's reply to a read means. `stamp`: the key's invalidation stamp
+    /// when the read was asked for; `count`: a `get()`, counted as an l2Hit or a miss (an `Ask`
+    /// is counted where it is asked again).
+    pub fn lane_answer(&self, stamp: Stamp, reply: Reply<'_>, count: bool) -> LaneRead {
+        let read = match reply {
+            Reply::Nil => LaneRead::Missing,
+            Reply::Error(_) | Reply::Other => return LaneRead::Ask,
+            Reply::Bulk(bytes) => match usable(bytes, self.serializer) {
+                None => LaneRead::Missing,
+                Some(found) => {
+                    let buckets: Vec<u16> = found.tags.iter().map(|t| tag_bucket(t)).collect();
+                    if self.inbox.dead(found.envelope.born, &buckets) {
+                        LaneRead::Missing
+                    } else if !found.tags.is_empty() || !self.bus_up() {
+                        return LaneRead::Ask;
+                    } else {
+                        LaneRead::Found(found.remote(stamp))
+                    }
+                }
+            },
+        };
+        if count {
+            match read {
+                LaneRead::Found(_) => self.stats.l2_hits.incr(),
+                _ => self.stats.misses.incr(),
+            }
+        }
+        read
+    }
+
+    /// A read on the lane outlived the command timeout: Redis is down, as the command
+    /// connection's timeout would say, until a probe answers (the reads it carried, asked again,
+    /// are then served without Redis at once).
+    pub fn lane_timed_out(&self, key: Option<&str>, why: String) {
+        self.went_down("get", key, why);
+    }
+
+    /// The lane's connection failed (closed, reset, out of protocol): reported, but Redis is not
+    /// taken down for it. The reads it carried are asked again on the command connection, whose
+    /// own failure, if Redis is gone, takes the tier down; a lane killed alone costs nothing.
+    pub fn lane_lost(&self, key: Option<&str>, why: String) {
+        self.report("get", key, why);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_the_replies_a_get_gives() {
+        assert_eq!(frame(b"$3\r\nabc\r\n"), Ok(Some((Reply::Bulk(b"abc"), 9))));
+        assert_eq!(frame(b"$0\r\n\r\n+OK\r\n"), Ok(Some((Reply::Bulk(b""), 6))));
+        assert_eq!(frame(b"$-1\r\n$1\r\n"), Ok(Some((Reply::Nil, 5))));
+        assert_eq!(
+            frame(b"-WRONGTYPE Operation\r\n"),
+            Ok(Some((Reply::Error(b"WRONGTYPE Operation"), 22)))
+        );
+        assert_eq!(frame(b"+OK\r\n"), Ok(Some((Reply::Other, 5))));
+        assert_eq!(frame(b":12\r\n"), Ok(Some((Reply::Other, 5))));
+        assert_eq!(
+            frame(b"*2\r\n$1\r\na\r\n*1\r\n:1\r\nrest"),
+            Ok(Some((Reply::Other, 19)))
+        );
+        assert_eq!(frame(b"*-1\r\n"), Ok(Some((Reply::Nil, 5))));
+    }
+
+    #[test]
+    fn an_incomplete_reply_waits_for_more_at_every_cut() {
+        let whole: &[u8] = b"*2\r\n$5\r\nhello\r\n$-1\r\n";
+        for cut in 0..whole.len() {
+            assert_eq!(frame(&whole[..cut]), Ok(None), "cut at {cut}");
+        }
+        assert_eq!(frame(whole), Ok(Some((Reply::Other, whole.len()))));
+        let bulk: &[u8] = b"$10\r\n0123456789\r\n";
+        for cut in 0..bulk.len() {
+            assert_eq!(frame(&bulk[..cut]), Ok(None), "cut at {cut}");
+        }
+        // A value holding CRLF is framed by its length, not by its lines.
+        assert_eq!(
+            frame(b"$4\r\na\r\nb\r\n"),
+            Ok(Some((Reply::Bulk(b"a\r\nb"), 10)))
+        );
+    }
+
+    #[test]
+    fn input_that_is_not_resp_is_refused() {
+        assert_eq!(frame(b"hello\r\n"), Err(ProtocolError));
+        assert_eq!(frame(b"$x\r\n"), Err(ProtocolError));
+        assert_eq!(frame(b"$3\r\nabcde\r\n"), Err(ProtocolError));
+        assert_eq!(frame(&[b'+'; 5000]), Err(ProtocolError));
+    }
+
+    #[test]
+    fn the_handshake_authenticates_and_selects() {
+        let info: ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info("redis://app:secret@127.0.0.1:6390/3")
+                .unwrap();
+        let target = LaneTarget::of(&info).unwrap();
+        let packed: Vec<(Vec<u8>, bool)> = target
+            .handshake()
+            .iter()
+            .map(|(c, required)| (c.get_packed_command(), *required))
+            .collect();
+        assert_eq!(
+            packed,
+            vec![
+                (
+                    b"*3\r\n$4\r\nAUTH\r\n$3\r\napp\r\n$6\r\nsecret\r\n".to_vec(),
+                    true
+                ),
+                (b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n".to_vec(), true),
+                (
+                    b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$24\r\nstampede-cache:read-lane\r\n"
+                        .to_vec(),
+                    false
+                ),
+            ]
+        );
+        let tls: ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info("rediss://127.0.0.1:6390").unwrap();
+        assert!(LaneTarget::of(&tls).is_none());
+    }
+}
