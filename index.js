@@ -93,6 +93,30 @@ const { peek, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngi
 const { redisGate, redisFetch, takeCarried, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
 
+// The promises of the flights in progress, by flight id. Each sits in a holder that `delete`
+// empties: a V8 Map kept deleted values reachable until it next rehashed, so a promise resolved
+// after its flight was deleted kept its value alive through scavenges and into the old
+// generation (measured: MBs promoted per scavenge with 64 Redis reads of 10 KB in flight; none
+// with holders).
+class Flights {
+  #m = new Map()
+  get size() {
+    return this.#m.size
+  }
+  get(id) {
+    return this.#m.get(id)?.load
+  }
+  set(id, load) {
+    this.#m.set(id, { load })
+  }
+  delete(id) {
+    const held = this.#m.get(id)
+    if (held === undefined) return
+    held.load = undefined
+    this.#m.delete(id)
+  }
+}
+
 // A Redis answer crosses as an array (see `RedisAnswer` in src/node/redis.rs); named here.
 function answerOf(a) {
   if (a === null || a === undefined) return null
@@ -315,7 +339,7 @@ class StampedeCache {
   /** Values by slot; the engine says which slot holds which key's value. */
   #values = []
   /** Promises of running loads by flight id; joiners await the leader's promise. */
-  #flights = new Map()
+  #flights = new Flights()
   /** Background refreshes not yet ended, for settle(). */
   #background = new Set()
   /** Redis locks held by running loads, by flight: [key, token] (close() releases them). */
