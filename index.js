@@ -90,7 +90,7 @@ const engine = {
   inspectEntry: fromNative(native.inspectEntry),
 }
 const { peek, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
-const { redisGate, redisFetch, takeCarried, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
+const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
 
 // The promises of the flights in progress, by flight id. Each sits in a holder that `delete`
@@ -149,7 +149,7 @@ const clearEntries = fromNative(native.clearEntries)
 // `n >> HIT_SLOT_SHIFT`, the kind `(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK` (its state for the hit
 // channel is HIT_STATES[kind]), and `n & HIT_REFRESH` asks for a background refresh.
 const { HIT_SLOT_SHIFT, HIT_KIND_SHIFT, HIT_KIND_MASK, HIT_REFRESH, HIT_STATES } = native
-const { STEP_SERVE, STEP_LEAD, WRITTEN_NOWHERE } = native
+const { STEP_KINDS, STEP_SERVE, STEP_LEAD, WRITTEN_NOWHERE } = native
 const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT } = native
 // What a flight is for (redisGate's purpose), and the reason the channels give it.
 const { PURPOSE_COLD, PURPOSE_REFRESH, PURPOSE_FORCE, PURPOSE_PAST_VALUE, REASONS } = native
@@ -424,7 +424,9 @@ class StampedeCache {
     const k = engine.encodeKey(key)
     if (signal?.aborted) throw abortError(signal)
     this.#watchInvalidations()
-    const step = engine.lookup(this.#id, k, policy, force)
+    // One number: n * STEP_KINDS + kind (see `lookup` in src/node/local.rs).
+    const looked = engine.lookup(this.#id, k, policy, force)
+    const step = { kind: looked % STEP_KINDS, n: Math.floor(looked / STEP_KINDS) }
     if (step.kind === STEP_SERVE) {
       const value = this.#values[step.n >> HIT_SLOT_SHIFT]
       this.#publishInvalidations()
@@ -511,7 +513,9 @@ class StampedeCache {
   // flight's `purpose`.
   async #gate(k, ask, purpose) {
     // A cold read first takes the value another process's announcement carried, if any.
-    const gate = answerOf(ask === PURPOSE_COLD ? takeCarried(this.#id, k, false) : null) ?? answerOf(await redisGate(this.#id, k, ask))
+    // A cold read answered by the value another process's announcement carried is no promise.
+    const asked = redisGate(this.#id, k, ask)
+    const gate = answerOf(Array.isArray(asked) ? asked : await asked)
     this.#drainRedisReports()
     if (gate.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
       lockChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], outcome: LOCK_OUTCOMES[gate.lock] })
@@ -534,7 +538,8 @@ class StampedeCache {
   // whether the caller (of a cold flight: `cold`) should start a refresh of the stale value.
   #adoptDecoded(k, flight, cold, answer, value) {
     const size = answer.bytes
-    const { slot, refresh } = adopt(
+    // One number: slot * 2 + refresh (see `adopt` in src/node/redis.rs).
+    const adopted = adopt(
       this.#id,
       k,
       flight,
@@ -549,10 +554,10 @@ class StampedeCache {
       answer.tags ?? null,
       size,
     )
-    this.#fill(slot, value)
+    this.#fill(adopted >> 1, value)
     // After the value is in place: a subscriber may read the cache.
     this.#publishInvalidations()
-    return refresh
+    return (adopted & 1) === 1
   }
 
   // Keeps `value` at `slot`, what the engine call that wrote it answered (NO_SLOT or
@@ -820,7 +825,8 @@ class StampedeCache {
     }
     if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     if (!this.#redis) return undefined
-    const answer = answerOf(takeCarried(this.#id, k, true)) ?? answerOf(await redisFetch(this.#id, k, true))
+    const asked = redisFetch(this.#id, k, true)
+    const answer = answerOf(Array.isArray(asked) ? asked : await asked)
     this.#drainRedisReports()
     if (answer.kind !== GATE_FOUND) return undefined
     const value = this.#decode(answer)

@@ -23,18 +23,13 @@ export declare function abandon(id: number, key: string, flight: number): void
  * Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
  * `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found
  * (a refresh found refreshed elsewhere, and `get`, start none).
+ *
+ * Answers `slot * 2 + refresh`: the slot for the value (`NO_SLOT` when the tier keeps nothing,
+ * `WRITTEN_NOWHERE` when superseded, expired or dead; read it back with `>> 1`), and whether
+ * the caller, served a stale value, should start its refresh (`& 1`). A number, not an object:
+ * an object's property names are interned on every call.
  */
-export declare function adopt(id: number, key: string, flight: number, cold: boolean, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number): Adopted
-
-/**
- * What `adopt` did: the slot for the value (`NO_SLOT` when the tier keeps nothing,
- * `WRITTEN_NOWHERE` when superseded, expired or dead), and whether the caller, served a stale
- * value, should start its refresh.
- */
-export interface Adopted {
-  slot: number
-  refresh: boolean
-}
+export declare function adopt(id: number, key: string, flight: number, cold: boolean, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number): number
 
 /** Registers the background refresh a hit asked for: its flight id, or -1 if one already runs. */
 export declare function beginRefresh(id: number, key: string): number
@@ -200,13 +195,12 @@ export declare const LOCK_WAITED: number
 
 export declare const LOCK_WON: number
 
-export declare function lookup(id: number, key: string, policy: Array<number> | undefined | null, force: boolean): LookupStep
-
-/** `kind`: `STEP_SERVE` the hit `n`, `STEP_LEAD` flight `n`, or `STEP_JOIN` flight `n`. */
-export interface LookupStep {
-  kind: number
-  n: number
-}
+/**
+ * What to do, as one number `n * STEP_KINDS + kind`: `kind` `STEP_SERVE` the hit `n`,
+ * `STEP_LEAD` flight `n`, or `STEP_JOIN` flight `n` (`n >= 0`, below 2^50). A number, not an
+ * object: an object's property names are interned on every call.
+ */
+export declare function lookup(id: number, key: string, policy: Array<number> | undefined | null, force: boolean): number
 
 /** No usable entry. */
 export declare const MISS: number
@@ -273,15 +267,17 @@ export declare function redisFailed(id: number, key: string, token: string | und
 
 /**
  * Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. `count`
- * (for `get`): counted as an l2Hit or a miss. Takes the read lane when it can.
+ * (for `get`): counted as an l2Hit or a miss, and takes the value an announcement carried,
+ * answered at once (not a promise). Takes the read lane when it can.
  */
-export declare function redisFetch(id: number, key: string, count: boolean): Promise<unknown[]>
+export declare function redisFetch(id: number, key: string, count: boolean): unknown[] | Promise<unknown[]>
 
 /**
  * Asks Redis before a load (`purpose`: a `PURPOSE_*` code; anything unknown is a cold load):
- * found / lead / skip / closed. A cold load's first read takes the read lane when it can.
+ * found / lead / skip / closed. A cold load takes the value an announcement carried, answered
+ * at once (not a promise), or else reads on the read lane when it can.
  */
-export declare function redisGate(id: number, key: string, purpose: number): Promise<unknown[]>
+export declare function redisGate(id: number, key: string, purpose: number): unknown[] | Promise<unknown[]>
 
 export interface RedisReport {
   op: string
@@ -337,18 +333,14 @@ export interface Stats {
 /** Join flight `n`: await its leader's promise. */
 export declare const STEP_JOIN: number
 
+/** `lookup` answers `n * STEP_KINDS + kind`. */
+export declare const STEP_KINDS: number
+
 /** Lead flight `n`: ask Redis if configured, call the loader, end the flight. */
 export declare const STEP_LEAD: number
 
-/** What `lookup` says to do (`LookupStep.kind`): serve the hit `n`. */
+/** What `lookup` says to do (its `kind`): serve the hit `n`. */
 export declare const STEP_SERVE: number
-
-/**
- * The envelope another process's announcement carried for `key` (see
- * `store/redis/carried.rs`), as a found answer, if nothing was heard of the key since: the read
- * needs no Redis round trip. `null`: ask Redis. `count` (for `get`): counted as an l2Hit.
- */
-export declare function takeCarried(id: number, key: string, count: boolean): unknown[] | null
 
 /**
  * The keys dropped because other processes changed them, in the order applied, since the last

@@ -43,7 +43,10 @@ pub(super) fn encode_hit(hit: Hit) -> i32 {
     ((hit.slot() as i32) << HIT_SLOT_SHIFT) | (kind << HIT_KIND_SHIFT) | refresh as i32
 }
 
-/// What `lookup` says to do (`LookupStep.kind`): serve the hit `n`.
+/// `lookup` answers `n * STEP_KINDS + kind`.
+#[napi]
+pub const STEP_KINDS: u32 = 4;
+/// What `lookup` says to do (its `kind`): serve the hit `n`.
 #[napi]
 pub const STEP_SERVE: u32 = 0;
 /// Lead flight `n`: ask Redis if configured, call the loader, end the flight.

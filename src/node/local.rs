@@ -5,42 +5,27 @@ use std::result::Result;
 
 use napi_derive::napi;
 
-use super::codes::{encode_hit, MISS, NO_SLOT, STEP_JOIN, STEP_LEAD, STEP_SERVE, WRITTEN_NOWHERE};
+use super::codes::{
+    encode_hit, MISS, NO_SLOT, STEP_JOIN, STEP_KINDS, STEP_LEAD, STEP_SERVE, WRITTEN_NOWHERE,
+};
 use super::engines::{engine, with_engine};
 use super::options::policy_of;
 use super::JsErr;
 use crate::cache::{Extra, Step};
 
-/// `kind`: `STEP_SERVE` the hit `n`, `STEP_LEAD` flight `n`, or `STEP_JOIN` flight `n`.
-#[napi(object)]
-pub struct LookupStep {
-    pub kind: u32,
-    pub n: f64,
-}
-
+/// What to do, as one number `n * STEP_KINDS + kind`: `kind` `STEP_SERVE` the hit `n`,
+/// `STEP_LEAD` flight `n`, or `STEP_JOIN` flight `n` (`n >= 0`, below 2^50). A number, not an
+/// object: an object's property names are interned on every call.
 #[napi]
-pub fn lookup(
-    id: u32,
-    key: String,
-    policy: Option<Vec<f64>>,
-    force: bool,
-) -> Result<LookupStep, JsErr> {
+pub fn lookup(id: u32, key: String, policy: Option<Vec<f64>>, force: bool) -> Result<f64, JsErr> {
     with_engine(id, |c| {
         let beta = policy_of(c, policy.as_deref()).beta;
-        Ok(match c.cache.lookup(&key, beta, force)? {
-            Step::Serve(hit) => LookupStep {
-                kind: STEP_SERVE,
-                n: encode_hit(hit) as f64,
-            },
-            Step::Lead(f) => LookupStep {
-                kind: STEP_LEAD,
-                n: f as f64,
-            },
-            Step::Join(f) => LookupStep {
-                kind: STEP_JOIN,
-                n: f as f64,
-            },
-        })
+        let (kind, n) = match c.cache.lookup(&key, beta, force)? {
+            Step::Serve(hit) => (STEP_SERVE, encode_hit(hit) as f64),
+            Step::Lead(f) => (STEP_LEAD, f as f64),
+            Step::Join(f) => (STEP_JOIN, f as f64),
+        };
+        Ok(n * STEP_KINDS as f64 + kind as f64)
     })
 }
 

@@ -167,14 +167,20 @@ impl RedisAnswer {
 }
 
 /// Asks Redis before a load (`purpose`: a `PURPOSE_*` code; anything unknown is a cold load):
-/// found / lead / skip / closed. A cold load's first read takes the read lane when it can.
-#[napi(ts_return_type = "Promise<unknown[]>")]
+/// found / lead / skip / closed. A cold load takes the value an announcement carried, answered
+/// at once (not a promise), or else reads on the read lane when it can.
+#[napi(ts_return_type = "unknown[] | Promise<unknown[]>")]
 pub fn redis_gate(
     env: &Env,
     id: u32,
     key: String,
     purpose: u32,
-) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
+) -> napi::Result<Either<RedisAnswer, PromiseRaw<'_, RedisAnswer>>> {
+    if purpose == PURPOSE_COLD {
+        if let Some(found) = carried(id, &key, false) {
+            return Ok(Either::A(found));
+        }
+    }
     let tier = tier_of(id, &key);
     // Taken before Redis is asked: an invalidation after this may predate our read.
     let stamp = engine(id).map(|e| e.borrow().cache.inbox().stamp(&key));
@@ -187,10 +193,10 @@ pub fn redis_gate(
             lock_ttl: *lock_ttl,
         };
         if let Some(promise) = lane::read(env, id, tier, key.clone(), stamp, ask)? {
-            return Ok(promise);
+            return Ok(Either::B(promise));
         }
     }
-    settle::spawn_settled(env, gate(tier, key, purpose, stamp, false))
+    settle::spawn_settled(env, gate(tier, key, purpose, stamp, false)).map(Either::B)
 }
 
 /// The gate, on the runtime. `looked`: a cold load whose read lane's GET found nothing usable.
@@ -270,14 +276,20 @@ async fn gate(
 }
 
 /// Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. `count`
-/// (for `get`): counted as an l2Hit or a miss. Takes the read lane when it can.
-#[napi(ts_return_type = "Promise<unknown[]>")]
+/// (for `get`): counted as an l2Hit or a miss, and takes the value an announcement carried,
+/// answered at once (not a promise). Takes the read lane when it can.
+#[napi(ts_return_type = "unknown[] | Promise<unknown[]>")]
 pub fn redis_fetch(
     env: &Env,
     id: u32,
     key: String,
     count: bool,
-) -> napi::Result<PromiseRaw<'_, RedisAnswer>> {
+) -> napi::Result<Either<RedisAnswer, PromiseRaw<'_, RedisAnswer>>> {
+    if count {
+        if let Some(found) = carried(id, &key, true) {
+            return Ok(Either::A(found));
+        }
+    }
     let tier = tier_of(id, &key).map(|(tier, _, _)| tier);
     // Here, on the JS thread, before a set or delete called after this read can touch it.
     let stamp = engine(id).map(|e| e.borrow().cache.inbox().stamp(&key));
@@ -285,10 +297,10 @@ pub fn redis_fetch(
         if let Some(promise) =
             lane::read(env, id, tier, key.clone(), stamp, LaneAsk::Fetch { count })?
         {
-            return Ok(promise);
+            return Ok(Either::B(promise));
         }
     }
-    settle::spawn_settled(env, fetch(tier, key, stamp, count))
+    settle::spawn_settled(env, fetch(tier, key, stamp, count)).map(Either::B)
 }
 
 async fn fetch(
@@ -359,18 +371,14 @@ pub(super) fn settle_lane_read(
     settle::settle_here(env, promised, Ok(answer));
 }
 
-/// What `adopt` did: the slot for the value (`NO_SLOT` when the tier keeps nothing,
-/// `WRITTEN_NOWHERE` when superseded, expired or dead), and whether the caller, served a stale
-/// value, should start its refresh.
-#[napi(object)]
-pub struct Adopted {
-    pub slot: i32,
-    pub refresh: bool,
-}
-
 /// Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
 /// `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found
 /// (a refresh found refreshed elsewhere, and `get`, start none).
+///
+/// Answers `slot * 2 + refresh`: the slot for the value (`NO_SLOT` when the tier keeps nothing,
+/// `WRITTEN_NOWHERE` when superseded, expired or dead; read it back with `>> 1`), and whether
+/// the caller, served a stale value, should start its refresh (`& 1`). A number, not an object:
+/// an object's property names are interned on every call.
 #[napi]
 pub fn adopt(
     id: u32,
@@ -386,7 +394,7 @@ pub fn adopt(
     born: f64,
     tags: Option<Vec<String>>,
     size: f64,
-) -> Adopted {
+) -> i32 {
     let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
     let envelope = Envelope {
         fresh_until,
@@ -415,12 +423,9 @@ pub fn adopt(
             None => WRITTEN_NOWHERE,
             Some(slot) => slot.map_or(NO_SLOT, |s| s as i32),
         };
-        Ok(Adopted { slot, refresh })
+        Ok(slot * 2 + i32::from(refresh))
     })
-    .unwrap_or(Adopted {
-        slot: WRITTEN_NOWHERE,
-        refresh: false,
-    })
+    .unwrap_or(WRITTEN_NOWHERE * 2)
 }
 
 /// Another process holds the refresh: end `flight` and hold local refreshes back meanwhile.
@@ -743,18 +748,17 @@ pub fn clear_entries(env: &Env, id: u32) -> Result<PromiseRaw<'_, i32>, JsErr> {
 
 /// The envelope another process's announcement carried for `key` (see
 /// `store/redis/carried.rs`), as a found answer, if nothing was heard of the key since: the read
-/// needs no Redis round trip. `null`: ask Redis. `count` (for `get`): counted as an l2Hit.
-#[napi(ts_return_type = "unknown[] | null")]
-pub fn take_carried(id: u32, key: String, count: bool) -> Option<RedisAnswer> {
+/// needs no Redis round trip. `count` (for `get`): counted as an l2Hit.
+fn carried(id: u32, key: &str, count: bool) -> Option<RedisAnswer> {
     let e = engine(id)?;
     let (tier, stamp) = {
         let e = e.borrow();
         if e.cache.is_closed() {
             return None;
         }
-        (e.redis.clone()?, e.cache.inbox().stamp(&key))
+        (e.redis.clone()?, e.cache.inbox().stamp(key))
     };
-    let found = tier.take_carried(&key, stamp)?;
+    let found = tier.take_carried(key, stamp)?;
     if count {
         tier.count_l2_hit();
     }
