@@ -328,6 +328,8 @@ test('6. garbage and wrong-type value keys are misses: loaded, replaced by an en
     ['g:sc2', (k) => ['SET', k, JSON.stringify({ sc: 2, freshUntil: now + 1e6, hardUntil: now + 2e6, computeMs: 0, retryAfter: 0, value: 'other-version' })]],
     ['g:h-before-f', (k) => ['SET', k, JSON.stringify({ sc: 1, freshUntil: now + 2e6, hardUntil: now + 1e6, computeMs: 0, retryAfter: 0, value: 'insane' })]],
     ['g:no-v', (k) => ['SET', k, JSON.stringify({ sc: 1, freshUntil: now + 1e6, hardUntil: now + 2e6, computeMs: 0, retryAfter: 0 })]],
+    // Good metadata, a value that is not JSON (the binding does not scan values; the reader's parse fails).
+    ['g:bad-value', (k) => ['SET', k, `{"sc":1,"gen":"x1","born":0,"freshUntil":${now + 1e6},"hardUntil":${now + 2e6},"computeMs":0,"retryAfter":0,"value":{oops}`]],
     ['g:expired', (k) => ['SET', k, JSON.stringify({ sc: 1, freshUntil: 5, hardUntil: 10, computeMs: 0, retryAfter: 0, value: 'ancient' })]],
     ['g:list', (k) => ['LPUSH', k, 'a', 'b']],
     ['g:hash', (k) => ['HSET', k, 'f', 'v']],
