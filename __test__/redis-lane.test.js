@@ -77,6 +77,13 @@ test('reads take the lane: one named connection carries the GETs, values and cou
   assert.equal(after.loads, before.loads, 'no loads')
   assert.equal(after.redisErrors, 0)
   assert.equal(after.misses - before.misses, 1, 'get(absent) is a miss')
+  // A value far larger than one read of the socket, among small ones in flight with it.
+  await writer.set('big', { data: 'y'.repeat(3_000_000) })
+  const mixed = await Promise.all([reader.get('big'), reader.get('k1'), reader.get('big'), reader.get('k2')])
+  assert.equal(mixed[0].data.length, 3_000_000)
+  assert.deepEqual(mixed[1], { i: 1, text: 'x'.repeat(300) })
+  assert.equal(mixed[2].data, mixed[0].data)
+  assert.deepEqual(mixed[3], { i: 2, text: 'x'.repeat(600) })
   const still = (await lanes(redis)).find((c) => c.id === lane.id)
   assert.ok(still, 'the same lane is still open')
 

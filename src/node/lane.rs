@@ -339,7 +339,8 @@ impl Lane {
                 self.input.reserve(16 * 1024);
             }
             let len = self.input.len();
-            let spare = self.input.capacity() - len;
+            // Zeroed before the read: at most 64 KB at a time, however large the buffer grew.
+            let spare = (self.input.capacity() - len).min(64 * 1024);
             self.input.resize(len + spare, 0);
             match self.stream.read(&mut self.input[len..]) {
                 Ok(0) => {
@@ -386,6 +387,10 @@ impl Lane {
             at += len;
         }
         self.input.drain(..at);
+        if self.input.is_empty() && self.input.capacity() > 1024 * 1024 {
+            // A large value passed: give its buffer back.
+            self.input = Vec::with_capacity(16 * 1024);
+        }
         self.update_ref();
         (answered, failure)
     }
