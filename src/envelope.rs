@@ -241,10 +241,16 @@ impl Envelope {
     /// escapes was the largest cost of a Redis read in the binding. Any other layout is parsed
     /// whole.
     pub fn decode(text: &str) -> Option<Decoded<'_>> {
-        if let Some(at) = text.find(",\"value\":") {
+        const VALUE_KEY: &[u8] = b",\"value\":";
+        // A plain scan: the key sits a hundred bytes or so in, past the metadata.
+        let found = text
+            .as_bytes()
+            .windows(VALUE_KEY.len())
+            .position(|w| w == VALUE_KEY);
+        if let Some(at) = found {
             if let Some(rest) = text.strip_suffix('}') {
                 if let Some(head) = Self::decode_head(&text[..at]) {
-                    let value = rest.get(at + ",\"value\":".len()..)?;
+                    let value = rest.get(at + VALUE_KEY.len()..)?;
                     return Self::decoded(head, value);
                 }
             }

@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::ptr;
 use std::rc::{Rc, Weak};
 use std::sync::{Arc, Mutex};
@@ -338,33 +338,23 @@ impl Lane {
             if self.input.capacity() - self.input.len() < 4096 {
                 self.input.reserve(16 * 1024);
             }
-            let len = self.input.len();
-            // Zeroed before the read: at most 64 KB at a time, however large the buffer grew.
-            let spare = (self.input.capacity() - len).min(64 * 1024);
-            self.input.resize(len + spare, 0);
-            match self.stream.read(&mut self.input[len..]) {
+            let spare = self.input.capacity() - self.input.len();
+            match read_into_spare(&self.stream, &mut self.input) {
                 Ok(0) => {
-                    self.input.truncate(len);
                     failure = Some("Redis closed the read lane".to_string());
                     break;
                 }
-                Ok(n) => {
-                    self.input.truncate(len + n);
-                    if n < spare {
+                // Short of the space given: the socket is drained for now.
+                Ok(n) if n < spare => break,
+                Ok(_) => {}
+                Err(e) => match e.kind() {
+                    io::ErrorKind::WouldBlock => break,
+                    io::ErrorKind::Interrupted => {}
+                    _ => {
+                        failure = Some(format!("Redis read lane failed: {e}"));
                         break;
                     }
-                }
-                Err(e) => {
-                    self.input.truncate(len);
-                    match e.kind() {
-                        io::ErrorKind::WouldBlock => break,
-                        io::ErrorKind::Interrupted => {}
-                        _ => {
-                            failure = Some(format!("Redis read lane failed: {e}"));
-                            break;
-                        }
-                    }
-                }
+                },
             }
         }
         let mut answered = Vec::new();
@@ -757,6 +747,28 @@ impl Uv {
         // SAFETY: the caller's promise.
         unsafe { std::alloc::dealloc(p.cast(), self.layout(kind)) }
     }
+}
+
+/// Reads from the socket into `buf`'s spare capacity (not zeroed first), extending it.
+#[cfg(unix)]
+fn read_into_spare(stream: &std::net::TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    // SAFETY: `spare` is writable memory of `spare.len()` bytes owned by `buf`; recv writes at
+    // most that many and says how many it wrote, and only those become part of `buf`.
+    unsafe {
+        let n = libc::recv(raw_fd(stream), spare.as_mut_ptr().cast(), spare.len(), 0);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        buf.set_len(buf.len() + n);
+        Ok(n)
+    }
+}
+
+#[cfg(not(unix))]
+fn read_into_spare(_stream: &std::net::TcpStream, _buf: &mut Vec<u8>) -> io::Result<usize> {
+    unreachable!("no lane without libuv's Unix poll")
 }
 
 #[cfg(unix)]

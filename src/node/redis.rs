@@ -16,7 +16,7 @@ use super::codes::{
 };
 use super::engines::{engine, with_engine};
 use super::options::policy_of;
-use super::{lane, napi_fail, settle, JsErr};
+use super::{hot_path, lane, napi_fail, settle, JsErr};
 use crate::cache::{EntryState, Extra};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Body, Envelope, Fmt};
@@ -82,6 +82,18 @@ pub struct RedisAnswer {
     pub state: Option<String>,
 }
 
+/// A JS string made already (see `hot_path::js_string`).
+struct JsonText(napi::sys::napi_value);
+
+impl ToNapiValue for JsonText {
+    unsafe fn to_napi_value(
+        _env: napi::sys::napi_env,
+        v: Self,
+    ) -> napi::Result<napi::sys::napi_value> {
+        Ok(v.0)
+    }
+}
+
 impl TypeName for RedisAnswer {
     fn type_name() -> &'static str {
         "RedisAnswer"
@@ -98,9 +110,13 @@ impl ToNapiValue for RedisAnswer {
         a: Self,
     ) -> napi::Result<napi::sys::napi_value> {
         let bytes = a.json.as_ref().map_or(0.0, |j| j.len() as f64);
+        let json = match &a.json {
+            Some(j) => Some(JsonText(hot_path::js_string(env, j)?)),
+            None => None,
+        };
         let fields = (
             a.kind,
-            a.json,
+            json,
             a.fresh_until,
             a.hard_until,
             a.compute_ms,
