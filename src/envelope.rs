@@ -264,13 +264,14 @@ impl Envelope {
         let mut closed = String::with_capacity(head.len() + 1);
         closed.push_str(head);
         closed.push('}');
-        // Parsed from a copy; the strings kept (`gen`, `fmt`) are found again in `head`.
+        // Parsed from a copy; the strings kept (`gen`, `fmt`) are taken again from `head`, at
+        // the same offset (the copy is `head` and one more byte).
         let p: Head<'_> = serde_json::from_str(&closed).ok()?;
         let gen = match p.gen {
             "" => "",
             g => {
-                let at = head.find(g)?;
-                &head[at..at + g.len()]
+                let at = g.as_ptr() as usize - closed.as_ptr() as usize;
+                head.get(at..at + g.len())?
             }
         };
         let fmt = match p.fmt {
