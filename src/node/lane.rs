@@ -785,7 +785,7 @@ fn raw_fd(_stream: &std::net::TcpStream) -> c_int {
 fn uv() -> Option<&'static Uv> {
     static UV: std::sync::OnceLock<Option<Uv>> = std::sync::OnceLock::new();
     UV.get_or_init(|| {
-        // For side-by-side measurements (bench/redis-read.js --no-lane): no lane at all.
+        // For side-by-side measurements (`STAMPEDE_CACHE_NO_LANE=1 node bench/redis-read.js`).
         if std::env::var_os("STAMPEDE_CACHE_NO_LANE").is_some_and(|v| v == "1") {
             return None;
         }
@@ -797,29 +797,22 @@ fn uv() -> Option<&'static Uv> {
         // SAFETY: each symbol is libuv's function of that name, whose C signature the field's
         // type spells (uv.h).
         unsafe {
+            macro_rules! sym {
+                ($name:literal, $t:ty) => {
+                    std::mem::transmute::<*mut c_void, $t>(find($name)?)
+                };
+            }
             Some(Uv {
-                handle_size: std::mem::transmute::<*mut c_void, HandleSizeFn>(find(
-                    c"uv_handle_size",
-                )?),
-                poll_init: std::mem::transmute::<*mut c_void, PollInitFn>(find(c"uv_poll_init")?),
-                poll_start: std::mem::transmute::<*mut c_void, PollStartFn>(find(
-                    c"uv_poll_start",
-                )?),
-                timer_init: std::mem::transmute::<*mut c_void, TimerInitFn>(find(
-                    c"uv_timer_init",
-                )?),
-                timer_start: std::mem::transmute::<*mut c_void, TimerStartFn>(find(
-                    c"uv_timer_start",
-                )?),
-                close: std::mem::transmute::<*mut c_void, CloseFn>(find(c"uv_close")?),
-                ref_: std::mem::transmute::<*mut c_void, HandleFn>(find(c"uv_ref")?),
-                unref: std::mem::transmute::<*mut c_void, HandleFn>(find(c"uv_unref")?),
-                set_data: std::mem::transmute::<*mut c_void, SetDataFn>(find(
-                    c"uv_handle_set_data",
-                )?),
-                get_data: std::mem::transmute::<*mut c_void, GetDataFn>(find(
-                    c"uv_handle_get_data",
-                )?),
+                handle_size: sym!(c"uv_handle_size", HandleSizeFn),
+                poll_init: sym!(c"uv_poll_init", PollInitFn),
+                poll_start: sym!(c"uv_poll_start", PollStartFn),
+                timer_init: sym!(c"uv_timer_init", TimerInitFn),
+                timer_start: sym!(c"uv_timer_start", TimerStartFn),
+                close: sym!(c"uv_close", CloseFn),
+                ref_: sym!(c"uv_ref", HandleFn),
+                unref: sym!(c"uv_unref", HandleFn),
+                set_data: sym!(c"uv_handle_set_data", SetDataFn),
+                get_data: sym!(c"uv_handle_get_data", GetDataFn),
             })
         }
     })
