@@ -17,13 +17,25 @@ struct RedisServer {
 }
 
 impl RedisServer {
+    /// A private redis-server on a free port. The port is found free and then released, so
+    /// another test may start its server there first: the server that answers must be ours
+    /// (its `process_id`), or a new port is tried.
     fn start() -> RedisServer {
+        for _ in 0..10 {
+            if let Some(server) = RedisServer::try_start() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of 10 free ports");
+    }
+
+    fn try_start() -> Option<RedisServer> {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let child = Command::new("redis-server")
+        let mut child = Command::new("redis-server")
             .args([
                 "--port",
                 &port.to_string(),
@@ -39,14 +51,21 @@ impl RedisServer {
             .spawn()
             .expect("redis-server must be installed");
         let deadline = Instant::now() + Duration::from_secs(5);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
+        while Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                return None; // it could not listen there
+            }
+            if answering_pid(port) == Some(child.id()) {
+                return Some(RedisServer {
+                    child,
+                    url: format!("redis://127.0.0.1:{port}"),
+                });
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
-        RedisServer {
-            child,
-            url: format!("redis://127.0.0.1:{port}"),
-        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
     }
 
     async fn conn(&self) -> redis::aio::MultiplexedConnection {
@@ -56,6 +75,28 @@ impl RedisServer {
             .await
             .unwrap()
     }
+}
+
+/// The process id of the redis-server answering on `port`, if one answers.
+fn answering_pid(port: u16) -> Option<u32> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream
+        .write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
+        .ok()?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&reply).contains("process_id:") || !reply.ends_with(b"\r\n") {
+        let n = stream.read(&mut chunk).ok()?;
+        if n == 0 {
+            break;
+        }
+        reply.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&reply);
+    let line = text.lines().find(|l| l.starts_with("process_id:"))?;
+    line["process_id:".len()..].trim().parse().ok()
 }
 
 impl Drop for RedisServer {
