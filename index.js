@@ -119,7 +119,6 @@ class Flights {
 
 // A Redis answer crosses as an array (see `RedisAnswer` in src/node/redis.rs); named here.
 function answerOf(a) {
-  if (a === null || a === undefined) return null
   const lead = a[14]
   return {
     kind: a[0],

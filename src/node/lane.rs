@@ -18,7 +18,7 @@ use std::io::{self, Write};
 use std::ptr;
 use std::rc::{Rc, Weak};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use napi::bindgen_prelude::*;
 use napi::sys;
@@ -92,7 +92,6 @@ pub struct Lane {
     timer_armed: bool,
     /// Shut: the handles are closing, nothing is sent.
     shut: bool,
-    timeout: Duration,
 }
 
 /// Opens, installs or returns `id`'s lane, and sends a read of `key` on it: the promise, or
@@ -237,7 +236,6 @@ impl Lane {
             }
             return Err(napi::Error::from_reason("uv_poll_init failed"));
         }
-        let timeout = tier.lane_timeout();
         let lane = Rc::new(RefCell::new(Lane {
             env,
             tier,
@@ -252,7 +250,6 @@ impl Lane {
             refd: true,
             timer_armed: false,
             shut: false,
-            timeout,
         }));
         // Each handle holds the lane until its close callback.
         // SAFETY: initialized handles of this thread's loop; their data is a leaked Rc, taken
@@ -538,7 +535,7 @@ unsafe extern "C" fn on_timer(handle: *mut c_void) {
         }
     };
     if expired {
-        let timeout = lane.borrow().timeout;
+        let timeout = lane.borrow().tier.lane_timeout();
         Lane::shut(
             &lane,
             Some(Failure::TimedOut(format!(
