@@ -241,6 +241,130 @@ impl Envelope {
     /// escapes was the largest cost of a Redis read in the binding. Any other layout is parsed
     /// whole.
     pub fn decode(text: &str) -> Option<Decoded<'_>> {
+        Self::decode_written(text).or_else(|| Self::decode_any(text))
+    }
+
+    /// Reads the layout `encode` writes without tags, in one pass over the metadata with no
+    /// copy: keys in any order, each once, no whitespace, strings without escapes, numbers as
+    /// JSON writes them. `None` for anything else, which `decode_any` then reads (or refuses):
+    /// this never accepts what it would refuse, nor reads a field differently. serde_json's
+    /// parse of the metadata was a third of the binding's time on a sequential Redis read.
+    fn decode_written(text: &str) -> Option<Decoded<'_>> {
+        const SC: u16 = 1;
+        const GEN: u16 = 1 << 1;
+        const BORN: u16 = 1 << 2;
+        const FRESH: u16 = 1 << 3;
+        const HARD: u16 = 1 << 4;
+        const COMPUTE: u16 = 1 << 5;
+        const RETRY: u16 = 1 << 6;
+        const NEGATIVE: u16 = 1 << 7;
+        const UNDEFINED: u16 = 1 << 8;
+        const FMT: u16 = 1 << 9;
+        const REQUIRED: u16 = SC | FRESH | HARD | COMPUTE;
+        let b = text.as_bytes();
+        if b.first() != Some(&b'{') || b.last() != Some(&b'}') {
+            return None;
+        }
+        let mut head = Head {
+            sc: 0,
+            gen: "",
+            born: 0,
+            fresh_until: 0.0,
+            hard_until: 0.0,
+            compute_ms: 0.0,
+            retry_after: 0.0,
+            negative: false,
+            undefined: false,
+            tags: Vec::new(),
+            fmt: None,
+        };
+        let mut seen = 0u16;
+        let mut at = 1;
+        loop {
+            let (key, after) = plain_string(text, at)?;
+            if b.get(after) != Some(&b':') {
+                return None;
+            }
+            at = after + 1;
+            if key == "value" {
+                if seen & REQUIRED != REQUIRED {
+                    return None;
+                }
+                return Self::decoded(head, &text[at..text.len() - 1]);
+            }
+            let field = match key {
+                "sc" => SC,
+                "gen" => GEN,
+                "born" => BORN,
+                "freshUntil" => FRESH,
+                "hardUntil" => HARD,
+                "computeMs" => COMPUTE,
+                "retryAfter" => RETRY,
+                "negative" => NEGATIVE,
+                "undefined" => UNDEFINED,
+                "fmt" => FMT,
+                // Tags, or a key this layout does not have.
+                _ => return None,
+            };
+            if seen & field != 0 {
+                return None;
+            }
+            seen |= field;
+            at = match field {
+                SC => {
+                    let (n, next) = whole_number(b, at)?;
+                    head.sc = u32::try_from(n).ok()?;
+                    next
+                }
+                BORN => {
+                    let (n, next) = whole_number(b, at)?;
+                    head.born = n;
+                    next
+                }
+                GEN | FMT => {
+                    let (s, next) = plain_string(text, at)?;
+                    if field == GEN {
+                        head.gen = s;
+                    } else {
+                        head.fmt = Some(s);
+                    }
+                    next
+                }
+                NEGATIVE | UNDEFINED => {
+                    let (v, next) = if b[at..].starts_with(b"true") {
+                        (true, at + 4)
+                    } else if b[at..].starts_with(b"false") {
+                        (false, at + 5)
+                    } else {
+                        return None;
+                    };
+                    if field == NEGATIVE {
+                        head.negative = v;
+                    } else {
+                        head.undefined = v;
+                    }
+                    next
+                }
+                _ => {
+                    let (n, next) = json_number(text, at)?;
+                    match field {
+                        FRESH => head.fresh_until = n,
+                        HARD => head.hard_until = n,
+                        COMPUTE => head.compute_ms = n,
+                        _ => head.retry_after = n,
+                    }
+                    next
+                }
+            };
+            if b.get(at) != Some(&b',') {
+                return None;
+            }
+            at += 1;
+        }
+    }
+
+    /// Any JSON layout of the envelope (another writer's, or ours with tags).
+    fn decode_any(text: &str) -> Option<Decoded<'_>> {
         const VALUE_KEY: &[u8] = b",\"value\":";
         // A plain scan: the key sits a hundred bytes or so in, past the metadata.
         let found = text
@@ -383,6 +507,92 @@ impl Decoded<'_> {
     }
 }
 
+/// The JSON string starting at `at` (its `"`), if it has no escape and no control character,
+/// and where it ends (past its closing `"`).
+fn plain_string(text: &str, at: usize) -> Option<(&str, usize)> {
+    let b = text.as_bytes();
+    if b.get(at) != Some(&b'"') {
+        return None;
+    }
+    let len = b[at + 1..]
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+    let end = at + 1 + len;
+    if b[end] != b'"' {
+        return None;
+    }
+    // Both ends are ASCII bytes, so character boundaries.
+    Some((&text[at + 1..end], end + 1))
+}
+
+/// The JSON number starting at `at` if it is a whole non-negative integer that fits a u64 (as
+/// serde reads a u64), and where it ends.
+fn whole_number(b: &[u8], at: usize) -> Option<(u64, usize)> {
+    let digits = b[at..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let end = at + digits;
+    // "01" is not JSON; a fraction or an exponent is not a u64 to serde.
+    if digits == 0
+        || (digits > 1 && b[at] == b'0')
+        || matches!(b.get(end), Some(b'.' | b'e' | b'E'))
+    {
+        return None;
+    }
+    let mut n = 0u64;
+    for &c in &b[at..end] {
+        n = n.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+    }
+    Some((n, end))
+}
+
+/// The JSON number starting at `at` (JSON's grammar, checked here), and where it ends. Whole
+/// numbers of up to 15 digits, as epoch milliseconds are, are exact without a float parse.
+fn json_number(text: &str, at: usize) -> Option<(f64, usize)> {
+    let b = text.as_bytes();
+    let digits_from = |i: usize| b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let mut i = at;
+    let negative = b.get(i) == Some(&b'-');
+    if negative {
+        i += 1;
+    }
+    let int = digits_from(i);
+    if int == 0 || (int > 1 && b[i] == b'0') {
+        return None;
+    }
+    let int_end = i + int;
+    let mut end = int_end;
+    if b.get(end) == Some(&b'.') {
+        let frac = digits_from(end + 1);
+        if frac == 0 {
+            return None;
+        }
+        end += 1 + frac;
+    }
+    if matches!(b.get(end), Some(b'e' | b'E')) {
+        let mut j = end + 1;
+        if matches!(b.get(j), Some(b'+' | b'-')) {
+            j += 1;
+        }
+        let exp = digits_from(j);
+        if exp == 0 {
+            return None;
+        }
+        end = j + exp;
+    }
+    let n = if end == int_end && int <= 15 {
+        let whole = b[i..int_end]
+            .iter()
+            .fold(0u64, |n, &c| n * 10 + u64::from(c - b'0')) as f64;
+        if negative {
+            -whole
+        } else {
+            whole
+        }
+    } else {
+        text[at..end].parse::<f64>().ok()?
+    };
+    Some((n, end))
+}
+
 fn push_number(out: &mut String, n: f64) {
     use std::fmt::Write;
     // Integers (epoch ms) print without a fraction; fractions keep full precision.
@@ -496,6 +706,120 @@ mod tests {
         );
         let v8 = r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0,"fmt":"v8","value":"AAE="}"#;
         assert_eq!(Envelope::decode(v8).unwrap().fmt, Fmt::V8);
+    }
+
+    /// Envelopes as `encode` writes them, over the fields' range: the one-pass reader of the
+    /// written layout reads each as the general reader does, and as it was written.
+    #[test]
+    fn the_written_layout_is_read_as_the_general_reader_reads_it() {
+        use rand::{rngs::SmallRng, Rng, SeedableRng};
+        let mut rng = SmallRng::seed_from_u64(12);
+        let values = [
+            "1",
+            "null",
+            "\"x\"",
+            r#"{"a":[1,2,{"b":"}"}]}"#,
+            r#""\u00e9\"\\""#,
+            "é",
+        ];
+        let fmts = [Fmt::Json, Fmt::V8, Fmt::Text, Fmt::Bytes];
+        for i in 0..5_000 {
+            let e = Envelope {
+                fresh_until: rng.random_range(0..2_000_000_000_000u64) as f64,
+                hard_until: 2.0e12 + rng.random_range(0..1_000_000u64) as f64,
+                compute_ms: if i % 3 == 0 {
+                    rng.random::<f64>() * 1e4
+                } else {
+                    rng.random_range(0..100u64) as f64
+                },
+                negative: i % 7 == 0,
+                retry_after: if i % 5 == 0 {
+                    rng.random::<f64>() * 1e13
+                } else {
+                    0.0
+                },
+                // A clock: `encode` writes it as a JS number, exact below 2^53.
+                born: if i % 4 == 0 {
+                    rng.random_range(0..1u64 << 53)
+                } else {
+                    rng.random_range(0..10u64)
+                },
+            };
+            let value = values[i % values.len()];
+            let fmt = fmts[i % fmts.len()];
+            let value = if fmt == Fmt::Json {
+                value.to_string()
+            } else {
+                format!("\"v{i}\"")
+            };
+            let body = Body {
+                value_json: (i % 11 != 0).then_some(value.as_str()),
+                tags: &[],
+                fmt,
+            };
+            let text = e.encode(&body, "ab12");
+            let fast = Envelope::decode_written(&text).unwrap_or_else(|| panic!("{text}"));
+            assert_eq!(Some(&fast), Envelope::decode_any(&text).as_ref(), "{text}");
+            assert_eq!(fast.envelope, e, "{text}");
+            assert_eq!(fast.value_json, body.value_json);
+            assert_eq!((fast.generation, fast.fmt), ("ab12", fmt));
+        }
+    }
+
+    /// The written layout cut, spliced and garbled: what the one-pass reader accepts, the
+    /// general reader accepts the same way; everything else it leaves to the general reader.
+    #[test]
+    fn the_one_pass_reader_never_reads_what_the_general_reader_would_not() {
+        use rand::{rngs::SmallRng, Rng, SeedableRng};
+        let mut rng = SmallRng::seed_from_u64(7);
+        let e = Envelope::new(1_000.5, 10_000.0, 20_000.0, 3.25, false).born_at(4);
+        let bases = [
+            e.encode(&Body::json(Some(r#"{"k":"v"}"#)), "g9"),
+            e.encode(&Body::json(None), "g9"),
+            Envelope {
+                negative: true,
+                retry_after: 7.0,
+                ..e
+            }
+            .encode(&Body::json(Some("null")), ""),
+            e.encode(
+                &Body {
+                    value_json: Some("\"AA==\""),
+                    tags: &[],
+                    fmt: Fmt::Bytes,
+                },
+                "g",
+            ),
+        ];
+        let alphabet = b"{}[]\",:\\ 0123456789.eE+-truefalsnvgcmdpbhUMAR\x01";
+        let mut accepted = 0;
+        for i in 0..200_000 {
+            let mut t = bases[i % bases.len()].clone().into_bytes();
+            for _ in 0..rng.random_range(1..4) {
+                let at = rng.random_range(0..t.len());
+                let c = alphabet[rng.random_range(0..alphabet.len())];
+                match rng.random_range(0..3) {
+                    0 => t[at] = c,
+                    1 => t.insert(at, c),
+                    _ => {
+                        t.remove(at);
+                    }
+                }
+                if t.is_empty() {
+                    break;
+                }
+            }
+            let Ok(text) = String::from_utf8(t) else {
+                continue;
+            };
+            if let Some(fast) = Envelope::decode_written(&text) {
+                accepted += 1;
+                assert_eq!(Some(fast), Envelope::decode_any(&text), "{text}");
+            }
+        }
+        // The garbling leaves many envelopes readable (a digit for a digit, say): the
+        // comparison above ran on them.
+        assert!(accepted > 5_000, "{accepted}");
     }
 
     #[test]
