@@ -24,6 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::envelopes::usable;
 use super::{connection::timed_out, RedisTier, Remote};
 use crate::inbox::{tag_bucket, Stamp};
+use crate::key;
 
 /// One reply, framed from the lane's input.
 #[derive(Debug, PartialEq, Eq)]
@@ -265,9 +266,7 @@ impl RedisTier {
 
     /// The request of a lane read of `key`, appended to `out`.
     pub fn lane_request(&self, key: &str, out: &mut Vec<u8>) {
-        redis::cmd("GET")
-            .arg(self.value_key(key))
-            .write_packed_command(out);
+        key::write_value_get(&self.namespace, key, out);
     }
 
     /// What the lane's reply to a read means. `stamp`: the key's invalidation stamp
