@@ -54,21 +54,38 @@ function fromNative(fn) {
     try {
       return fn(...args)
     } catch (err) {
-      if (err && typeof err.code === 'string' && err.code.startsWith('ERR_')) {
-        throw new StampedeCacheError(err.code, err.message)
-      }
-      throw err
+      throw rewrapped(err)
     }
   }
 }
 
+function rewrapped(err) {
+  return err && typeof err.code === 'string' && err.code.startsWith('ERR_') ? new StampedeCacheError(err.code, err.message) : err
+}
+
+// `lookup` is on every read that misses in process: called without the rest/spread of
+// fromNative.
+const nativeLookup = native.lookup
+function lookup(id, k, policy, force) {
+  try {
+    return nativeLookup(id, k, policy, force)
+  } catch (err) {
+    throw rewrapped(err)
+  }
+}
+
 const nativeEncodeKey = fromNative(native.encodeKey)
+const SHORT_KEY_UNITS = Math.floor(native.MAX_KEY_BYTES / 3)
 
 // A string with a lone surrogate has no UTF-8 form: converting it would alias another key
 // ('a\uD800' and 'a\uFFFD'), so such keys are refused.
 function encodeKey(key) {
   if (typeof key === 'string') {
     if (!key.isWellFormed()) throw new StampedeCacheError('ERR_INVALID_KEY', 'a key must not contain lone surrogates')
+    // A well-formed string key is its own form; one of at most MAX_KEY_BYTES / 3 UTF-16 units
+    // is within MAX_KEY_BYTES of UTF-8 (3 bytes a unit at most), so only its emptiness is left
+    // to check. Longer ones are measured by the binding.
+    if (key.length > 0 && key.length <= SHORT_KEY_UNITS) return key
   } else if (Array.isArray(key)) {
     for (const part of key) {
       if (typeof part === 'string' && !part.isWellFormed()) {
@@ -83,7 +100,7 @@ const engine = {
   create: fromNative(native.createEngine),
   encodeKey,
   resolvePolicy: fromNative(native.resolvePolicy),
-  lookup: fromNative(native.lookup),
+  lookup,
   setEntry: fromNative(native.setEntry),
   deleteEntry: fromNative(native.deleteEntry),
   getEntry: fromNative(native.getEntry),
@@ -117,29 +134,32 @@ class Flights {
   }
 }
 
-// A Redis answer crosses as an array (see `RedisAnswer` in src/node/redis.rs); named here.
-function answerOf(a) {
-  const lead = a[14]
+// A Redis answer crosses as the arguments of this function, which the binding calls to make it
+// (see `RedisAnswer` in src/node/redis.rs): an object literal made here is cheap, where one made
+// by N-API calls is not. `state` is an index in HIT_STATES, or -1; `reported`: failures wait
+// for onError (take them with #drainRedisReports).
+native.setAnswerMaker(function makeAnswer(kind, json, freshUntil, hardUntil, computeMs, negative, retryAfter, stamp, lock, born, tags, fmt, state, bytes, token, fence, fencedAt, reported) {
   return {
-    kind: a[0],
-    json: a[1],
-    freshUntil: a[2],
-    hardUntil: a[3],
-    computeMs: a[4],
-    negative: a[5],
-    retryAfter: a[6],
-    stamp: a[7],
-    lock: a[8],
-    born: a[9],
-    tags: a[10],
-    fmt: a[11],
-    state: a[12],
-    bytes: a[13],
-    token: lead[0],
-    fence: lead[1],
-    fencedAt: lead[2],
+    kind,
+    json,
+    freshUntil,
+    hardUntil,
+    computeMs,
+    negative,
+    retryAfter,
+    stamp,
+    lock,
+    born,
+    tags,
+    fmt,
+    state: state >= 0 ? HIT_STATES[state] : null,
+    bytes,
+    token,
+    fence,
+    fencedAt,
+    reported,
   }
-}
+})
 const deleteTags = fromNative(native.deleteTags)
 const clearEntries = fromNative(native.clearEntries)
 
@@ -514,8 +534,8 @@ class StampedeCache {
     // A cold read first takes the value another process's announcement carried, if any.
     // A cold read answered by the value another process's announcement carried is no promise.
     const asked = redisGate(this.#id, k, ask)
-    const gate = answerOf(Array.isArray(asked) ? asked : await asked)
-    this.#drainRedisReports()
+    const gate = asked instanceof Promise ? await asked : asked
+    if (gate.reported) this.#drainRedisReports()
     if (gate.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
       lockChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], outcome: LOCK_OUTCOMES[gate.lock] })
     }
@@ -825,8 +845,8 @@ class StampedeCache {
     if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     if (!this.#redis) return undefined
     const asked = redisFetch(this.#id, k, true)
-    const answer = answerOf(Array.isArray(asked) ? asked : await asked)
-    this.#drainRedisReports()
+    const answer = asked instanceof Promise ? await asked : asked
+    if (answer.reported) this.#drainRedisReports()
     if (answer.kind !== GATE_FOUND) return undefined
     const value = this.#decode(answer)
     if (value === UNREADABLE) return undefined
@@ -883,8 +903,8 @@ class StampedeCache {
     const local = engine.inspectEntry(this.#id, k)
     this.#publishInvalidations()
     if (local || !this.#redis) return local ?? undefined
-    const answer = answerOf(await redisFetch(this.#id, k, false))
-    this.#drainRedisReports()
+    const answer = await redisFetch(this.#id, k, false)
+    if (answer.reported) this.#drainRedisReports()
     if (answer.kind !== GATE_FOUND) return undefined
     return {
       state: answer.state,

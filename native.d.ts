@@ -202,6 +202,9 @@ export declare const LOCK_WON: number
  */
 export declare function lookup(id: number, key: string, policy: Array<number> | undefined | null, force: boolean): number
 
+/** The longest key, in UTF-8 bytes. */
+export declare const MAX_KEY_BYTES: number
+
 /** No usable entry. */
 export declare const MISS: number
 
@@ -297,6 +300,12 @@ export declare function redisWrite(id: number, key: string, valueJson: string | 
  * with (see `policy_vec`).
  */
 export declare function resolvePolicy(id: number, options: object, forSet: boolean): Array<number>
+
+/**
+ * Registers the facade's answer maker (see `make_answer`); called once as the facade loads, on
+ * each JS thread that loads it.
+ */
+export declare function setAnswerMaker(maker: unknown): void
 
 /**
  * Writes a value given to `set`: its slot, `NO_SLOT` when the in-process tier keeps nothing,

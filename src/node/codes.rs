@@ -31,6 +31,18 @@ pub const HIT_STATES: [&str; 3] = [
 /// No usable entry.
 #[napi]
 pub const MISS: i32 = -1;
+/// The longest key, in UTF-8 bytes.
+#[napi]
+pub const MAX_KEY_BYTES: u32 = crate::key::MAX_KEY_BYTES as u32;
+
+/// A Redis answer's `state`: its index in `HIT_STATES`.
+pub(super) const fn hit_state(state: EntryState) -> i32 {
+    match state {
+        EntryState::Fresh => 0,
+        EntryState::Stale => 1,
+        EntryState::Negative => 2,
+    }
+}
 
 pub(super) fn encode_hit(hit: Hit) -> i32 {
     // Indexes in HIT_STATES.

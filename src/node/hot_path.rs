@@ -167,3 +167,63 @@ pub(super) fn js_string(env: sys::napi_env, text: &str) -> napi::Result<sys::nap
         ))
     }
 }
+
+/// The facade's function that makes a Redis answer object of its arguments (`setAnswerMaker`),
+/// held for the life of this JS thread's environment.
+#[derive(Clone, Copy)]
+struct AnswerMaker(sys::napi_ref);
+
+thread_local! {
+    static ANSWER_MAKER: std::cell::Cell<Option<AnswerMaker>> = const { std::cell::Cell::new(None) };
+}
+
+/// Registers the facade's answer maker (see `make_answer`); called once as the facade loads, on
+/// each JS thread that loads it.
+#[napi]
+pub fn set_answer_maker(env: Env, maker: Unknown<'_>) -> napi::Result<()> {
+    if maker.get_type()? != ValueType::Function {
+        return Err(napi::Error::from_reason(
+            "the answer maker must be a function",
+        ));
+    }
+    let mut r = std::ptr::null_mut();
+    // SAFETY: on the JS thread, inside this napi call; `maker` is a live value of `env`. The
+    // reference (count 1) keeps the function alive as long as the thread's environment.
+    napi::check_status!(unsafe { sys::napi_create_reference(env.raw(), maker.raw(), 1, &mut r) })?;
+    if let Some(AnswerMaker(old)) = ANSWER_MAKER.replace(Some(AnswerMaker(r))) {
+        // SAFETY: a reference made above on this thread's environment, no longer held.
+        unsafe { sys::napi_delete_reference(env.raw(), old) };
+    }
+    Ok(())
+}
+
+/// The facade's answer object for `args`, made by the facade's own function: a JS object
+/// literal is made by the JIT at a fraction of the cost of setting an array's elements one N-API
+/// call at a time (3.4 µs of a 91 B Redis read went there, timed in the lane's callback).
+pub(super) fn make_answer(
+    env: sys::napi_env,
+    args: &[sys::napi_value],
+) -> napi::Result<sys::napi_value> {
+    let Some(AnswerMaker(r)) = ANSWER_MAKER.get() else {
+        return Err(napi::Error::from_reason("no answer maker is registered"));
+    };
+    let mut maker = std::ptr::null_mut();
+    let mut this = std::ptr::null_mut();
+    let mut out = std::ptr::null_mut();
+    // SAFETY: on the JS thread with its live environment, in a handle scope (the caller is a
+    // ToNapiValue conversion); `r` is this thread's reference to a function; `args` are values
+    // of `env` made in that scope.
+    unsafe {
+        napi::check_status!(sys::napi_get_reference_value(env, r, &mut maker))?;
+        napi::check_status!(sys::napi_get_undefined(env, &mut this))?;
+        napi::check_status!(sys::napi_call_function(
+            env,
+            this,
+            maker,
+            args.len(),
+            args.as_ptr(),
+            &mut out
+        ))?;
+    }
+    Ok(out)
+}

@@ -10,7 +10,7 @@ use napi_derive::napi;
 use tokio::sync::oneshot;
 
 use super::codes::{
-    lock_code, DROPPED, GATE_CLOSED, GATE_FOUND, GATE_LEAD, GATE_MISSING, GATE_SKIP,
+    hit_state, lock_code, DROPPED, GATE_CLOSED, GATE_FOUND, GATE_LEAD, GATE_MISSING, GATE_SKIP,
     GATE_UNAVAILABLE, LOCK_NONE, NOT_SENT, NO_SLOT, PURPOSE_COLD, PURPOSE_FORCE,
     PURPOSE_PAST_VALUE, PURPOSE_REFRESH, UNAVAILABLE, WRITTEN, WRITTEN_NOWHERE,
 };
@@ -51,10 +51,11 @@ fn tier(id: u32) -> Option<Arc<RedisTier>> {
 /// `fence`/`fencedAt` if set, born at `born` (hand them back to `writeBack`); `tags`: the
 /// refreshed entry's.
 ///
-/// It crosses to JS as an array, `[kind, json, freshUntil, hardUntil, computeMs, negative,
-/// retryAfter, stamp, lock, born, tags, fmt, state, bytes, [token, fence, fencedAt]]` (`bytes`:
-/// `json`'s UTF-8 length), which the facade's `answerOf` names: as an object, its property names
-/// were interned on every answer, 17 % of a Redis read's time in a profile of 64 reads in flight.
+/// It crosses to JS as the arguments of the facade's answer maker (`hot_path::make_answer`),
+/// `(kind, json, freshUntil, hardUntil, computeMs, negative, retryAfter, stamp, lock, born, tags,
+/// fmt, state, bytes, token, fence, fencedAt, reported)` (`bytes`: `json`'s UTF-8 length), which
+/// makes the object the facade reads: as an object made here, its property names were interned
+/// on every answer, and as an array, each element was set by its own N-API call.
 pub struct RedisAnswer {
     pub kind: u32,
     pub token: Option<String>,
@@ -77,21 +78,11 @@ pub struct RedisAnswer {
     pub tags: Option<Vec<String>>,
     /// The value's format (a `FMT_*` code).
     pub fmt: u32,
-    /// `found`: the entry's state when Redis answered (fresh, stale or negative), as `inspect`
-    /// and the hit channel report it.
-    pub state: Option<String>,
-}
-
-/// A JS string made already (see `hot_path::js_string`).
-struct JsonText(napi::sys::napi_value);
-
-impl ToNapiValue for JsonText {
-    unsafe fn to_napi_value(
-        _env: napi::sys::napi_env,
-        v: Self,
-    ) -> napi::Result<napi::sys::napi_value> {
-        Ok(v.0)
-    }
+    /// `found`: the entry's state when Redis answered (fresh, stale or negative: an index in
+    /// `HIT_STATES`), as `inspect` and the hit channel report it; -1 otherwise.
+    pub state: i32,
+    /// Failures wait for `onError` (`takeRedisReports`): the facade takes them only then.
+    pub reported: bool,
 }
 
 impl TypeName for RedisAnswer {
@@ -111,28 +102,34 @@ impl ToNapiValue for RedisAnswer {
     ) -> napi::Result<napi::sys::napi_value> {
         let bytes = a.json.as_ref().map_or(0.0, |j| j.len() as f64);
         let json = match &a.json {
-            Some(j) => Some(JsonText(hot_path::js_string(env, j)?)),
-            None => None,
+            Some(j) => hot_path::js_string(env, j)?,
+            // SAFETY (this and the conversions below): the caller's (napi-rs calls this on the
+            // JS thread with its environment, in a handle scope).
+            None => unsafe { ToNapiValue::to_napi_value(env, Null)? },
         };
-        let fields = (
-            a.kind,
-            json,
-            a.fresh_until,
-            a.hard_until,
-            a.compute_ms,
-            a.negative,
-            a.retry_after,
-            a.stamp,
-            a.lock,
-            a.born,
-            a.tags,
-            a.fmt,
-            a.state,
-            bytes,
-            (a.token, a.fence, a.fenced_at),
-        );
-        // SAFETY: the caller's (napi-rs calls this on the JS thread with its environment).
-        unsafe { ToNapiValue::to_napi_value(env, fields) }
+        let args = unsafe {
+            [
+                ToNapiValue::to_napi_value(env, a.kind)?,
+                json,
+                ToNapiValue::to_napi_value(env, a.fresh_until)?,
+                ToNapiValue::to_napi_value(env, a.hard_until)?,
+                ToNapiValue::to_napi_value(env, a.compute_ms)?,
+                ToNapiValue::to_napi_value(env, a.negative)?,
+                ToNapiValue::to_napi_value(env, a.retry_after)?,
+                ToNapiValue::to_napi_value(env, a.stamp)?,
+                ToNapiValue::to_napi_value(env, a.lock)?,
+                ToNapiValue::to_napi_value(env, a.born)?,
+                ToNapiValue::to_napi_value(env, a.tags)?,
+                ToNapiValue::to_napi_value(env, a.fmt)?,
+                ToNapiValue::to_napi_value(env, a.state)?,
+                ToNapiValue::to_napi_value(env, bytes)?,
+                ToNapiValue::to_napi_value(env, a.token)?,
+                ToNapiValue::to_napi_value(env, a.fence)?,
+                ToNapiValue::to_napi_value(env, a.fenced_at)?,
+                ToNapiValue::to_napi_value(env, a.reported)?,
+            ]
+        };
+        hot_path::make_answer(env, &args)
     }
 }
 
@@ -154,7 +151,16 @@ impl RedisAnswer {
             born: -1.0,
             tags: None,
             fmt: 0,
-            state: None,
+            state: -1,
+            reported: false,
+        }
+    }
+
+    /// The same answer, saying whether `tier` has failures waiting for `onError`.
+    fn reporting(self, tier: &RedisTier) -> Self {
+        RedisAnswer {
+            reported: tier.reports_waiting(),
+            ..self
         }
     }
 
@@ -172,11 +178,7 @@ impl RedisAnswer {
             fmt: r.fmt.code(),
             // Redis keeps an entry until its hardUntil, so one found is live (past hardUntil by
             // this clock, it reads as stale).
-            state: Some(
-                EntryState::of_live(&e, SystemClock.now_ms())
-                    .as_str()
-                    .to_string(),
-            ),
+            state: hit_state(EntryState::of_live(&e, SystemClock.now_ms())),
             ..RedisAnswer::kind(GATE_FOUND, Some(r.stamp))
         }
     }
@@ -263,7 +265,7 @@ async fn gate(
         gate
     };
     let lock = lock_code(lock);
-    Ok(match gate {
+    let answer = match gate {
         Gate::Found(r) => RedisAnswer {
             lock,
             ..RedisAnswer::found(r)
@@ -288,7 +290,8 @@ async fn gate(
             ..RedisAnswer::kind(GATE_SKIP, stamp)
         },
         Gate::Closed => RedisAnswer::kind(GATE_CLOSED, stamp),
-    })
+    };
+    Ok(answer.reporting(&tier))
 }
 
 /// Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. `count`
@@ -328,11 +331,12 @@ async fn fetch(
     let (Some(tier), Some(stamp)) = (tier, stamp) else {
         return Ok(RedisAnswer::kind(GATE_UNAVAILABLE, None));
     };
-    Ok(match tier.fetch(&key, stamp, count).await {
+    let answer = match tier.fetch(&key, stamp, count).await {
         Fetched::Found(r) => RedisAnswer::found(r),
         Fetched::Missing => RedisAnswer::kind(GATE_MISSING, None),
         Fetched::Unavailable => RedisAnswer::kind(GATE_UNAVAILABLE, None),
-    })
+    };
+    Ok(answer.reporting(&tier))
 }
 
 /// What a read sent on the read lane was for.
@@ -384,7 +388,7 @@ pub(super) fn settle_lane_read(
             return;
         }
     };
-    settle::settle_here(env, promised, Ok(answer));
+    settle::settle_here(env, promised, Ok(answer.reporting(tier)));
 }
 
 /// Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
@@ -778,5 +782,5 @@ fn carried(id: u32, key: &str, count: bool) -> Option<RedisAnswer> {
     if count {
         tier.count_l2_hit();
     }
-    Some(RedisAnswer::found(found))
+    Some(RedisAnswer::found(found).reporting(&tier))
 }

@@ -28,7 +28,7 @@ mod topology;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -147,6 +147,9 @@ pub struct RedisTier {
 pub struct Reports {
     /// The queue, and when each kind was last reported.
     log: Mutex<ReportLog>,
+    /// The queue is not empty (read without the lock: a report pushed just after a read of it
+    /// is taken at the next one).
+    waiting: AtomicBool,
 }
 
 #[derive(Default)]
@@ -175,11 +178,18 @@ impl Reports {
             key: key.map(str::to_string),
             message,
         });
+        self.waiting.store(true, Ordering::Release);
     }
 
     pub fn take(&self) -> Vec<Report> {
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiting.store(false, Ordering::Release);
         log.queue.drain(..).collect()
+    }
+
+    /// Reports wait to be taken.
+    pub fn waiting(&self) -> bool {
+        self.waiting.load(Ordering::Acquire)
     }
 }
 
@@ -424,6 +434,11 @@ impl RedisTier {
     }
 
     /// The failure queue, for draining after the tier is closed and gone.
+    /// Failures wait for `onError` (see `Reports::waiting`).
+    pub fn reports_waiting(&self) -> bool {
+        self.reports.waiting()
+    }
+
     pub fn reports(&self) -> Arc<Reports> {
         self.reports.clone()
     }
