@@ -138,7 +138,28 @@ class Flights {
 // (see `RedisAnswer` in src/node/redis.rs): an object literal made here is cheap, where one made
 // by N-API calls is not. `state` is an index in HIT_STATES, or -1; `reported`: failures wait
 // for onError (take them with #drainRedisReports).
-native.setAnswerMaker(function makeAnswer(kind, json, freshUntil, hardUntil, computeMs, negative, retryAfter, stamp, lock, born, tags, fmt, state, bytes, token, fence, fencedAt, reported) {
+// The last five are left out of an answer that has none of them (a value found), and take
+// their defaults here.
+native.setAnswerMaker(function makeAnswer(
+  kind,
+  json,
+  freshUntil,
+  hardUntil,
+  computeMs,
+  negative,
+  retryAfter,
+  stamp,
+  born,
+  fmt,
+  state,
+  bytes,
+  reported,
+  lock = LOCK_NONE,
+  tags = null,
+  token = null,
+  fence = null,
+  fencedAt = -1,
+) {
   return {
     kind,
     json,

@@ -2,6 +2,7 @@
 //! runtime. Writes (write-backs, `set`, `delete`, lock releases after failures) are queued in
 //! call order per key here, synchronously on the JS thread, before anything is awaited.
 
+use std::ptr;
 use std::result::Result;
 use std::sync::Arc;
 
@@ -52,8 +53,8 @@ fn tier(id: u32) -> Option<Arc<RedisTier>> {
 /// refreshed entry's.
 ///
 /// It crosses to JS as the arguments of the facade's answer maker (`hot_path::make_answer`),
-/// `(kind, json, freshUntil, hardUntil, computeMs, negative, retryAfter, stamp, lock, born, tags,
-/// fmt, state, bytes, token, fence, fencedAt, reported)` (`bytes`: `json`'s UTF-8 length), which
+/// `(kind, json, freshUntil, hardUntil, computeMs, negative, retryAfter, stamp, born, fmt, state,
+/// bytes, reported, lock, tags, token, fence, fencedAt)` (`bytes`: `json`'s UTF-8 length), which
 /// makes the object the facade reads: as an object made here, its property names were interned
 /// on every answer, and as an array, each element was set by its own N-API call.
 pub struct RedisAnswer {
@@ -107,6 +108,13 @@ impl ToNapiValue for RedisAnswer {
             // JS thread with its environment, in a handle scope).
             None => unsafe { ToNapiValue::to_napi_value(env, Null)? },
         };
+        // The trailing five only when one is set (a lead, a lock outcome, tags): the facade's
+        // defaults stand for them otherwise.
+        let full = a.lock != LOCK_NONE
+            || a.tags.is_some()
+            || a.token.is_some()
+            || a.fence.is_some()
+            || a.fenced_at != -1.0;
         let args = unsafe {
             [
                 ToNapiValue::to_napi_value(env, a.kind)?,
@@ -117,19 +125,40 @@ impl ToNapiValue for RedisAnswer {
                 ToNapiValue::to_napi_value(env, a.negative)?,
                 ToNapiValue::to_napi_value(env, a.retry_after)?,
                 ToNapiValue::to_napi_value(env, a.stamp)?,
-                ToNapiValue::to_napi_value(env, a.lock)?,
                 ToNapiValue::to_napi_value(env, a.born)?,
-                ToNapiValue::to_napi_value(env, a.tags)?,
                 ToNapiValue::to_napi_value(env, a.fmt)?,
                 ToNapiValue::to_napi_value(env, a.state)?,
                 ToNapiValue::to_napi_value(env, bytes)?,
-                ToNapiValue::to_napi_value(env, a.token)?,
-                ToNapiValue::to_napi_value(env, a.fence)?,
-                ToNapiValue::to_napi_value(env, a.fenced_at)?,
                 ToNapiValue::to_napi_value(env, a.reported)?,
+                if full {
+                    ToNapiValue::to_napi_value(env, a.lock)?
+                } else {
+                    ptr::null_mut()
+                },
+                if full {
+                    ToNapiValue::to_napi_value(env, a.tags)?
+                } else {
+                    ptr::null_mut()
+                },
+                if full {
+                    ToNapiValue::to_napi_value(env, a.token)?
+                } else {
+                    ptr::null_mut()
+                },
+                if full {
+                    ToNapiValue::to_napi_value(env, a.fence)?
+                } else {
+                    ptr::null_mut()
+                },
+                if full {
+                    ToNapiValue::to_napi_value(env, a.fenced_at)?
+                } else {
+                    ptr::null_mut()
+                },
             ]
         };
-        hot_path::make_answer(env, &args)
+        let given = if full { args.len() } else { args.len() - 5 };
+        hot_path::make_answer(env, &args[..given])
     }
 }
 
