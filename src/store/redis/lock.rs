@@ -16,9 +16,15 @@ use crate::inbox::Stamp;
 /// While the bus is down, lock waiters look again this often (no notification can come).
 const POLL_WITHOUT_BUS: Duration = Duration::from_millis(100);
 
-/// A random token naming one lock holder, or one generation of a key.
+/// A random token naming one lock holder, or one generation of a key: a version 4 UUID whose
+/// bytes come from the thread's CSPRNG (seeded by the OS, reseeded as it goes), not from a
+/// `getrandom` system call per token as `Uuid::new_v4` makes. Every read on the runtime path
+/// makes one, and the kernel's `getrandom` was visible in its profile.
 pub fn new_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .simple()
+        .to_string()
 }
 
 /// What a load's result is checked against when it is written back.
@@ -432,5 +438,22 @@ impl RedisTier {
             -1 => Some(u64::MAX),
             n => Some(n.max(0) as u64),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_token;
+
+    #[test]
+    fn tokens_are_distinct_version_4_uuids() {
+        let tokens: std::collections::HashSet<String> = (0..10_000).map(|_| new_token()).collect();
+        assert_eq!(tokens.len(), 10_000);
+        for t in tokens.iter().take(100) {
+            let u = uuid::Uuid::parse_str(t).expect("a UUID");
+            assert_eq!(u.get_version_num(), 4);
+            assert_eq!(u.get_variant(), uuid::Variant::RFC4122);
+            assert_eq!(t, &u.simple().to_string());
+        }
     }
 }
