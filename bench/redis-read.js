@@ -4,10 +4,13 @@
 // private redis-server. Rounds alternate between the two; each row reports the median of the
 // per-round throughput ratios (stampede-cache / ioredis), so a noisy machine moves both sides.
 //
-//   node bench/redis-read.js [--rounds 7] [--reads 4000] [--cold 5] [--quick] [--url redis://127.0.0.1:6379]
+//   node bench/redis-read.js [--rounds 7] [--reads 4000] [--cold 5] [--quick] [--tls] [--url redis://127.0.0.1:6379]
 //
 // --quick: 2 rounds of 300 reads, 3 cold processes a side (a check that it runs); --cold: how many
-// cold processes each side starts (the median is reported).
+// cold processes each side starts (the median is reported). --tls: standalone only, both sides
+// read over TLS from a private TLS-only redis-server with a throwaway CA (made by openssl, as in
+// the tests), which is what managed Redis services serve; stampede-cache's reads then take the
+// runtime path, not the read lane (which is plain TCP only).
 //
 // Rows: sequential reads of a 91 B and a 10 KB value, and 64 reads in flight on 64 keys (so
 // the cache's in-process coalescing cannot help it). Then the first read of a cold process
@@ -61,19 +64,20 @@ async function throughput(read, total, inflight) {
 }
 
 const COLD_CHILD = `
-const [kind, url, key] = process.argv.slice(1)
+const [kind, url, key, caFile] = process.argv.slice(1)
 const t0 = process.hrtime.bigint()
 ;(async () => {
   let v
+  const ca = caFile ? require('node:fs').readFileSync(caFile, 'utf8') : null
   if (kind === 'sc') {
     const { StampedeCache } = require(${JSON.stringify(ROOT)})
-    const c = new StampedeCache({ redis: url, namespace: '${NS}', l1: false })
+    const c = new StampedeCache({ redis: ca ? { url, tls: { ca } } : url, namespace: '${NS}', l1: false })
     v = await c.getOrLoad(key, () => { throw new Error('must come from Redis') })
     process.stdout.write(String(Number(process.hrtime.bigint() - t0) / 1e6))
     await c.close()
   } else {
     const Redis = require(${JSON.stringify(IOREDIS)})
-    const r = new Redis(url)
+    const r = new Redis(url, ca ? { tls: { ca } } : {})
     v = JSON.parse(await r.get('${NS}:v:{' + key + '}')).value
     process.stdout.write(String(Number(process.hrtime.bigint() - t0) / 1e6))
     r.disconnect()
@@ -87,9 +91,10 @@ const t0 = process.hrtime.bigint()
  * Returns { rounds, reads, coldRuns, rows: [{ name, size, inflight, scReadsPerSec, ioReadsPerSec,
  * ratio, ratios }], cold: { scMs, ioMs, ratio, scRuns, ioRuns } }; ratio = the median of the
  * per-round ratios (stampede-cache / ioredis); cold.ratio = stampede-cache's time / ioredis's.
- * onRow(row) is called as each row is done.
+ * onRow(row) is called as each row is done. With `caFile` (a rediss:// url), both sides trust
+ * that CA's PEM file and nothing else.
  */
-async function measureRedisReads({ url, quick = false, rounds, reads, warm, coldRuns, onRow } = {}) {
+async function measureRedisReads({ url, caFile = null, quick = false, rounds, reads, warm, coldRuns, onRow } = {}) {
   if (!url) throw new Error('measureRedisReads: url is required')
   const d = quick ? DEFAULTS.quick : DEFAULTS.full
   rounds = rounds || d.rounds
@@ -99,8 +104,10 @@ async function measureRedisReads({ url, quick = false, rounds, reads, warm, cold
   const Redis = require(IOREDIS)
   const { StampedeCache } = require(ROOT)
 
-  const io = new Redis(url)
-  const cache = new StampedeCache({ redis: url, namespace: NS, l1: false, ttl: 3_600_000 })
+  const ca = caFile ? require('node:fs').readFileSync(caFile, 'utf8') : null
+  const redis = ca ? { url, tls: { ca } } : url
+  const io = new Redis(url, ca ? { tls: { ca } } : {})
+  const cache = new StampedeCache({ redis, namespace: NS, l1: false, ttl: 3_600_000 })
   const fail = () => {
     throw new Error('a read went to the loader: the value must come from Redis')
   }
@@ -144,13 +151,13 @@ async function measureRedisReads({ url, quick = false, rounds, reads, warm, cold
     io.disconnect()
   }
 
-  const setter = new StampedeCache({ redis: url, namespace: NS })
+  const setter = new StampedeCache({ redis, namespace: NS })
   await setter.set('cold', valueOfSize(91))
   await setter.close()
   const runs = { sc: [], io: [] }
   for (let r = 0; r < coldRuns; r++) {
     for (const kind of ['sc', 'io']) {
-      runs[kind].push(Number(execFileSync(process.execPath, ['-e', COLD_CHILD, kind, url, 'cold'], { encoding: 'utf8', timeout: 60_000 })))
+      runs[kind].push(Number(execFileSync(process.execPath, ['-e', COLD_CHILD, kind, url, 'cold', caFile || ''], { encoding: 'utf8', timeout: 60_000 })))
     }
   }
   const round1 = (xs) => xs.map((x) => +x.toFixed(1))
@@ -165,7 +172,7 @@ async function measureRedisReads({ url, quick = false, rounds, reads, warm, cold
 }
 
 function parseArgs(argv) {
-  const a = { quick: false, rounds: undefined, reads: undefined, cold: undefined, url: undefined }
+  const a = { quick: false, tls: false, rounds: undefined, reads: undefined, cold: undefined, url: undefined }
   for (let i = 0; i < argv.length; i++) {
     const x = argv[i]
     const value = () => {
@@ -173,33 +180,55 @@ function parseArgs(argv) {
       return argv[++i]
     }
     if (x === '--quick') a.quick = true
+    else if (x === '--tls') a.tls = true
     else if (x === '--rounds') a.rounds = Number(value())
     else if (x === '--reads') a.reads = Number(value())
     else if (x === '--cold') a.cold = Number(value())
     else if (x === '--url') a.url = value()
     else if (x === '--help' || x === '-h') {
-      console.log('node bench/redis-read.js [--rounds 7] [--reads 4000] [--cold 5] [--quick] [--url redis://127.0.0.1:PORT]')
+      console.log('node bench/redis-read.js [--rounds 7] [--reads 4000] [--cold 5] [--quick] [--tls] [--url redis://127.0.0.1:PORT]')
       process.exit(0)
     } else throw new Error(`unknown argument ${x}`)
   }
   for (const k of ['rounds', 'reads', 'cold']) {
     if (a[k] !== undefined && !(Number.isInteger(a[k]) && a[k] > 0)) throw new Error(`--${k} must be a positive integer`)
   }
+  if (a.tls && a.url) throw new Error('--tls starts its own TLS server: give it without --url')
   return a
 }
 
+/** A private TLS-only redis-server and the CA that signed its certificate. */
+async function startTlsRedis() {
+  const fs = require('node:fs')
+  const os = require('node:os')
+  const { makeCertificates, RedisNode } = require('../__test__/helpers/redis-topology')
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-bench-tls-'))
+  const certs = makeCertificates(dir)
+  const node = await new RedisNode('bench-tls', { dir, tls: { certs, authClients: 'no' } }).start()
+  return {
+    url: node.url,
+    caFile: certs.caFile,
+    stop: async () => {
+      await node.kill()
+      fs.rmSync(dir, { recursive: true, force: true })
+    },
+  }
+}
+
 async function standalone(args) {
-  const server = args.url ? null : await require('./redis-lib.js').startRedis()
+  const server = args.url ? null : args.tls ? await startTlsRedis() : await require('./redis-lib.js').startRedis()
   const url = args.url || server.url
   const d = args.quick ? DEFAULTS.quick : DEFAULTS.full
   try {
     console.log(
-      `bench/redis-read: ${args.rounds || d.rounds} interleaved rounds of ${args.reads || d.reads} reads; stampede-cache (l1: false) / ioredis GET + JSON.parse`,
+      `bench/redis-read: ${args.rounds || d.rounds} interleaved rounds of ${args.reads || d.reads} reads${args.tls ? ' over TLS' : ''}; ` +
+        'stampede-cache (l1: false) / ioredis GET + JSON.parse',
     )
     console.log('| read | stampede-cache reads/s | ioredis reads/s | ratio (median of rounds) |')
     console.log('|---|---:|---:|---:|')
     const { cold, coldRuns } = await measureRedisReads({
       url,
+      caFile: server && server.caFile,
       quick: args.quick,
       rounds: args.rounds,
       reads: args.reads,
@@ -211,7 +240,7 @@ async function standalone(args) {
         `ioredis ${cold.ioMs.toFixed(1)} ms (${cold.ratio.toFixed(2)}x the time)`,
     )
   } finally {
-    if (server) server.stop()
+    if (server) await server.stop()
   }
 }
 
