@@ -13,14 +13,20 @@ const assert = require('node:assert/strict')
 const path = require('node:path')
 const { spawnSync } = require('node:child_process')
 const { Worker } = require('node:worker_threads')
+const fs = require('node:fs')
+const os = require('node:os')
 const { RedisServer, waitFor, killAllSync } = require('./helpers/redis-server')
+const { makeCertificates, RedisNode, killTopologySync } = require('./helpers/redis-topology')
 const { StampedeCache } = require('..')
 
 const root = path.join(__dirname, '..')
 const TEST_TIMEOUT = 60_000
 const LANE = 'stampede-cache:read-lane'
 
-after(() => killAllSync())
+after(() => {
+  killAllSync()
+  killTopologySync()
+})
 
 async function server(t) {
   const redis = await new RedisServer().start()
@@ -216,4 +222,66 @@ test('an idle cache with its lane open lets the process exit; a worker thread re
     assert.equal(await w.terminate(), 1)
   }
   await waitFor(async () => (await lanes(redis)).length === 0, { what: "the workers' lanes to close" })
+})
+
+test('over TLS (a private CA, client certificates, a server name): reads take a TLS lane, which a kill costs nothing; without verification they do not', { timeout: TEST_TIMEOUT }, async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-lane-tls-'))
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }))
+  const certs = makeCertificates(dir)
+  // Mutual TLS: a connection without the client certificate is refused by the server.
+  const redis = await new RedisNode('lane-tls', { dir, tls: { certs, authClients: 'yes' } }).start()
+  t.after(() => redis.dispose())
+  const tls = { ca: certs.ca, cert: certs.clientCert, key: certs.clientKey }
+  const writer = cacheOn(t, redis, { redis: { url: redis.url, tls } })
+  const reader = cacheOn(t, redis, { redis: { url: redis.url, tls } })
+  const mustNotLoad = () => {
+    throw new Error('must come from Redis')
+  }
+  for (let i = 0; i < 50; i++) await writer.set(`k${i}`, { i, text: 'x'.repeat(i * 300) })
+  const lane = await laneCarrying(redis, () => reader.getOrLoad('k0', mustNotLoad))
+  const values = await Promise.all(Array.from({ length: 500 }, (_, n) => reader.getOrLoad(`k${n % 50}`, mustNotLoad)))
+  values.forEach((v, n) => assert.deepEqual(v, { i: n % 50, text: 'x'.repeat((n % 50) * 300) }))
+  // Many TLS records for one reply, among small replies in flight with it.
+  await writer.set('big', { data: 'y'.repeat(3_000_000) })
+  const mixed = await Promise.all([reader.get('big'), reader.get('k1'), reader.get('big'), reader.get('k2')])
+  assert.equal(mixed[0].data.length, 3_000_000)
+  assert.equal(mixed[2].data, mixed[0].data)
+  assert.deepEqual([mixed[1], mixed[3]], [{ i: 1, text: 'x'.repeat(300) }, { i: 2, text: 'x'.repeat(600) }])
+  assert.ok((await lanes(redis)).some((c) => c.id === lane.id), 'the same lane is still open')
+  // Read-your-writes across the command connection and the lane.
+  for (let n = 1; n <= 50; n++) {
+    await reader.set('rw', n)
+    assert.equal(await reader.getOrLoad('rw', async () => -1), n)
+  }
+
+  // Killed under reads in flight: each is answered from Redis, none loaded, Redis not down.
+  let killed = 0
+  for (let round = 0; round < 3; round++) {
+    const current = await laneCarrying(redis, () => reader.get('k0'))
+    const reads = Array.from({ length: 256 }, (_, n) => reader.getOrLoad(`k${n % 50}`, mustNotLoad))
+    killed += await redis.cmd('CLIENT', 'KILL', 'ID', current.id)
+    ;(await Promise.all(reads)).forEach((v, n) => assert.deepEqual(v, { i: n % 50, text: 'x'.repeat((n % 50) * 300) }))
+  }
+  assert.equal(killed, 3)
+  assert.notEqual((await laneCarrying(redis, () => reader.get('k1'))).id, lane.id, 'a new lane')
+  assert.equal(reader.stats().loads, 0)
+  assert.equal(reader.stats().redisErrors, 0)
+
+  // The certificate verified against tls.servername while the URL names the address.
+  const named = cacheOn(t, redis, { redis: { url: redis.url, tls: { ...tls, servername: 'localhost' } } })
+  const lanesBefore = (await lanes(redis)).length
+  await waitFor(
+    async () => {
+      assert.deepEqual(await named.getOrLoad('k3', mustNotLoad), { i: 3, text: 'x'.repeat(900) })
+      return (await lanes(redis)).length === lanesBefore + 1
+    },
+    { what: 'a lane for the cache with a server name' },
+  )
+  // rejectUnauthorized: false: the reads stay on the command connection, as its client skips
+  // verification and the lane verifies always.
+  const unverified = cacheOn(t, redis, { redis: { url: redis.url, tls: { ...tls, rejectUnauthorized: false } } })
+  for (let i = 0; i < 200; i++) assert.equal((await unverified.getOrLoad(`k${i % 50}`, mustNotLoad)).i, i % 50)
+  await new Promise((resolve) => setTimeout(resolve, 300))
+  assert.equal((await lanes(redis)).length, lanesBefore + 1, 'no lane for the cache without verification')
+  assert.equal(unverified.stats().loads, 0)
 })

@@ -76,6 +76,9 @@ pub struct Lane {
     env: sys::napi_env,
     tier: Arc<RedisTier>,
     stream: std::net::TcpStream,
+    /// The TLS session over `stream`, driven here: requests are encrypted into it and its
+    /// records written out; records read in are decrypted out of it into `input`.
+    tls: Option<Box<rustls::ClientConnection>>,
     /// The tier's count of replaced command connections when the lane opened.
     replacement: u64,
     poll: *mut c_void,
@@ -240,6 +243,7 @@ impl Lane {
             env,
             tier,
             stream: socket.stream,
+            tls: socket.tls,
             replacement: socket.opened_at_replacement,
             poll,
             timer,
@@ -298,20 +302,63 @@ impl Lane {
         }
     }
 
-    /// Writes what it can of `out`; watches for writability while some is left.
+    /// Writes what it can of `out` (over TLS: encrypts it and writes the records); watches for
+    /// writability while some is left.
     fn flush(&mut self) -> io::Result<()> {
-        let mut written = 0;
-        while written < self.out.len() {
-            match self.stream.write(&self.out[written..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+        let want = match &mut self.tls {
+            None => {
+                let mut written = 0;
+                while written < self.out.len() {
+                    match self.stream.write(&self.out[written..]) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(n) => written += n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                self.out.drain(..written);
+                !self.out.is_empty()
             }
-        }
-        self.out.drain(..written);
-        let want = !self.out.is_empty();
+            Some(tls) => {
+                let mut taken = 0;
+                loop {
+                    let before = taken;
+                    // The session takes plaintext up to its buffer limit; what it cannot take
+                    // waits in `out` until its records are written.
+                    while taken < self.out.len() {
+                        match tls.writer().write(&self.out[taken..]) {
+                            Ok(0) => break,
+                            Ok(n) => taken += n,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    let mut blocked = false;
+                    let mut wrote = false;
+                    while tls.wants_write() {
+                        match tls.write_tls(&mut &self.stream) {
+                            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                            Ok(_) => wrote = true,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                blocked = true;
+                                break;
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    if blocked || taken == self.out.len() {
+                        break;
+                    }
+                    if taken == before && !wrote {
+                        // Neither took nor wrote anything: the session is closed for writing.
+                        return Err(io::ErrorKind::WriteZero.into());
+                    }
+                }
+                self.out.drain(..taken);
+                !self.out.is_empty() || tls.wants_write()
+            }
+        };
         if want != self.writable {
             self.writable = want;
             let events = if want {
@@ -330,30 +377,11 @@ impl Lane {
     /// Reads what the socket has and frames the replies: each settles the oldest read sent.
     /// What was answered before a failure is answered still; the failure is returned with it.
     fn receive(&mut self) -> (Vec<(Sent, LaneRead)>, Option<String>) {
-        let mut failure = None;
-        loop {
-            if self.input.capacity() - self.input.len() < 4096 {
-                self.input.reserve(16 * 1024);
-            }
-            let spare = self.input.capacity() - self.input.len();
-            match read_into_spare(&self.stream, &mut self.input) {
-                Ok(0) => {
-                    failure = Some("Redis closed the read lane".to_string());
-                    break;
-                }
-                // Short of the space given: the socket is drained for now.
-                Ok(n) if n < spare => break,
-                Ok(_) => {}
-                Err(e) => match e.kind() {
-                    io::ErrorKind::WouldBlock => break,
-                    io::ErrorKind::Interrupted => {}
-                    _ => {
-                        failure = Some(format!("Redis read lane failed: {e}"));
-                        break;
-                    }
-                },
-            }
-        }
+        let mut failure = if self.tls.is_some() {
+            self.receive_tls()
+        } else {
+            self.receive_plain()
+        };
         let mut answered = Vec::new();
         let mut at = 0;
         loop {
@@ -380,6 +408,81 @@ impl Lane {
         }
         self.update_ref();
         (answered, failure)
+    }
+
+    /// Reads what the socket has into `input`; a failure, if it failed.
+    fn receive_plain(&mut self) -> Option<String> {
+        loop {
+            if self.input.capacity() - self.input.len() < 4096 {
+                self.input.reserve(16 * 1024);
+            }
+            let spare = self.input.capacity() - self.input.len();
+            match read_into_spare(&self.stream, &mut self.input) {
+                Ok(0) => return Some("Redis closed the read lane".to_string()),
+                // Short of the space given: the socket is drained for now.
+                Ok(n) if n < spare => return None,
+                Ok(_) => {}
+                Err(e) => match e.kind() {
+                    io::ErrorKind::WouldBlock => return None,
+                    io::ErrorKind::Interrupted => {}
+                    _ => return Some(format!("Redis read lane failed: {e}")),
+                },
+            }
+        }
+    }
+
+    /// Reads the records the socket has into the TLS session, and its plaintext into `input`
+    /// (replies that arrived are delivered even when a failure follows them). A failure, if any.
+    fn receive_tls(&mut self) -> Option<String> {
+        use std::io::BufRead;
+        let tls = self.tls.as_mut()?;
+        loop {
+            let mut failure = None;
+            let mut drained = false;
+            match tls.read_tls(&mut &self.stream) {
+                // The TCP end: the reader below says whether TLS closed cleanly first.
+                Ok(0) => drained = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => drained = true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => failure = Some(format!("Redis read lane failed: {e}")),
+            }
+            if let Err(e) = tls.process_new_packets() {
+                failure.get_or_insert_with(|| format!("Redis read lane failed (TLS): {e}"));
+            }
+            loop {
+                let mut reader = tls.reader();
+                match reader.fill_buf() {
+                    Ok([]) => {
+                        failure.get_or_insert_with(|| "Redis closed the read lane".to_string());
+                        break;
+                    }
+                    Ok(chunk) => {
+                        let n = chunk.len();
+                        self.input.extend_from_slice(chunk);
+                        reader.consume(n);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        failure.get_or_insert_with(|| format!("Redis read lane failed: {e}"));
+                        break;
+                    }
+                }
+            }
+            if failure.is_some() {
+                return failure;
+            }
+            if drained {
+                break;
+            }
+        }
+        // The session may have something to say back (a key update): written with the requests.
+        if tls.wants_write() {
+            if let Err(e) = self.flush() {
+                return Some(format!("Redis read lane failed: {e}"));
+            }
+        }
+        None
     }
 
     fn arm_timer(&mut self) {

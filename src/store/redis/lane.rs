@@ -1,5 +1,5 @@
-//! The read lane: a second connection to the one server (or the Sentinel primary) over plain
-//! TCP, which the hot read path (a `GET` of a key's envelope) takes instead of the command
+//! The read lane: a second connection to the one server (or the Sentinel primary), over TCP or
+//! TLS, which the hot read path (a `GET` of a key's envelope) takes instead of the command
 //! connection. The embedder drives its socket from its own event loop, so a read and its answer
 //! cross no thread: on the command connection each read goes JS thread → runtime worker →
 //! connection task → JS thread, and a profile put most of a sequential read's time in those
@@ -17,9 +17,12 @@ use std::io;
 use std::net::TcpStream;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use redis::io::tcp::socket2;
 use redis::{ConnectionAddr, ConnectionInfo, RedisError, RedisResult};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::envelopes::usable;
 use super::{connection::timed_out, RedisTier, Remote};
@@ -137,13 +140,37 @@ pub struct LaneTarget {
     username: Option<String>,
     password: Option<String>,
     db: i64,
+    /// Over TLS: the name the server's certificate must carry (and SNI), and the client
+    /// configuration (`with_tls`).
+    tls: Option<LaneTls>,
+}
+
+#[derive(Debug, Clone)]
+struct LaneTls {
+    name: String,
+    config: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl LaneTarget {
-    /// Plain TCP servers only: TLS and Unix sockets stay on the command connection.
+    /// TCP servers, plain or TLS with verification; Unix sockets and unverified TLS stay on the
+    /// command connection. A TLS target needs its configuration (`with_tls`) before it opens.
     pub fn of(info: &ConnectionInfo) -> Option<LaneTarget> {
-        let ConnectionAddr::Tcp(host, port) = info.addr() else {
-            return None;
+        let (host, port, tls) = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => (host, port, None),
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                ..
+            } => (
+                host,
+                port,
+                Some(LaneTls {
+                    name: host.clone(),
+                    config: None,
+                }),
+            ),
+            _ => return None,
         };
         let s = info.redis_settings();
         Some(LaneTarget {
@@ -152,7 +179,23 @@ impl LaneTarget {
             username: s.username().map(str::to_string),
             password: s.password().map(str::to_string),
             db: s.db(),
+            tls,
         })
+    }
+
+    /// Whether the lane speaks TLS to this server.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The TLS target with its client configuration, connecting to `address` (the URL's host
+    /// when `tls.servername` named the certificate) and verifying the certificate's name.
+    pub fn with_tls(mut self, config: Arc<rustls::ClientConfig>, address: String) -> LaneTarget {
+        if let Some(tls) = &mut self.tls {
+            tls.config = Some(config);
+            self.host = address;
+        }
+        self
     }
 
     /// The commands that make a new connection ours: AUTH (ACL user or password), SELECT, and
@@ -181,11 +224,50 @@ impl LaneTarget {
 /// The lane's connection name (CLIENT LIST shows it).
 pub const LANE_NAME: &str = "stampede-cache:read-lane";
 
-/// An open lane's socket (non-blocking) and the tier's command connection count when it began
-/// to open.
+/// An open lane's socket (non-blocking), its TLS session if it has one, and the tier's command
+/// connection count when it began to open.
 pub struct LaneSocket {
     pub stream: TcpStream,
+    pub tls: Option<Box<rustls::ClientConnection>>,
     pub opened_at_replacement: u64,
+}
+
+/// Sends the handshake's commands and reads their replies; a refusal of a required one refuses
+/// the lane.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    target: &LaneTarget,
+) -> RedisResult<()> {
+    let handshake = target.handshake();
+    let mut out = Vec::new();
+    for (cmd, _) in &handshake {
+        cmd.write_packed_command(&mut out);
+    }
+    stream.write_all(&out).await?;
+    stream.flush().await?;
+    let mut input = Vec::new();
+    let mut answered = 0;
+    while answered < handshake.len() {
+        let mut chunk = [0u8; 512];
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(refused("Redis closed the connection".into()));
+        }
+        input.extend_from_slice(&chunk[..n]);
+        while let Some((reply, len)) =
+            frame(&input).map_err(|_| refused("Redis answered out of protocol".into()))?
+        {
+            if let (Reply::Error(e), true) = (reply, handshake[answered].1) {
+                return Err(refused(format!(
+                    "Redis refused the connection: {}",
+                    String::from_utf8_lossy(e)
+                )));
+            }
+            answered += 1;
+            input.drain(..len);
+        }
+    }
+    Ok(())
 }
 
 fn refused(what: String) -> RedisError {
@@ -213,52 +295,47 @@ impl RedisTier {
     pub async fn open_lane(&self) -> RedisResult<LaneSocket> {
         let replacement = self.link.replacements();
         let connect_timeout = self.link.connect_timeout;
-        let opened =
-            async {
-                let target =
-                    self.link.topology.lane_target().await?.ok_or_else(|| {
-                        refused("the server is not reached over plain TCP".into())
-                    })?;
-                let mut stream =
-                    tokio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
-                stream.set_nodelay(true)?;
-                // A replaced lane's unsent reads are discarded rather than delivered late.
-                socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO))?;
-                let handshake = target.handshake();
-                let mut out = Vec::new();
-                for (cmd, _) in &handshake {
-                    cmd.write_packed_command(&mut out);
+        let opened = async {
+            let target = self
+                .link
+                .topology
+                .lane_target()
+                .await?
+                .ok_or_else(|| refused("the server is not reached over TCP".into()))?;
+            let mut stream =
+                tokio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
+            stream.set_nodelay(true)?;
+            // A replaced lane's unsent reads are discarded rather than delivered late.
+            socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO))?;
+            let (stream, tls) = match &target.tls {
+                None => {
+                    handshake(&mut stream, &target).await?;
+                    (stream, None)
                 }
-                stream.write_all(&out).await?;
-                let mut input = Vec::new();
-                let mut answered = 0;
-                while answered < handshake.len() {
-                    let mut chunk = [0u8; 512];
-                    let n = stream.read(&mut chunk).await?;
-                    if n == 0 {
-                        return Err(refused("Redis closed the connection".into()));
-                    }
-                    input.extend_from_slice(&chunk[..n]);
-                    while let Some((reply, len)) = frame(&input)
-                        .map_err(|_| refused("Redis answered out of protocol".into()))?
-                    {
-                        if let (Reply::Error(e), true) = (reply, handshake[answered].1) {
-                            return Err(refused(format!(
-                                "Redis refused the connection: {}",
-                                String::from_utf8_lossy(e)
-                            )));
-                        }
-                        answered += 1;
-                        input.drain(..len);
-                    }
+                Some(LaneTls { name, config }) => {
+                    let config = config
+                        .clone()
+                        .ok_or_else(|| refused("no TLS configuration for the lane".into()))?;
+                    let name = ServerName::try_from(name.clone())
+                        .map_err(|e| refused(format!("invalid TLS server name: {e}")))?;
+                    let mut session = tokio_rustls::TlsConnector::from(config)
+                        .connect(name, stream)
+                        .await?;
+                    handshake(&mut session, &target).await?;
+                    // The session goes on by hand on the embedder's loop; whatever it has
+                    // read and not yet delivered stays in it.
+                    let (stream, session) = session.into_inner();
+                    (stream, Some(Box::new(session)))
                 }
-                let stream = stream.into_std()?;
-                stream.set_nonblocking(true)?;
-                Ok(LaneSocket {
-                    stream,
-                    opened_at_replacement: replacement,
-                })
             };
+            let stream = stream.into_std()?;
+            stream.set_nonblocking(true)?;
+            Ok(LaneSocket {
+                stream,
+                tls,
+                opened_at_replacement: replacement,
+            })
+        };
         tokio::time::timeout(connect_timeout, opened)
             .await
             .map_err(|_| timed_out("timed out connecting to Redis"))?
@@ -390,6 +467,11 @@ mod tests {
         );
         let tls: ConnectionInfo =
             redis::IntoConnectionInfo::into_connection_info("rediss://127.0.0.1:6390").unwrap();
-        assert!(LaneTarget::of(&tls).is_none());
+        assert!(LaneTarget::of(&tls).unwrap().is_tls());
+        assert!(!target.is_tls());
+        let insecure: ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info("rediss://127.0.0.1:6390/#insecure")
+                .unwrap();
+        assert!(LaneTarget::of(&insecure).is_none());
     }
 }

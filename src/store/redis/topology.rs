@@ -65,6 +65,48 @@ fn certificates(tls: &TlsOptions) -> TlsCertificates {
     }
 }
 
+/// The read lane's TLS client: the private CA or the system roots, and the client certificate,
+/// as the command connection is given them (`certificates`). Only for verifying connections.
+fn lane_tls_config(tls: &TlsOptions) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    match &tls.ca {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                let cert = cert.map_err(|e| format!("tls.ca: {e}"))?;
+                roots.add(cert).map_err(|e| format!("tls.ca: {e}"))?;
+            }
+        }
+        None => {
+            // As the redis crate does: any failure to load the system roots refuses TLS.
+            let mut found = rustls_native_certs::load_native_certs();
+            if let Some(e) = found.errors.pop() {
+                return Err(format!("system roots: {e}"));
+            }
+            for cert in found.certs {
+                roots.add(cert).map_err(|e| format!("system roots: {e}"))?;
+            }
+        }
+    }
+    if roots.is_empty() {
+        return Err("no trusted certificate".into());
+    }
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+    match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("tls.cert: {e}"))?;
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("tls.key: {e}"))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("tls.cert/tls.key: {e}"))
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
 /// A client for one server: TCP settings, TLS material, the server name, and (for the bus)
 /// RESP3, whose push messages carry pub/sub on an ordinary multiplexed connection.
 fn client(info: ConnectionInfo, tls: Option<&TlsOptions>, resp3: bool) -> RedisResult<Client> {
@@ -191,6 +233,8 @@ enum Kind {
 pub struct Topology {
     kind: Kind,
     tls: Option<TlsOptions>,
+    /// The read lane's TLS client configuration, made from `tls` when a lane first opens.
+    lane_tls: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
     /// The URL's host, for `tls.servername` (connect there, verify the name).
     resolver: Option<Arc<ServerNameResolver>>,
     db: i64,
@@ -318,6 +362,7 @@ impl Topology {
         Ok(Topology {
             kind,
             tls,
+            lane_tls: std::sync::OnceLock::new(),
             resolver,
             db,
             connect_timeout: config.connect_timeout,
@@ -360,22 +405,61 @@ impl Topology {
     }
 
     /// Whether a read lane (see `lane.rs`) may reach this server: one server or a Sentinel
-    /// primary, without TLS (the lane speaks plain TCP).
+    /// primary, over TCP, plain or TLS that verifies the server (`rejectUnauthorized: false`
+    /// keeps reads on the command connection, whose client skips verification for it).
     pub fn lane_possible(&self) -> bool {
+        if self.tls.as_ref().is_some_and(|t| !t.reject_unauthorized) {
+            return false;
+        }
         match &self.kind {
-            Kind::Single { info } => self.tls.is_none() && LaneTarget::of(info).is_some(),
-            Kind::Sentinel { .. } => self.tls.is_none(),
+            Kind::Single { info } => match info.addr() {
+                ConnectionAddr::Tcp(..) => true,
+                ConnectionAddr::TcpTls { .. } => self.tls.is_some(),
+                _ => false,
+            },
+            Kind::Sentinel { .. } => true,
             Kind::Cluster { .. } => false,
         }
     }
 
-    /// Where a read lane connects now: the one server, or the primary the sentinels name.
+    /// Where a read lane connects now: the one server, or the primary the sentinels name; over
+    /// TLS, with the client configuration the command connection's options describe.
     pub async fn lane_target(&self) -> RedisResult<Option<LaneTarget>> {
         if !self.lane_possible() {
             return Ok(None);
         }
         let client = self.server(false).await?;
-        Ok(LaneTarget::of(client.get_connection_info()))
+        let Some(target) = LaneTarget::of(client.get_connection_info()) else {
+            return Ok(None);
+        };
+        if !target.is_tls() {
+            return Ok(Some(target));
+        }
+        let Some(tls) = &self.tls else {
+            return Ok(None);
+        };
+        let config = self
+            .lane_tls
+            .get_or_init(|| lane_tls_config(tls).map(Arc::new))
+            .clone()
+            .map_err(|e| {
+                redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "the read lane's TLS configuration",
+                    e,
+                ))
+            })?;
+        let ConnectionAddr::TcpTls { host, .. } = client.get_connection_info().addr() else {
+            return Ok(None);
+        };
+        let host = host.clone();
+        // With `tls.servername` the certificate's name stands in the address; connect where the
+        // URL said, as the command connection's resolver does.
+        let address = match &self.resolver {
+            Some(r) if r.servername == host => r.address.clone(),
+            _ => host,
+        };
+        Ok(Some(target.with_tls(config, address)))
     }
 
     /// A new command connection, within `connect_timeout`.
