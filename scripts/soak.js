@@ -12,6 +12,7 @@
 //   npm run soak -- --seed 123 --repeat 5 replay one seed 5 times (a seed fixes the operations and
 //                                         the faults, not the interleaving)
 //   --cluster        run against a Redis Cluster (npm run soak -- --cluster --minutes 10)
+//   --tls            run against a TLS-only redis-server (reads take the TLS read lane)
 //   --first S        start at seed S (then S+1, ...) instead of a random one
 //   --duration MS    how long each run's clients and faults go on (default 6000)
 //   --out DIR        write the full history (JSON) of every run with a violation there
@@ -24,7 +25,7 @@
 const fs = require('node:fs')
 const path = require('node:path')
 
-const state = { startedAt: Date.now(), runs: [], failed: [], clusters: 0, cluster: false, interrupted: false }
+const state = { startedAt: Date.now(), runs: [], failed: [], clusters: 0, cluster: false, tls: false, interrupted: false }
 
 // Registered before the helpers' own handler (which kills the children and exits), so an
 // interrupted soak still prints what it found.
@@ -38,12 +39,12 @@ const { RedisCluster } = require('../__test__/helpers/redis-topology')
 
 function usage(message) {
   if (message) console.error(`soak: ${message}`)
-  console.error('usage: node scripts/soak.js [--cluster] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--verbose]')
+  console.error('usage: node scripts/soak.js [--cluster | --tls] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--verbose]')
   process.exit(2)
 }
 
 function parseArgs(argv) {
-  const args = { seeds: null, minutes: null, seed: null, repeat: 1, first: null, duration: DEFAULTS.durationMs, out: null, verbose: false, cluster: false }
+  const args = { seeds: null, minutes: null, seed: null, repeat: 1, first: null, duration: DEFAULTS.durationMs, out: null, verbose: false, cluster: false, tls: false }
   const number = (name, v, { integer = true, min = 0 } = {}) => {
     const n = Number(v)
     if (v === undefined || !Number.isFinite(n) || (integer && !Number.isInteger(n)) || n < min) usage(`--${name} needs a number >= ${min}, got ${v}`)
@@ -82,6 +83,9 @@ function parseArgs(argv) {
       case '--cluster':
         args.cluster = true
         break
+      case '--tls':
+        args.tls = true
+        break
       case '--help':
       case '-h':
         usage()
@@ -91,6 +95,7 @@ function parseArgs(argv) {
     }
   }
   if (args.seed === null && args.seeds === null && args.minutes === null) args.minutes = 5
+  if (args.cluster && args.tls) usage('--cluster and --tls are separate modes')
   return args
 }
 
@@ -133,7 +138,7 @@ function printSummary() {
       const list = [...seeds]
       console.log(`    ${kind} x${count} in seeds ${list.slice(0, 20).join(' ')}${list.length > 20 ? ` (+${list.length - 20})` : ''}`)
     }
-    console.log(`  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : ''}`)
+    console.log(`  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : state.tls ? ' --tls' : ''}`)
   }
 }
 
@@ -144,7 +149,8 @@ async function main() {
   const first = args.seed ?? args.first ?? Math.floor(Math.random() * 2 ** 31)
   if (args.out) fs.mkdirSync(args.out, { recursive: true })
   state.cluster = args.cluster
-  const against = args.cluster ? ' against a Redis Cluster' : ''
+  state.tls = args.tls
+  const against = args.cluster ? ' against a Redis Cluster' : args.tls ? ' against a TLS-only redis-server' : ''
   console.log(
     args.seed !== null
       ? `soak: replaying seed ${args.seed} ${args.repeat} time(s)${against}`
@@ -171,7 +177,7 @@ async function main() {
     const seed = args.seed !== null ? args.seed : (first + i) >>> 0
     let h
     try {
-      h = await runHistory({ seed, durationMs: args.duration, cluster: args.cluster ? await usableCluster() : null, log: args.verbose ? (line) => console.log(`  ${line}`) : () => {} })
+      h = await runHistory({ seed, durationMs: args.duration, cluster: args.cluster ? await usableCluster() : null, tls: args.tls, log: args.verbose ? (line) => console.log(`  ${line}`) : () => {} })
     } catch (err) {
       // Not a verdict on the cache (a Redis or cluster that would not start or heal): say so,
       // start afresh, go on.

@@ -33,9 +33,11 @@
 // reproducible on a loaded machine, so a seed replays the same operations and faults, not the same
 // interleaving: replay a failing seed a few times.
 
+const fs = require('node:fs')
+const os = require('node:os')
 const path = require('node:path')
 const { RedisServer, CacheWorker, waitFor, sleep } = require('./redis-server')
-const { parseClusterSlots } = require('./redis-topology')
+const { parseClusterSlots, makeCertificates, RedisNode } = require('./redis-topology')
 
 const WORKER_SCRIPT = path.join(__dirname, '..', 'fixtures', 'history-worker.js')
 
@@ -223,6 +225,48 @@ function serverBackend() {
     },
     envelopes: async (namespace, keys) => parseEnvelopes(keys, await redis.pipeline(keys.map((k) => ['GET', valueKey(namespace, k)]))),
     dispose: () => redis.dispose(),
+  }
+}
+
+/**
+ * The single-server mode over TLS: a private TLS-only redis-server with a throwaway CA, which the
+ * caches trust (`tls.ca`), so their reads take the TLS read lane; the same faults, restarts on the
+ * same port.
+ */
+function tlsServerBackend() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-history-tls-'))
+  const certs = makeCertificates(dir)
+  const node = new RedisNode('history-tls', { dir, tls: { certs, authClients: 'no' } })
+  // What injectFaults drives: RedisServer's shape, restarting on the same port.
+  const redis = {
+    cmd: (...args) => node.cmd(...args),
+    pause: () => node.pause(),
+    resume: () => node.resume(),
+    restart: (signal) => node.restart(signal),
+    get proc() {
+      return node.alive ? node.proc : null
+    },
+    start: () => node.revive(),
+  }
+  return {
+    mode: 'tls',
+    async start() {
+      await node.start()
+    },
+    describe: () => `redis (TLS) :${node.port}`,
+    keys: async (namespace, n) => ({ keys: Array.from({ length: n }, (_, i) => `k${i}`) }),
+    cacheRedis: () => ({ url: node.url, tls: { ca: certs.ca } }),
+    faults: ({ seed, until, faults }) => injectFaults({ redis, rand: makeRand(streamSeed(seed, 'faults')), until, faults }),
+    async recover() {
+      node.resume()
+      await node.revive()
+      await waitFor(() => node.cmd('PING').then((r) => r === 'PONG', () => false), { timeout: 15_000, what: 'Redis to answer PING' })
+    },
+    envelopes: async (namespace, keys) => parseEnvelopes(keys, await node.pipeline(keys.map((k) => ['GET', valueKey(namespace, k)]))),
+    async dispose() {
+      await node.dispose()
+      fs.rmSync(dir, { recursive: true, force: true })
+    },
   }
 }
 
@@ -510,6 +554,8 @@ const DEFAULTS = {
   busBoundMs: 500,
   /** A started RedisCluster (helpers/redis-topology.js) to run against instead of a private redis-server. */
   cluster: null,
+  /** Over TLS: a TLS-only server (the read lane speaks TLS); single-server mode only. */
+  tls: false,
   /** Called with progress lines (the soak prints them with --verbose). */
   log: () => {},
 }
@@ -527,7 +573,7 @@ async function runHistory(options = {}) {
   const o = { ...DEFAULTS, ...options }
   const seed = o.seed >>> 0
   const rand = makeRand(streamSeed(seed, 'config'))
-  const backend = o.cluster ? clusterBackend(o.cluster) : serverBackend()
+  const backend = o.cluster ? clusterBackend(o.cluster) : o.tls ? tlsServerBackend() : serverBackend()
   const cfg = {
     maxLoadMs: 300,
     maxGapMs: 40,
@@ -899,7 +945,8 @@ function historyOf(h, key, until, n = 40, from = null) {
 
 /** One violation, with the seed, how to replay it and the key's history. */
 function formatViolation(h, v, { historyLines = 40 } = {}) {
-  const lines = [`[seed ${h.seed}${h.mode === 'cluster' ? ' cluster' : ''}] ${v.kind}: ${v.message}`, `  replay: npm run soak -- --seed ${h.seed}${h.mode === 'cluster' ? ' --cluster' : ''}`]
+  const flag = h.mode === 'cluster' ? ' --cluster' : h.mode === 'tls' ? ' --tls' : ''
+  const lines = [`[seed ${h.seed}${h.mode === 'server' ? '' : ` ${h.mode}`}] ${v.kind}: ${v.message}`, `  replay: npm run soak -- --seed ${h.seed}${flag}`]
   if (v.key) {
     lines.push(`  history of ${v.key} (ms from the run's start; db = the database; writers hold a per-key slot):`)
     lines.push(...historyOf(h, v.key, v.at, historyLines, v.from ?? null))
@@ -946,7 +993,7 @@ function summarize(h) {
       `${others ? `, ${others} more failover(s) from pauses` : ''}, ${moved}/${h.keys.length} keys changed master`
   }
   return (
-    `seed ${h.seed}${h.mode === 'cluster' ? ' [cluster]' : ''}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
+    `seed ${h.seed}${h.mode === 'server' ? '' : ` [${h.mode}]`}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
     `${h.loads.length} loader calls, ${h.faults.length} faults (${Object.entries(faults).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'}), ` +
     `redisErrors ${redisErrors}${cluster}, ${h.violations.length} violations${h.loadTimeoutSupported ? '' : ' [this build refuses loadTimeout: ran without it]'} ` +
     `(${((h.endedAt - h.startedAt) / 1000).toFixed(1)} s)`

@@ -219,6 +219,7 @@ class RedisNode {
     this.confLines = conf
     this.sentinel = sentinel
     this.auth = auth
+    this.paused = false
     this.port = null
     this.proc = null
     this.pid = null
@@ -314,6 +315,31 @@ class RedisNode {
     throw new Error(`${this.name} did not answer PING within 10 s:\n${this.log}`)
   }
 
+  /** Stopped by `signal` and started again on the same port, from the same config (empty:
+   * nothing is saved). */
+  async restart(signal = 'SIGTERM') {
+    this.resume()
+    await this.kill(signal)
+    await this.#spawnAndWait()
+  }
+
+  /** Starts it again on its port if it is not running. */
+  async revive() {
+    if (!this.alive) await this.#spawnAndWait()
+  }
+
+  /** SIGSTOP: the server holds its connections and answers nothing until `resume`. */
+  pause() {
+    if (!this.alive) throw new Error(`${this.name} is not running`)
+    process.kill(this.proc.pid, 'SIGSTOP')
+    this.paused = true
+  }
+
+  resume() {
+    if (this.paused && this.alive) process.kill(this.proc.pid, 'SIGCONT')
+    this.paused = false
+  }
+
   /** Stops the process by PID (SIGKILL by default: a crash) and waits for it to exit. */
   async kill(signal = 'SIGKILL') {
     const proc = this.proc
@@ -336,6 +362,7 @@ class RedisNode {
   }
 
   async dispose() {
+    this.resume()
     await this.kill('SIGKILL')
     if (this.ownDir) fs.rmSync(this.dir, { recursive: true, force: true })
   }
