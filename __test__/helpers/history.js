@@ -945,8 +945,8 @@ function historyOf(h, key, until, n = 40, from = null) {
 
 /** One violation, with the seed, how to replay it and the key's history. */
 function formatViolation(h, v, { historyLines = 40 } = {}) {
-  const flag = h.mode === 'cluster' ? ' --cluster' : h.mode === 'tls' ? ' --tls' : ''
-  const lines = [`[seed ${h.seed}${h.mode === 'server' ? '' : ` ${h.mode}`}] ${v.kind}: ${v.message}`, `  replay: npm run soak -- --seed ${h.seed}${flag}`]
+  const special = h.mode === 'cluster' || h.mode === 'tls'
+  const lines = [`[seed ${h.seed}${special ? ` ${h.mode}` : ''}] ${v.kind}: ${v.message}`, `  replay: npm run soak -- --seed ${h.seed}${special ? ` --${h.mode}` : ''}`]
   if (v.key) {
     lines.push(`  history of ${v.key} (ms from the run's start; db = the database; writers hold a per-key slot):`)
     lines.push(...historyOf(h, v.key, v.at, historyLines, v.from ?? null))
@@ -993,7 +993,7 @@ function summarize(h) {
       `${others ? `, ${others} more failover(s) from pauses` : ''}, ${moved}/${h.keys.length} keys changed master`
   }
   return (
-    `seed ${h.seed}${h.mode === 'server' ? '' : ` [${h.mode}]`}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
+    `seed ${h.seed}${h.mode === 'cluster' || h.mode === 'tls' ? ` [${h.mode}]` : ''}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
     `${h.loads.length} loader calls, ${h.faults.length} faults (${Object.entries(faults).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'}), ` +
     `redisErrors ${redisErrors}${cluster}, ${h.violations.length} violations${h.loadTimeoutSupported ? '' : ' [this build refuses loadTimeout: ran without it]'} ` +
     `(${((h.endedAt - h.startedAt) / 1000).toFixed(1)} s)`
