@@ -15,9 +15,8 @@
 
 use std::io;
 use std::net::TcpStream;
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::io::tcp::socket2;
 use redis::{ConnectionAddr, ConnectionInfo, RedisError, RedisResult};
@@ -254,9 +253,12 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             return Err(refused("Redis closed the connection".into()));
         }
         input.extend_from_slice(&chunk[..n]);
-        while let Some((reply, len)) =
-            frame(&input).map_err(|_| refused("Redis answered out of protocol".into()))?
-        {
+        while answered < handshake.len() {
+            let Some((reply, len)) =
+                frame(&input).map_err(|_| refused("Redis answered out of protocol".into()))?
+            else {
+                break;
+            };
             if let (Reply::Error(e), true) = (reply, handshake[answered].1) {
                 return Err(refused(format!(
                     "Redis refused the connection: {}",
@@ -437,6 +439,22 @@ mod tests {
         assert_eq!(frame(b"$x\r\n"), Err(ProtocolError));
         assert_eq!(frame(b"$3\r\nabcde\r\n"), Err(ProtocolError));
         assert_eq!(frame(&[b'+'; 5000]), Err(ProtocolError));
+    }
+
+    /// More replies in one read than the handshake asked for (a misbehaving proxy, say): the
+    /// lane opens on the ones it asked for and never indexes past them.
+    #[tokio::test(flavor = "current_thread")]
+    async fn replies_past_the_handshake_do_not_break_it() {
+        let info: ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info("redis://127.0.0.1:6390").unwrap();
+        let target = LaneTarget::of(&info).unwrap();
+        assert_eq!(target.handshake().len(), 1, "CLIENT SETNAME only");
+        let (mut client, mut server) = tokio::io::duplex(4096);
+        server.write_all(b"+OK\r\n+OK\r\n+OK\r\n").await.unwrap();
+        assert!(handshake(&mut client, &target).await.is_ok());
+        let mut asked = vec![0u8; 64];
+        let n = server.read(&mut asked).await.unwrap();
+        assert!(asked[..n].starts_with(b"*3\r\n$6\r\nCLIENT"));
     }
 
     #[test]
