@@ -27,7 +27,9 @@ use super::engines::engine;
 use super::redis::{settle_lane_read, LaneAsk, RedisAnswer};
 use super::settle::{self, Promised};
 use crate::inbox::Stamp;
-use crate::store::redis::{frame, LaneRead, LaneSocket, RedisTier, PROBE_INTERVAL};
+use crate::store::redis::{
+    frame, Landing, LaneRead, LaneSocket, Opened, RedisTier, PROBE_INTERVAL,
+};
 
 /// An engine's read lane.
 #[derive(Default)]
@@ -39,7 +41,7 @@ pub enum LaneSlot {
         retry_at: Instant,
     },
     /// Opening on the runtime; the result lands here.
-    Opening(Arc<Mutex<Option<redis::RedisResult<LaneSocket>>>>),
+    Opening(Opened),
     Open(Rc<RefCell<Lane>>),
     /// This host has no libuv to drive one.
     Never,
@@ -195,9 +197,10 @@ fn open(slot: &mut LaneSlot, tier: &Arc<RedisTier>) {
     let result = Arc::new(Mutex::new(None));
     *slot = LaneSlot::Opening(result.clone());
     let tier = tier.clone();
+    let landing = Landing::new(result);
     napi::bindgen_prelude::spawn(async move {
         let opened = tier.open_lane().await;
-        *result.lock().unwrap_or_else(|p| p.into_inner()) = Some(opened);
+        landing.land(opened);
     });
 }
 

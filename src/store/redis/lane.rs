@@ -231,6 +231,40 @@ pub struct LaneSocket {
     pub opened_at_replacement: u64,
 }
 
+/// Where a lane opening on the runtime leaves its result for the embedder's thread.
+pub type Opened = Arc<std::sync::Mutex<Option<RedisResult<LaneSocket>>>>;
+
+/// The opening task's hold on `Opened`. Dropped without a result (the task panicked or was
+/// dropped), it leaves a failure, so the embedder retries later instead of waiting for ever.
+pub struct Landing {
+    result: Opened,
+    landed: bool,
+}
+
+impl Landing {
+    pub fn new(result: Opened) -> Landing {
+        Landing {
+            result,
+            landed: false,
+        }
+    }
+
+    pub fn land(mut self, opened: RedisResult<LaneSocket>) {
+        *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(opened);
+        self.landed = true;
+    }
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        if !self.landed {
+            *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(Err(RedisError::from(
+                io::Error::other("the read lane's opening ended without a result"),
+            )));
+        }
+    }
+}
+
 /// Sends the handshake's commands and reads their replies; a refusal of a required one refuses
 /// the lane.
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
@@ -439,6 +473,27 @@ mod tests {
         assert_eq!(frame(b"$x\r\n"), Err(ProtocolError));
         assert_eq!(frame(b"$3\r\nabcde\r\n"), Err(ProtocolError));
         assert_eq!(frame(&[b'+'; 5000]), Err(ProtocolError));
+    }
+
+    #[test]
+    fn an_opening_that_ends_without_a_result_lands_a_failure() {
+        let result: Opened = Arc::new(std::sync::Mutex::new(None));
+        // The opening task panics: its landing is dropped while unwinding.
+        let landing = Landing::new(result.clone());
+        let task = std::thread::spawn(move || {
+            let _landing = landing;
+            panic!("the opening panicked (expected by this test)");
+        });
+        assert!(task.join().is_err());
+        let landed = result.lock().unwrap().take();
+        assert!(matches!(landed, Some(Err(e)) if e.to_string().contains("without a result")));
+
+        // A result that landed is the one read; dropping the landing after it does not write
+        // again (the embedder has taken the result by then).
+        Landing::new(result.clone()).land(Err(io::Error::other("refused").into()));
+        let landed = result.lock().unwrap().take();
+        assert!(matches!(landed, Some(Err(e)) if e.to_string().contains("refused")));
+        assert!(result.lock().unwrap().is_none());
     }
 
     /// More replies in one read than the handshake asked for (a misbehaving proxy, say): the

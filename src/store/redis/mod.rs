@@ -44,7 +44,7 @@ use crate::stats::Stats;
 pub use bus::{channel, Waiters};
 pub use connection::{classify, Fault};
 pub use envelopes::{Fetched, WriteBack};
-pub use lane::{frame, LaneRead, LaneSocket};
+pub use lane::{frame, Landing, LaneRead, LaneSocket, Opened};
 pub use lock::{new_token, Fence, Gate, LockOutcome};
 pub use order::WriteOrder;
 pub use tags::TagFailure;
