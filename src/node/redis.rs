@@ -115,8 +115,9 @@ impl ToNapiValue for RedisAnswer {
             || a.token.is_some()
             || a.fence.is_some()
             || a.fenced_at != -1.0;
-        let args = unsafe {
-            [
+        let mut args = [ptr::null_mut(); 18];
+        let given = unsafe {
+            args[..13].copy_from_slice(&[
                 ToNapiValue::to_napi_value(env, a.kind)?,
                 json,
                 ToNapiValue::to_napi_value(env, a.fresh_until)?,
@@ -130,34 +131,20 @@ impl ToNapiValue for RedisAnswer {
                 ToNapiValue::to_napi_value(env, a.state)?,
                 ToNapiValue::to_napi_value(env, bytes)?,
                 ToNapiValue::to_napi_value(env, a.reported)?,
-                if full {
-                    ToNapiValue::to_napi_value(env, a.lock)?
-                } else {
-                    ptr::null_mut()
-                },
-                if full {
-                    ToNapiValue::to_napi_value(env, a.tags)?
-                } else {
-                    ptr::null_mut()
-                },
-                if full {
-                    ToNapiValue::to_napi_value(env, a.token)?
-                } else {
-                    ptr::null_mut()
-                },
-                if full {
-                    ToNapiValue::to_napi_value(env, a.fence)?
-                } else {
-                    ptr::null_mut()
-                },
-                if full {
-                    ToNapiValue::to_napi_value(env, a.fenced_at)?
-                } else {
-                    ptr::null_mut()
-                },
-            ]
+            ]);
+            if full {
+                args[13..].copy_from_slice(&[
+                    ToNapiValue::to_napi_value(env, a.lock)?,
+                    ToNapiValue::to_napi_value(env, a.tags)?,
+                    ToNapiValue::to_napi_value(env, a.token)?,
+                    ToNapiValue::to_napi_value(env, a.fence)?,
+                    ToNapiValue::to_napi_value(env, a.fenced_at)?,
+                ]);
+                18
+            } else {
+                13
+            }
         };
-        let given = if full { args.len() } else { args.len() - 5 };
         hot_path::make_answer(env, &args[..given])
     }
 }

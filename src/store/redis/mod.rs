@@ -433,12 +433,12 @@ impl RedisTier {
         self.reports.take()
     }
 
-    /// The failure queue, for draining after the tier is closed and gone.
     /// Failures wait for `onError` (see `Reports::waiting`).
     pub fn reports_waiting(&self) -> bool {
         self.reports.waiting()
     }
 
+    /// The failure queue, for draining after the tier is closed and gone.
     pub fn reports(&self) -> Arc<Reports> {
         self.reports.clone()
     }
