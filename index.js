@@ -193,7 +193,7 @@ const clearEntries = fromNative(native.clearEntries)
 // channel is HIT_STATES[kind]), and `n & HIT_REFRESH` asks for a background refresh.
 const { HIT_SLOT_SHIFT, HIT_KIND_SHIFT, HIT_KIND_MASK, HIT_REFRESH, HIT_STATES } = native
 const { STEP_KINDS, STEP_SERVE, STEP_LEAD, WRITTEN_NOWHERE } = native
-const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT } = native
+const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT, POLICY_BETA } = native
 // What a flight is for (redisGate's purpose), and the reason the channels give it.
 const { PURPOSE_COLD, PURPOSE_REFRESH, PURPOSE_FORCE, PURPOSE_PAST_VALUE, REASONS } = native
 const { GATE_FOUND, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, UNAVAILABLE } = native
@@ -531,12 +531,13 @@ class StampedeCache {
         const value = this.#decode(gate)
         if (value !== UNREADABLE) {
           this.#flights.delete(flight)
-          const refresh = this.#adoptDecoded(k, flight, purpose === PURPOSE_COLD, gate, value)
+          const refresh = this.#adoptDecoded(k, flight, purpose === PURPOSE_COLD, gate, value, policy)
           // A cold load answered by Redis is that tier's hit; a refresh found refreshed
           // elsewhere is not a read.
           if (purpose === PURPOSE_COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', gate.state)
           // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
-          if (refresh) this.#refresh(k, loader, policy, waitUntil, value, tags)
+          // Its basis is the copy Redis answered (the in-process tier may keep none of it).
+          if (refresh) this.#refresh(k, loader, policy, waitUntil, value, tags, gate.freshUntil)
           return value
         }
         if (tries >= 2) {
@@ -591,7 +592,8 @@ class StampedeCache {
 
   // Takes an envelope read from Redis into the in-process tier, with its decoded value. Returns
   // whether the caller (of a cold flight: `cold`) should start a refresh of the stale value.
-  #adoptDecoded(k, flight, cold, answer, value) {
+  // `policy`: the call's (its XFetch beta decides a cold caller's early refresh), or null.
+  #adoptDecoded(k, flight, cold, answer, value, policy = null) {
     const size = answer.bytes
     // One number: slot * 2 + refresh (see `adopt` in src/node/redis.rs).
     const adopted = adopt(
@@ -608,6 +610,7 @@ class StampedeCache {
       answer.born,
       answer.tags ?? null,
       size,
+      policy === null ? -1 : policy[POLICY_BETA],
     )
     this.#fill(adopted >> 1, value)
     // After the value is in place: a subscriber may read the cache.
@@ -841,8 +844,10 @@ class StampedeCache {
   }
 
   // Starts the background refresh the engine asked for and hands it to waitUntil at once.
-  #refresh(k, loader, policy, waitUntil, stale, tags = null) {
-    const flight = beginRefresh(this.#id, k)
+  // `seen`: the fresh-until of the copy the caller was served from Redis (-1: from the
+  // in-process tier), the copy the refresh replaces.
+  #refresh(k, loader, policy, waitUntil, stale, tags = null, seen = -1) {
+    const flight = beginRefresh(this.#id, k, seen)
     if (flight < 0) return
     const load = this.#lead(k, flight, loader, policy, stale, PURPOSE_REFRESH, undefined, tags)
     const done = load.then(noop, (err) => this.#report(err, 'refresh', k))

@@ -80,8 +80,9 @@ for (const [label, tier] of TIERS) {
     assert.equal(await a.getOrLoad('k', first), 'v1')
     const load = counting((n) => `early${n}`)
     // A fresh value from Redis, then (in-process tier) one from B's own copy: a draw either way.
-    assert.equal(await b.getOrLoad('k', load), 'v1')
-    assert.equal(await b.getOrLoad('k', load), 'v1')
+    assert.equal(await b.getOrLoad('k', load), 'v1', 'the fresh value at once')
+    // The first read's early refresh may already have landed (l1: false reads Redis again).
+    assert.ok(['v1', 'early1'].includes(await b.getOrLoad('k', load)))
     await b.settle()
     assert.ok(load.calls >= 1, `an early refresh ran (loads: ${load.calls})`)
     assert.ok(b.stats().refreshes >= 1)
