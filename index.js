@@ -11,6 +11,11 @@
 const { AsyncLocalStorage } = require('node:async_hooks')
 const dc = require('node:diagnostics_channel')
 const native = require('./binding.js')
+// The read lane drives its socket from libuv directly. Bun exports `uv_*` functions that abort
+// and Deno's loop never polls them, so there every read takes the command connection.
+if (typeof process.versions.bun === 'string' || typeof process.versions.deno === 'string' || typeof globalThis.Deno !== 'undefined') {
+  native.refuseReadLane()
+}
 // node:v8 is loaded when the v8 serializer is first used: loading it took 2 ms of a cold
 // process's first read (about a fifth of it), for a serializer most caches never use.
 let v8Module
@@ -888,6 +893,8 @@ class StampedeCache {
     const asked = redisFetch(this.#id, k, true)
     const answer = asked instanceof Promise ? await asked : asked
     if (answer.reported) this.#drainRedisReports()
+    // Closed while Redis was asked: the read was cut short, which says nothing of the key.
+    if (answer.kind !== GATE_FOUND && this.#closed) throw closedError()
     if (answer.kind !== GATE_FOUND) return undefined
     const value = this.#decode(answer)
     if (value === UNREADABLE) return undefined
@@ -946,6 +953,7 @@ class StampedeCache {
     if (local || !this.#redis) return local ?? undefined
     const answer = await redisFetch(this.#id, k, false)
     if (answer.reported) this.#drainRedisReports()
+    if (answer.kind !== GATE_FOUND && this.#closed) throw closedError()
     if (answer.kind !== GATE_FOUND) return undefined
     return {
       state: answer.state,

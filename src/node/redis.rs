@@ -396,12 +396,12 @@ pub(super) fn settle_lane_read(
             settle::spawn_into(promised, gate(tier, key, PURPOSE_COLD, Some(stamp), true));
             return;
         }
-        (Some(LaneRead::Ask) | None, LaneAsk::Cold { lock_ttl }) => {
+        (Some(LaneRead::Ask | LaneRead::Misaligned(_)) | None, LaneAsk::Cold { lock_ttl }) => {
             let tier = Some((tier.clone(), lock_ttl, 0.0));
             settle::spawn_into(promised, gate(tier, key, PURPOSE_COLD, Some(stamp), false));
             return;
         }
-        (Some(LaneRead::Ask) | None, LaneAsk::Fetch { count }) => {
+        (Some(LaneRead::Ask | LaneRead::Misaligned(_)) | None, LaneAsk::Fetch { count }) => {
             settle::spawn_into(promised, fetch(Some(tier.clone()), key, Some(stamp), count));
             return;
         }
