@@ -1,0 +1,82 @@
+'use strict'
+// Runtimes (docs/CONTRACT.md, "Runtimes"): the whole API, the Redis tier included, under Node, Bun
+// and Deno. Bun and Deno come from the npm registry as ordinary dev dependencies
+// (@oven/bun-linux-x64, @deno/linux-x64-glibc). The package is installed by name into a scratch
+// folder (its `files` and the built addon, as npm would lay it out), and
+// __test__/runtimes/smoke.mjs runs there under each runtime against a private redis-server.
+// Bun exports libuv's names as aborting stubs and Deno's loop never polls them: there the read
+// lane must stay off, and everything must work without it.
+const { test, after } = require('node:test')
+const assert = require('node:assert/strict')
+const fs = require('node:fs')
+const os = require('node:os')
+const path = require('node:path')
+const { spawnSync } = require('node:child_process')
+const { RedisServer, killAllSync } = require('./helpers/redis-server')
+
+after(() => killAllSync())
+
+const ROOT = path.join(__dirname, '..')
+const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8'))
+
+function binary(name, rel) {
+  const p = path.join(ROOT, 'node_modules', name, rel)
+  assert.ok(fs.existsSync(p), `${name} is a dev dependency: run npm install (${p} is missing)`)
+  return p
+}
+
+const RUNTIMES = {
+  node: () => [process.execPath, []],
+  bun: () => [binary('@oven/bun-linux-x64', 'bin/bun'), []],
+  deno: () => [binary('@deno/linux-x64-glibc', 'deno'), ['run', '--allow-all']],
+}
+
+let redis
+let scratch
+const ready = (async () => {
+  redis = new RedisServer()
+  await redis.start()
+  // The package as installed by name: its published files plus the addon built here.
+  scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-runtimes-'))
+  const dest = path.join(scratch, 'node_modules', 'stampede-cache')
+  fs.mkdirSync(dest, { recursive: true })
+  for (const f of [...pkg.files, 'package.json']) fs.cpSync(path.join(ROOT, f), path.join(dest, f), { recursive: true })
+  for (const f of fs.readdirSync(ROOT).filter((f) => f.endsWith('.node'))) fs.copyFileSync(path.join(ROOT, f), path.join(dest, f))
+  fs.writeFileSync(path.join(scratch, 'package.json'), JSON.stringify({ private: true, type: 'module', dependencies: { 'stampede-cache': '*' } }))
+  // Deno resolves npm packages from node_modules as laid out here.
+  fs.writeFileSync(path.join(scratch, 'deno.json'), JSON.stringify({ nodeModulesDir: 'manual' }))
+  fs.copyFileSync(path.join(__dirname, 'runtimes', 'smoke.mjs'), path.join(scratch, 'smoke.mjs'))
+})()
+after(() => {
+  redis?.dispose()
+  if (scratch) fs.rmSync(scratch, { recursive: true, force: true })
+})
+
+for (const [name, command] of Object.entries(RUNTIMES)) {
+  test(`${name}: the API with Redis, with and without the in-process tier`, { timeout: 120_000 }, async () => {
+    await ready
+    const [bin, args] = command()
+    const r = spawnSync(bin, [...args, 'smoke.mjs', redis.url], {
+      cwd: scratch,
+      encoding: 'utf8',
+      timeout: 90_000,
+      env: { ...process.env, NO_COLOR: '1', DENO_NO_UPDATE_CHECK: '1' },
+    })
+    assert.equal(r.signal, null, `${name} was killed by ${r.signal}: ${r.stderr}`)
+    assert.equal(r.status, 0, `${name} exited ${r.status}: ${r.stderr}`)
+    const seen = JSON.parse(r.stdout.trim().split('\n').pop())
+    for (const [label, s] of Object.entries(seen)) {
+      const where = `${name} ${label}: ${JSON.stringify(s)}`
+      assert.deepEqual(s.coldValues, [1], `one value for every cold read: ${where}`)
+      assert.equal(s.missing, 0, `no read lost: ${where}`)
+      assert.equal(s.w, 2, `read your writes: ${where}`)
+      assert.equal(s.stale, 1, `the stale value at once: ${where}`)
+      assert.equal(s.refreshed, 2, `refreshed once: ${where}`)
+      assert.equal(s.loads, 2, where)
+      assert.equal(s.tagGone, true, where)
+      assert.equal(s.keyCode, 'ERR_INVALID_KEY', where)
+      assert.equal(s.closedCode, 'ERR_CLOSED', where)
+      assert.equal(s.redisErrors, 0, where)
+    }
+  })
+}
