@@ -108,22 +108,22 @@ async function runScenario(t, pkg) {
   return { responses, runs: counters.runs, ttl, noTtl }
 }
 
-/** 50 concurrent cold GETs of one URL, the handler held until they have all arrived (or 10 s). */
-async function concurrentGets(t, pkg) {
+/** `n` concurrent cold GETs of one URL, the handler held until they have all arrived (or 10 s). */
+async function concurrentGets(t, pkg, { urlPath = '/items/7', run = 'item:7', n = 50 } = {}) {
   const { app, counters, port } = await startApp(t, pkg, { ttl: 5_000 })
   const release = counters.hold()
-  const all = Promise.all(Array.from({ length: 50 }, () => request(port, 'GET', '/items/7')))
+  const all = Promise.all(Array.from({ length: n }, () => request(port, 'GET', urlPath)))
   if (pkg === OURS) {
     const cache = app.get(StampedeCache)
-    // Every request is in the interceptor: one leads the load, 49 wait for it.
-    await until('49 coalesced requests', () => cache.stats().coalesced === 49, 10_000)
+    // Every request is in the interceptor: one leads the load, n - 1 wait for it.
+    await until(`${n - 1} coalesced requests`, () => cache.stats().coalesced === n - 1, 10_000)
   } else {
-    // The original runs the handler per request: wait for all 50 (none can finish while held).
-    await until('50 handler runs', () => counters.runs['item:7'] === 50, 10_000).catch(() => {})
+    // The original runs the handler per request: wait for all n (none can finish while held).
+    await until(`${n} handler runs`, () => counters.runs[run] === n, 10_000).catch(() => {})
   }
   release()
   const responses = await all
-  return { responses, runs: counters.runs['item:7'] ?? 0 }
+  return { responses, runs: counters.runs[run] ?? 0, counters, port }
 }
 
 test('the documented app answers the same over @nestjs/cache-manager and stampede-cache/nestjs', async (t) => {
@@ -176,6 +176,50 @@ test('50 concurrent cold GETs: the original runs the handler per request, ours o
   assert.equal(mine.runs, 1)
   // The one request that ran the handler says MISS; the 49 that shared its run were not computed for.
   assert.equal(mine.responses.filter((r) => r.xCache === 'MISS').length, 1)
+})
+
+test('concurrent requests: a handler error is shared and not cached; a StreamableFile is sent by each request, never cached', async (t) => {
+  for (const pkg of [ORIGINAL, OURS]) {
+    const burst = await concurrentGets(t, pkg, { urlPath: '/items/missing', run: 'missing', n: 10 })
+    const { counters, port } = burst
+    assert.ok(burst.responses.every((r) => r.status === 404 && JSON.parse(r.body).message === 'no such item'), pkg)
+    const runsAfterBurst = burst.runs
+    assert.equal((await request(port, 'GET', '/items/missing')).status, 404)
+    assert.equal(counters.runs.missing, runsAfterBurst + 1, `${pkg}: the error was not cached`)
+    const files = await Promise.all(Array.from({ length: 5 }, () => request(port, 'GET', '/items/file')))
+    assert.ok(files.every((r) => r.status === 200 && r.body === 'file contents'), `${pkg}: every request got the whole file`)
+    assert.equal((await request(port, 'GET', '/items/file')).body, 'file contents')
+    assert.equal(counters.runs.file, 6, `${pkg}: one stream per request`)
+    assert.equal(runsAfterBurst, pkg === OURS ? 1 : 10, 'ours: the 10 concurrent requests shared one failing run')
+    t.diagnostic(`${pkg}: 10 concurrent failing GETs ran the handler ${runsAfterBurst} time(s)`)
+  }
+})
+
+test('a key the cache cannot take (a URL over 1,024 bytes) is answered as if uncached', async (t) => {
+  const { counters, port } = await startApp(t, OURS, { ttl: 5_000 })
+  const id = 'x'.repeat(1_100)
+  for (let i = 0; i < 2; i++) {
+    const r = await request(port, 'GET', `/items/${id}`)
+    assert.equal(r.status, 200)
+    assert.equal(JSON.parse(r.body).name, `item-${id}`)
+  }
+  assert.equal(counters.runs[`item:${id}`], 2)
+})
+
+test('the interceptor with refreshThreshold: stale responses at once, the handler refreshed once in the background', async (t) => {
+  const { app, counters, port } = await startApp(t, OURS, { ttl: 60_000, refreshThreshold: 59_900 })
+  const cache = app.get(StampedeCache)
+  assert.equal((await request(port, 'GET', '/items/5')).status, 200)
+  assert.equal(counters.runs['item:5'], 1)
+  await until('the entry to need a refresh', async () => (await cache.inspect('/items/5')).state === 'stale')
+  const release = counters.hold()
+  const responses = await Promise.all(Array.from({ length: 20 }, () => request(port, 'GET', '/items/5')))
+  assert.ok(responses.every((r) => r.status === 200 && r.xCache === 'HIT' && JSON.parse(r.body).id === '5'), 'answered while the refresh is held')
+  assert.equal(counters.runs['item:5'], 2, 'one background refresh')
+  release()
+  await cache.settle()
+  assert.equal(counters.runs['item:5'], 2)
+  assert.equal((await cache.inspect('/items/5')).state, 'fresh')
 })
 
 test('wrap called 100 times at once runs fn once; a rejected fn rejects every caller and is not cached', async (t) => {
