@@ -361,6 +361,33 @@ test('two app instances sharing a Redis: 2 x 25 concurrent cold GETs run the han
   for (const { child } of [a, b]) child.send('close')
 })
 
+test('examples/nestjs, the @nestjs/cache-manager way: 200 cold requests per route, one query each', async (t) => {
+  const { createCacheManagerAppModule, FeedDb } = require('../examples/nestjs/cache-manager.module.js')
+  const db = new FeedDb()
+  const app = await NestFactory.create(createCacheManagerAppModule({ cache: { ttl: 30_000 }, db }), { logger: false })
+  t.after(() => app.close())
+  await app.listen(0, '127.0.0.1')
+  const { port } = app.getHttpServer().address()
+  const cache = app.get(StampedeCache)
+  for (const [urlPath, queries] of [['/feed/42', 1], ['/feed/42/summary', 2]]) {
+    const release = db.hold()
+    const before = cache.stats().coalesced
+    const all = Promise.all(Array.from({ length: 200 }, () => request(port, 'GET', urlPath)))
+    await until(`199 requests of ${urlPath} waiting`, () => cache.stats().coalesced - before === 199)
+    release()
+    const responses = await all
+    assert.ok(responses.every((r) => r.status === 200 && r.body === responses[0].body), urlPath)
+    assert.equal(db.queries, queries, `${urlPath}: one query`)
+  }
+  assert.deepEqual(JSON.parse((await request(port, 'GET', '/feed/42/summary')).body), { userId: '42', count: 2 })
+  const feed = await request(port, 'GET', '/feed/42')
+  assert.equal(feed.xCache, 'HIT')
+  assert.equal(JSON.parse(feed.body).version, 1)
+  assert.equal(db.queries, 2)
+  const info = await cache.inspect('/feed/42')
+  assert.ok(info.hardUntil - Date.now() <= 30_000, '@CacheTTL(30_000) is the entry\'s life')
+})
+
 // Manual decorators, as in the fixture.
 function moduleOf(metadata) {
   class M {}
