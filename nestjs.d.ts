@@ -74,7 +74,9 @@ export declare const CACHE_MODULE_OPTIONS: 'STAMPEDE_CACHE_MODULE_OPTIONS'
  * CacheModule's options: the StampedeCache constructor's, except that `ttl` is cache-manager 7's
  * (ms an entry lives at all, never served after; 0 or absent: no expiry) and there is no `hardTtl`.
  */
-export interface CacheModuleOptions extends Omit<StampedeCacheOptions, 'hardTtl'> {
+export interface CacheModuleOptions extends Omit<StampedeCacheOptions, 'hardTtl' | 'ttl'> {
+  /** ms an entry lives at all (cache-manager 7's ttl), never served after; 0 or absent: no expiry. */
+  ttl?: number | undefined
   /** Register the module globally. Default false. */
   isGlobal?: boolean | undefined
   /**

@@ -38,10 +38,10 @@ async function until(what, predicate, ms = 15_000) {
   }
 }
 
-function request(port, method, urlPath, body) {
+function request(port, method, urlPath, body, extraHeaders = {}) {
   return new Promise((resolve, reject) => {
     const data = body === undefined ? undefined : JSON.stringify(body)
-    const headers = data === undefined ? {} : { 'content-type': 'application/json', 'content-length': Buffer.byteLength(data) }
+    const headers = { ...extraHeaders, ...(data === undefined ? {} : { 'content-type': 'application/json', 'content-length': Buffer.byteLength(data) }) }
     http
       .request({ host: '127.0.0.1', port, method, path: urlPath, headers, agent: false }, (res) => {
         let text = ''
@@ -240,6 +240,9 @@ test('wrap called 100 times at once runs fn once; a rejected fn rejects every ca
   assert.equal(calls, 1)
   assert.ok(values.every((v) => v.n === 1))
   assert.equal(app.get(ours.Cache), cm, 'the Cache class token is the same object')
+  assert.deepEqual(await app.get(StampedeCache).get('w'), { n: 1 }, 'the StampedeCache holds the entry wrap wrote')
+  await app.get(StampedeCache).set('from-core', [1, 2])
+  assert.deepEqual(await cm.get('from-core'), [1, 2], 'and wrap reads what the StampedeCache wrote')
 
   let failures = 0
   const boom = async () => {
@@ -386,6 +389,54 @@ test('examples/nestjs, the @nestjs/cache-manager way: 200 cold requests per rout
   assert.equal(db.queries, 2)
   const info = await cache.inspect('/feed/42')
   assert.ok(info.hardUntil - Date.now() <= 30_000, '@CacheTTL(30_000) is the entry\'s life')
+})
+
+test('a CacheInterceptor subclass overriding trackBy and isRequestCacheable, as the original allows', async (t) => {
+  const { Controller, Get, Req } = require('@nestjs/common')
+  const { APP_INTERCEPTOR } = require('@nestjs/core')
+  for (const pkg of [ORIGINAL, OURS]) {
+    const { CacheModule, CacheInterceptor } = require(pkg)
+    // @Injectable() class TenantCacheInterceptor extends CacheInterceptor { ... }
+    class TenantCacheInterceptor extends CacheInterceptor {
+      trackBy(context) {
+        const url = super.trackBy(context)
+        return url && `tenant:${context.switchToHttp().getRequest().headers['x-tenant'] ?? 'none'}:${url}`
+      }
+
+      isRequestCacheable(context) {
+        return super.isRequestCacheable(context) && context.switchToHttp().getRequest().headers['cache-control'] !== 'no-cache'
+      }
+    }
+    Injectable()(TenantCacheInterceptor)
+    let runs = 0
+    class ReportController {
+      report(req) {
+        runs++
+        return { url: req.url, run: runs }
+      }
+    }
+    Controller('reports')(ReportController)
+    Get(':id')(ReportController.prototype, 'report', Object.getOwnPropertyDescriptor(ReportController.prototype, 'report'))
+    Req()(ReportController.prototype, 'report', 0)
+    const AppModule = moduleOf({
+      imports: [CacheModule.register({ ttl: 5_000, isGlobal: true })],
+      controllers: [ReportController],
+      providers: [{ provide: APP_INTERCEPTOR, useClass: TenantCacheInterceptor }],
+    })
+    const app = await NestFactory.create(AppModule, { logger: false })
+    t.after(() => app.close())
+    await app.listen(0, '127.0.0.1')
+    const { port } = app.getHttpServer().address()
+    const first = await request(port, 'GET', '/reports/1')
+    const again = await request(port, 'GET', '/reports/1')
+    assert.deepEqual(JSON.parse(again.body), JSON.parse(first.body), pkg)
+    assert.equal(runs, 1, `${pkg}: served from the key trackBy made`)
+    assert.equal(JSON.parse((await request(port, 'GET', '/reports/1', undefined, { 'x-tenant': 'acme' })).body).run, 2, `${pkg}: another tenant, another key`)
+    assert.equal(JSON.parse((await request(port, 'GET', '/reports/1', undefined, { 'cache-control': 'no-cache' })).body).run, 3, `${pkg}: not cacheable`)
+    assert.equal(JSON.parse((await request(port, 'GET', '/reports/1', undefined, { 'x-tenant': 'acme' })).body).run, 2, pkg)
+    const cm = app.get(pkg === OURS ? ours.CACHE_MANAGER : original.CACHE_MANAGER)
+    assert.deepEqual(await cm.get('tenant:none:/reports/1'), { url: '/reports/1', run: 1 }, pkg)
+  }
 })
 
 // Manual decorators, as in the fixture.
