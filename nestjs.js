@@ -151,7 +151,6 @@ const STORE_OPTIONS = {
   cacheId: 'coalescing is per key and namespace: use `namespace` to separate caches',
   hardTtl: 'in CacheModule, `ttl` is an entry\'s whole life (as in cache-manager); use `refreshThreshold` for stale-while-revalidate',
 }
-const CACHE_MODULE_KEYS = ['isGlobal', 'refreshThreshold']
 const ASYNC_KEYS = ['imports', 'inject', 'useFactory', 'useClass', 'useExisting', 'isGlobal', 'extraProviders']
 
 function nonNegativeMs(name, v, where) {
@@ -186,8 +185,10 @@ function planCacheModule(options, where) {
   for (const [name, why] of Object.entries(STORE_OPTIONS)) {
     if (options[name] !== undefined) throw invalid(`${where}: option \`${name}\` is not supported: ${why}`)
   }
-  const { isGlobal, refreshThreshold, ttl, jitter = 0, negativeTtl = 5_000, ...rest } = options
-  void isGlobal
+  // isGlobal is the module's; refreshThreshold and ttl become ttl and hardTtl. jitter defaults to 0:
+  // cache-manager's ttl is exact.
+  const { refreshThreshold, ttl, jitter = 0, negativeTtl = 5_000, ...rest } = options
+  delete rest.isGlobal
   nonNegativeMs('ttl', ttl, where)
   nonNegativeMs('refreshThreshold', refreshThreshold, where)
   nonNegativeMs('negativeTtl', negativeTtl, where)
@@ -214,7 +215,8 @@ function checkCacheOptions(cacheOptions, where) {
   made.close().catch(() => {})
 }
 
-// Internal state of each cache-manager object this module made: its StampedeCache and plan.
+// Each cache-manager object this module made -> its StampedeCache and its getOrLoad (`load`), for
+// CacheInterceptor (which is handed the object, as the original's is).
 const managers = new WeakMap()
 
 const MANAGER_EVENTS = ['set', 'mset', 'del', 'mdel', 'clear', 'refresh']
