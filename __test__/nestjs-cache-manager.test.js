@@ -104,8 +104,15 @@ async function runScenario(t, pkg) {
   await request(port, 'POST', '/store/set', { key: 't', value: 1, ttl: 10_000 })
   const ttl = JSON.parse((await request(port, 'POST', '/store/ttl', { key: 't' })).body)
   const noTtl = JSON.parse((await request(port, 'POST', '/store/ttl', { key: 'absent' })).body)
+  // @CacheTTL as a function of the ExecutionContext.
+  const ttlFn = {}
+  for (const url of ['/items/ttl-fn', '/items/ttl-fn?long=1']) {
+    await request(port, 'GET', url)
+    const { expires, now } = JSON.parse((await request(port, 'POST', '/store/ttl', { key: url })).body)
+    ttlFn[url] = expires - now
+  }
   await app.close()
-  return { responses, runs: counters.runs, ttl, noTtl }
+  return { responses, runs: counters.runs, ttl, noTtl, ttlFn }
 }
 
 /** `n` concurrent cold GETs of one URL, the handler held until they have all arrived (or 10 s). */
@@ -149,6 +156,8 @@ test('the documented app answers the same over @nestjs/cache-manager and stamped
     assert.deepEqual(byStep(r, 23), { value: null }, 'clear emptied the cache')
     assert.ok(r.ttl.expires > r.ttl.now && r.ttl.expires <= r.ttl.now + 10_000, `ttl() is the expiry in epoch ms: ${JSON.stringify(r.ttl)}`)
     assert.equal(r.noTtl.expires, null)
+    const { '/items/ttl-fn': short, '/items/ttl-fn?long=1': long } = r.ttlFn
+    assert.ok(short > 0 && short <= 1_500 && long > 1_500 && long <= 60_000, `@CacheTTL(fn): ${JSON.stringify(r.ttlFn)}`)
   }
   // Handler runs: each cached GET once; errors and POSTs every time; wrap's fn once for 2 x 100 calls.
   for (const r of [theirs, mine]) {
