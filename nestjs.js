@@ -514,6 +514,17 @@ const isStreamMarker = (v) => typeof v === 'object' && v !== null && v[STREAM_MA
 
 const isNil = (v) => v === undefined || v === null
 
+// rxjs and @nestjs/common, loaded on the first intercepted request (importing this entry loads neither).
+let loadedDeps = null
+function interceptorDeps() {
+  if (loadedDeps === null) {
+    const { of, from, lastValueFrom } = require('rxjs')
+    const { StreamableFile, Logger } = require('@nestjs/common')
+    loadedDeps = { of, from, lastValueFrom, StreamableFile, Logger }
+  }
+  return loadedDeps
+}
+
 /**
  * @nestjs/cache-manager's CacheInterceptor over getOrLoad: GET handlers' results are cached under
  * the request URL (or @CacheKey) for @CacheTTL ms, and concurrent requests for one key run the
@@ -536,8 +547,7 @@ class CacheInterceptor {
     if (internals === undefined) {
       throw new TypeError("CacheInterceptor from 'stampede-cache/nestjs' needs CACHE_MANAGER from its CacheModule (import CacheModule from 'stampede-cache/nestjs' too)")
     }
-    const { of, from, lastValueFrom } = require('rxjs')
-    const { StreamableFile, Logger } = require('@nestjs/common')
+    const { of, from, lastValueFrom, StreamableFile, Logger } = interceptorDeps()
     const ttl = typeof ttlValueOrFactory === 'function' ? await ttlValueOrFactory(context) : ttlValueOrFactory
     // This request's own handler run, when its load was the cold one (not a background refresh).
     let ownRun = null
