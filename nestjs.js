@@ -261,12 +261,21 @@ function createCacheManager(cache, plan) {
     const given = (ttl !== undefined && ttl !== null) || (refreshThreshold !== undefined && refreshThreshold !== null)
     const options = given && !dynamic ? policyOf(ttl ?? plan.ttl, refreshThreshold ?? plan.refreshThreshold) : undefined
     let ran = false
+    // A result fn told not to cache (ctx.skipCache) was never set: no 'set' or 'refresh' event.
+    let skipped = false
     const loader = async (ctx) => {
       // A refresh (background or XFetch-early) has the value it replaces; a cold load has none.
       const refreshing = ctx.stale !== undefined
+      const own = {
+        ...ctx,
+        skipCache() {
+          skipped = true
+          ctx.skipCache()
+        },
+      }
       let value
       try {
-        value = await fn(ctx)
+        value = await fn(own)
       } catch (error) {
         if (refreshing) events.emit('refresh', { key, value: ctx.stale, error })
         throw error
@@ -277,12 +286,12 @@ function createCacheManager(cache, plan) {
         const l = policyOf(life, threshold)
         ctx.setTtl(l.ttl, l.hardTtl)
       }
-      if (refreshing) events.emit('refresh', { key, value })
-      else ran = true
+      if (!refreshing) ran = true
+      else if (!skipped) events.emit('refresh', { key, value })
       return value
     }
     const value = await cache.getOrLoad(key, loader, options)
-    if (ran) events.emit('set', { key, value })
+    if (ran && !skipped) events.emit('set', { key, value })
     return { value, ran }
   }
 

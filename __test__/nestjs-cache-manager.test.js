@@ -130,7 +130,7 @@ async function concurrentGets(t, pkg, { urlPath = '/items/7', run = 'item:7', n 
   }
   release()
   const responses = await all
-  return { responses, runs: counters.runs[run] ?? 0, counters, port }
+  return { responses, runs: counters.runs[run] ?? 0, app, counters, port }
 }
 
 test('the documented app answers the same over @nestjs/cache-manager and stampede-cache/nestjs', async (t) => {
@@ -190,15 +190,18 @@ test('50 concurrent cold GETs: the original runs the handler per request, ours o
 test('concurrent requests: a handler error is shared and not cached; a StreamableFile is sent by each request, never cached', async (t) => {
   for (const pkg of [ORIGINAL, OURS]) {
     const burst = await concurrentGets(t, pkg, { urlPath: '/items/missing', run: 'missing', n: 10 })
-    const { counters, port } = burst
+    const { app, counters, port } = burst
     assert.ok(burst.responses.every((r) => r.status === 404 && JSON.parse(r.body).message === 'no such item'), pkg)
     const runsAfterBurst = burst.runs
     assert.equal((await request(port, 'GET', '/items/missing')).status, 404)
     assert.equal(counters.runs.missing, runsAfterBurst + 1, `${pkg}: the error was not cached`)
+    const sets = []
+    app.get(pkg === OURS ? ours.CACHE_MANAGER : original.CACHE_MANAGER).on('set', ({ key }) => sets.push(key))
     const files = await Promise.all(Array.from({ length: 5 }, () => request(port, 'GET', '/items/file')))
     assert.ok(files.every((r) => r.status === 200 && r.body === 'file contents'), `${pkg}: every request got the whole file`)
     assert.equal((await request(port, 'GET', '/items/file')).body, 'file contents')
     assert.equal(counters.runs.file, 6, `${pkg}: one stream per request`)
+    assert.deepEqual(sets, [], `${pkg}: nothing was set`)
     assert.equal(runsAfterBurst, pkg === OURS ? 1 : 10, 'ours: the 10 concurrent requests shared one failing run')
     t.diagnostic(`${pkg}: 10 concurrent failing GETs ran the handler ${runsAfterBurst} time(s)`)
   }
