@@ -51,6 +51,8 @@ function createStore(options, kind, where) {
   // Entries must round-trip exactly: bytes stay bytes, Buffers and Maps keep their types.
   if ('serializer' in cacheOptions) throw invalid(`${where}: serializer is chosen by the handler ('v8'); remove the option`)
   cacheOptions.serializer = 'v8'
+  // Next's lifetimes are exact (an entry past `revalidate` is a miss): no jitter unless asked for.
+  cacheOptions.jitter ??= 0
   // Nothing reaches Redis during `next build`: what it prerenders stays in this process, so a new
   // deployment never overwrites entries that running instances have revalidated since.
   if (process.env.NEXT_PHASE === PHASE_PRODUCTION_BUILD) delete cacheOptions.redis
