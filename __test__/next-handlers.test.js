@@ -238,6 +238,37 @@ test('Redis down: get is a miss and set resolves, within commandTimeout-sized bo
   }
 })
 
+test('Redis slow (paused) or full (maxmemory, noeviction): get is a miss, set resolves, nothing hangs', async () => {
+  const ns = newNamespace('next')
+  const options = { namespace: ns, redis: { url: redis.url, commandTimeout: 300, connectTimeout: 300 } }
+  const a = useCache(options)
+  const b = useCache(options)
+  await a.get('warm', [])
+  await b.get('warm', [])
+  redis.pause()
+  try {
+    const started = Date.now()
+    assert.equal(await a.get('slow', []), undefined)
+    await a.set('slow', Promise.resolve(entry(new Uint8Array([1]))))
+    assert.equal(await b.get('slow', []), undefined, 'the other instance computes too: Redis could not share it')
+    assert.ok(Date.now() - started < 10_000, `settled (${Date.now() - started} ms)`)
+  } finally {
+    redis.resume()
+  }
+  await command(redis.port, ['CONFIG', 'SET', 'maxmemory-policy', 'noeviction'])
+  await command(redis.port, ['CONFIG', 'SET', 'maxmemory', '1'])
+  try {
+    const started = Date.now()
+    assert.equal(await a.get('full', []), undefined)
+    await a.set('full', Promise.resolve(entry(new Uint8Array(10_000))))
+    const other = await b.get('full', [])
+    if (other) assert.equal((await readBytes(other.value)).length, 10_000)
+    assert.ok(Date.now() - started < 10_000, `settled (${Date.now() - started} ms)`)
+  } finally {
+    await command(redis.port, ['CONFIG', 'SET', 'maxmemory', '0'])
+  }
+})
+
 test('next build (NEXT_PHASE=phase-production-build): nothing is written to Redis', async () => {
   const ns = newNamespace('nextbuild')
   const script = `
