@@ -104,10 +104,12 @@ function createStore(options, kind, where) {
             leads = true
             const lead = { ctx, resolve: resolveLoad, reject: rejectLoad, softTags }
             leading.set(id, lead)
+            // Timed out (no `set` within lockTtl) or the cache closed: the load is over.
             ctx.signal.addEventListener(
               'abort',
               () => {
                 if (leading.get(id) === lead) leading.delete(id)
+                rejectLoad(ctx.signal.reason)
               },
               { once: true },
             )
@@ -209,6 +211,16 @@ function streamOf(bytes) {
   })
 }
 
+function isUseCacheRecord(r) {
+  return (
+    typeof r === 'object' &&
+    r !== null &&
+    r.value instanceof Uint8Array &&
+    Array.isArray(r.tags) &&
+    ['stale', 'timestamp', 'expire', 'revalidate'].every((field) => typeof r[field] === 'number')
+  )
+}
+
 /**
  * The "use cache" handler (next.config `cacheHandlers`), shared by every instance through Redis.
  * @param {import('./index').StampedeCacheOptions} [options]
@@ -220,7 +232,8 @@ function createUseCacheHandler(options) {
       const key = store.keyOf(cacheKey)
       if (key === null) return undefined
       const record = await store.lookup(key, Array.isArray(softTags) ? softTags : [])
-      if (record === undefined) return undefined
+      // Anything but what `set` stored (another writer's value at the key) is a miss.
+      if (!isUseCacheRecord(record)) return undefined
       // Past `revalidate` is a miss, as in Next's own handler in production; StampedeCache's ttl
       // already ends there, this only guards against clocks that disagree.
       if (Date.now() > record.timestamp + record.revalidate * 1000) return undefined
@@ -300,7 +313,7 @@ function createIncrementalCacheHandler(options) {
       if (key === null) return null
       const softTags = [...(Array.isArray(ctx?.tags) ? ctx.tags : []), ...(Array.isArray(ctx?.softTags) ? ctx.softTags : [])]
       const record = await store.lookup(key, softTags)
-      if (record === undefined) return null
+      if (typeof record !== 'object' || record === null || typeof record.lastModified !== 'number' || !('value' in record)) return null
       return { lastModified: record.lastModified, value: record.value, cacheControl: record.cacheControl }
     }
 

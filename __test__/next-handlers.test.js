@@ -92,6 +92,18 @@ test('"use cache": the bytes round-trip exactly, a new stream on every get, in t
   )
 })
 
+test('a value at the key that the handler did not store is a miss, never a crash', async () => {
+  const ns = newNamespace('next')
+  const { StampedeCache } = require('../index.js')
+  const other = new StampedeCache({ redis: redis.url, namespace: ns, serializer: 'v8' })
+  open.push(other)
+  await other.set(['next:use-cache', 'k'], { value: 'not bytes' })
+  await other.set(['next:incremental', '/p'], 42)
+  assert.equal(await useCache({ namespace: ns }).get('k', []), undefined)
+  const C = incremental({ namespace: ns })
+  assert.equal(await new C({}).get('/p', { kind: 'APP_PAGE' }), null)
+})
+
 test('"use cache": a get while a set of the key is pending waits for it', async () => {
   const a = useCache({ namespace: newNamespace('next') })
   let complete
