@@ -31,7 +31,8 @@ const MAX_TAG_BYTES = 1024
 // Next.js's own keys are kept as they are up to this size, longer ones (a "use cache" key holds the
 // function's encoded arguments) are hashed to fit StampedeCache's 1,024-byte key bound.
 const MAX_PLAIN_KEY_BYTES = 400
-// How long an ISR or fetch entry may live when Next gives no `expire` (CACHE_ONE_YEAR_SECONDS).
+// The longest any entry lives (CACHE_ONE_YEAR_SECONDS): an ISR or fetch entry when Next gives no
+// `expire`, and the bound of every other.
 const ONE_YEAR_MS = 31_536_000_000
 const DEFAULT_LOCK_TTL = 10_000
 const DEFAULT_COMMAND_TIMEOUT = 1_000
@@ -257,7 +258,8 @@ function createUseCacheHandler(options) {
         const tags = Array.isArray(entry.tags) ? entry.tags : []
         // An `expire: 0` or `revalidate: 0` entry is dynamic: Next regenerates it on every read.
         const lifetime = Math.min(entry.revalidate, entry.expire) * 1000
-        const ttl = Math.floor(entry.timestamp + lifetime - Date.now())
+        // At most a year, as ISR entries: every entry of these handlers lives a year at the most.
+        const ttl = Math.min(Math.floor(entry.timestamp + lifetime - Date.now()), ONE_YEAR_MS)
         const record = lifetime > 0 ? { value, tags, stale: entry.stale, timestamp: entry.timestamp, expire: entry.expire, revalidate: entry.revalidate } : undefined
         await store.store(key, record, ttl, tags)
       })
