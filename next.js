@@ -66,7 +66,7 @@ function createStore(options, kind, where) {
   const writeBound = 2 * commandTimeout + 500
   const onError = typeof cacheOptions.onError === 'function' ? cacheOptions.onError : () => {}
 
-  /** key -> { ctx, resolve, reject, softTags } of the load this instance leads. */
+  /** key -> { ctx, resolve, reject, softTags, written } of the load this instance leads. */
   const leading = new Map()
   /** key -> promise of a `set` in progress in this instance. */
   const setting = new Map()
@@ -103,7 +103,8 @@ function createStore(options, kind, where) {
         (ctx) =>
           new Promise((resolveLoad, rejectLoad) => {
             leads = true
-            const lead = { ctx, resolve: resolveLoad, reject: rejectLoad, softTags }
+            // `load` settles once the result is in Redis (or Redis could not take it).
+            const lead = { ctx, resolve: resolveLoad, reject: rejectLoad, softTags, written: () => load }
             leading.set(id, lead)
             // Timed out (no `set` within lockTtl) or the cache closed: the load is over.
             ctx.signal.addEventListener(
@@ -152,6 +153,7 @@ function createStore(options, kind, where) {
         lead.ctx.skipCache()
       }
       lead.resolve(storable ? record : null)
+      await bounded(lead.written(), 'next:set', key)
       return
     }
     if (!storable) return
