@@ -156,6 +156,18 @@ test('examples/next-cache: two next start instances share "use cache" and unstab
   assert.ok(afterRevalidate.every((r) => r.nonce === fresh.nonce && r.run === 2), 'both instances serve the one recomputed value')
   assert.equal(await runs(redis, 'runs:report:cold'), 2, 'recomputed once after revalidateTag')
 
+  // revalidatePath on B reaches the entry through the implicit tags of the page that computed it.
+  const byPath = await fetch(`${b.base}/api/revalidate?path=/report`, { method: 'POST', signal: AbortSignal.timeout(REQUEST_BOUND) })
+  assert.equal(byPath.status, 200, await byPath.text())
+  let afterPath
+  await until('A to serve a report computed after revalidatePath', async () => {
+    afterPath = await report(a, 'cold')
+    return afterPath.nonce !== fresh.nonce
+  }, 30_000)
+  const pathServed = await spread([a, b], 10, (i) => report(i, 'cold'))
+  assert.ok(pathServed.every((r) => r.nonce === afterPath.nonce && r.run === 3), 'both instances serve the one recomputed value')
+  assert.equal(await runs(redis, 'runs:report:cold'), 3, 'recomputed once after revalidatePath')
+
   // unstable_cache (the incremental cache handler, as ISR): 20 concurrent requests, one run.
   const legacyCold = await spread([a, b], 20, (i) => legacy(i, 'cold'))
   assert.equal(await runs(redis, 'runs:legacy:cold'), 1, 'the unstable_cache function ran once across both instances')
