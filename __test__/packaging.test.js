@@ -43,6 +43,9 @@ const MAIN_FILES = [
   'nestjs.d.ts',
   'nestjs.js',
   'nestjs.mjs',
+  'next.d.ts',
+  'next.js',
+  'next.mjs',
   'observability.js',
   'otel.d.ts',
   'otel.js',
@@ -299,20 +302,26 @@ test('npm install stampede-cache: the platform package comes as an optional depe
     path.join(dir, 'main.cjs'),
     `const { StampedeCache, StampedeCacheError } = require('stampede-cache')
     const { StampedeCacheModule } = require('stampede-cache/nestjs')
+    const { createUseCacheHandler } = require('stampede-cache/next')
     require('./check.cjs')(StampedeCache, StampedeCacheError).then(() => {
       const dynamic = StampedeCacheModule.forRoot({ ttl: 1000 })
+      const handler = createUseCacheHandler()
+      handler.cache.close()
       const addon = Object.keys(require.cache).find((f) => f.endsWith('.node'))
-      console.log(JSON.stringify({ ok: dynamic.module === StampedeCacheModule, addon }))
+      console.log(JSON.stringify({ ok: dynamic.module === StampedeCacheModule && handler.cache instanceof StampedeCache, addon }))
     })`,
   )
   fs.writeFileSync(
     path.join(dir, 'main.mjs'),
     `import { StampedeCache, StampedeCacheError } from 'stampede-cache'
     import cjs from 'stampede-cache'
+    import { createIncrementalCacheHandler } from 'stampede-cache/next'
     import { createRequire } from 'node:module'
     const check = createRequire(import.meta.url)('./check.cjs')
     await check(StampedeCache, StampedeCacheError)
-    console.log(JSON.stringify({ ok: cjs.StampedeCache === StampedeCache }))`,
+    const Handler = createIncrementalCacheHandler()
+    await Handler.cache.close()
+    console.log(JSON.stringify({ ok: cjs.StampedeCache === StampedeCache && Handler.cache instanceof StampedeCache }))`,
   )
   const cjs = JSON.parse((await run(process.execPath, ['main.cjs'], { cwd: dir })).stdout)
   assert.equal(cjs.ok, true)

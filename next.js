@@ -1,0 +1,343 @@
+'use strict'
+// stampede-cache/next: the two cache handlers of Next.js 16 on a StampedeCache.
+//
+// - createUseCacheHandler(options): for `cacheHandlers` ("use cache"): get, set, refreshTags,
+//   getExpiration, updateTags, as next/dist/server/lib/cache-handlers/types.d.ts defines them.
+// - createIncrementalCacheHandler(options): for `cacheHandler` (ISR pages, fetch, unstable_cache):
+//   a class with get, set, revalidateTag and resetRequestCache, as
+//   next/dist/server/lib/incremental-cache/index.d.ts defines CacheHandler.
+//
+// One computation across instances. Next.js merges concurrent computations inside one process only,
+// and it computes an entry only after `get` answered a miss, then hands the result to `set`. So a
+// `get` that misses runs `getOrLoad` with a loader that does not compute: the loader is called only
+// in the instance that won the key (in-process flight plus the Redis lock), and it makes that `get`
+// answer a miss, so this instance's Next computes; the loader then resolves with what this
+// instance's `set` stores. Every other `get` of the key, here or in another instance, is a caller of
+// that load: it waits (notified, bounded by lockTtl) and serves the entry. If the `set` never comes
+// (the render failed, the entry is not cacheable), the load times out after lockTtl and frees the
+// key, and the waiting callers answer a miss: their instances compute, as Next would have anyway.
+
+const { createHash } = require('node:crypto')
+const { StampedeCache, StampedeCacheError } = require('./index.js')
+
+// next/dist/shared/lib/constants PHASE_PRODUCTION_BUILD; `next build` sets NEXT_PHASE to it.
+const PHASE_PRODUCTION_BUILD = 'phase-production-build'
+// The tag header of ISR entries (next/dist/lib/constants NEXT_CACHE_TAGS_HEADER).
+const NEXT_CACHE_TAGS_HEADER = 'x-next-cache-tags'
+// StampedeCache's bounds on an entry's tags: an entry that would carry more is not stored, since a
+// tag it could not carry could never invalidate it.
+const MAX_TAGS = 64
+const MAX_TAG_BYTES = 1024
+// Next.js's own keys are kept as they are up to this size, longer ones (a "use cache" key holds the
+// function's encoded arguments) are hashed to fit StampedeCache's 1,024-byte key bound.
+const MAX_PLAIN_KEY_BYTES = 400
+// The longest any entry lives (CACHE_ONE_YEAR_SECONDS): an ISR or fetch entry when Next gives no
+// `expire`, and the bound of every other.
+const ONE_YEAR_MS = 31_536_000_000
+const DEFAULT_LOCK_TTL = 10_000
+const DEFAULT_COMMAND_TIMEOUT = 1_000
+
+function invalid(message) {
+  return new StampedeCacheError('ERR_INVALID_OPTION', message)
+}
+
+// The shared machinery of both handlers: one StampedeCache, the loads waiting for this instance's
+// `set`, and the `set`s in progress. Lives as long as the handler (module level: Next constructs the
+// cacheHandler class on every request).
+function createStore(options, kind, where) {
+  if (options !== undefined && (typeof options !== 'object' || options === null || Array.isArray(options))) {
+    throw invalid(`${where}: options must be an object`)
+  }
+  const cacheOptions = { ...options }
+  // Entries must round-trip exactly: bytes stay bytes, Buffers and Maps keep their types.
+  if ('serializer' in cacheOptions) throw invalid(`${where}: serializer is chosen by the handler ('v8'); remove the option`)
+  cacheOptions.serializer = 'v8'
+  // Next's lifetimes are exact (an entry past `revalidate` is a miss): no jitter unless asked for.
+  cacheOptions.jitter ??= 0
+  // Nothing reaches Redis during `next build`: what it prerenders stays in this process, so a new
+  // deployment never overwrites entries that running instances have revalidated since.
+  if (process.env.NEXT_PHASE === PHASE_PRODUCTION_BUILD) delete cacheOptions.redis
+  const cache = new StampedeCache(cacheOptions)
+  const lockTtl = cacheOptions.lockTtl ?? DEFAULT_LOCK_TTL
+  const redis = cacheOptions.redis
+  const commandTimeout = (typeof redis === 'object' && redis !== null && redis.commandTimeout) || DEFAULT_COMMAND_TIMEOUT
+  // A write that Redis does not take within this bound no longer holds up Next (it is applied in
+  // process; StampedeCache retries it or reports it to onError).
+  const writeBound = 2 * commandTimeout + 500
+  const onError = typeof cacheOptions.onError === 'function' ? cacheOptions.onError : () => {}
+
+  /** key -> { ctx, resolve, reject, softTags, written } of the load this instance leads. */
+  const leading = new Map()
+  /** key -> promise of a `set` in progress in this instance. */
+  const setting = new Map()
+
+  function keyOf(nextKey) {
+    if (typeof nextKey !== 'string' || nextKey.length === 0) return null
+    if (Buffer.byteLength(nextKey) <= MAX_PLAIN_KEY_BYTES) return [kind, nextKey]
+    return [kind, 'sha256', createHash('sha256').update(nextKey).digest('hex')]
+  }
+
+  function bounded(promise, op, key) {
+    let timer
+    const late = new Promise((resolve) => {
+      timer = setTimeout(resolve, writeBound)
+      timer.unref()
+    })
+    const done = promise.then(
+      () => {},
+      (err) => onError(err, { op, key: key?.join(':') }),
+    )
+    return Promise.race([done, late]).finally(() => clearTimeout(timer))
+  }
+
+  // The record stored for `key`, or undefined: a miss this instance must compute. Waits for a `set`
+  // of the key in progress here, and for the load of any instance computing it.
+  async function lookup(key, softTags) {
+    const inProgress = setting.get(key.join('\0'))
+    if (inProgress) await inProgress
+    return new Promise((resolve) => {
+      let leads = false
+      const id = key.join('\0')
+      const load = cache.getOrLoad(
+        key,
+        (ctx) =>
+          new Promise((resolveLoad, rejectLoad) => {
+            leads = true
+            // `load` settles once the result is in Redis (or Redis could not take it).
+            const lead = { ctx, resolve: resolveLoad, reject: rejectLoad, softTags, written: () => load }
+            leading.set(id, lead)
+            // Timed out (no `set` within lockTtl) or the cache closed: the load is over.
+            ctx.signal.addEventListener(
+              'abort',
+              () => {
+                if (leading.get(id) === lead) leading.delete(id)
+                rejectLoad(ctx.signal.reason)
+              },
+              { once: true },
+            )
+            resolve(undefined) // this instance's Next computes the entry and calls `set`
+          }),
+        // Next decides when an entry is stale; StampedeCache keeps it until it must go.
+        { loadTimeout: lockTtl, beta: 0, jitter: 0 },
+      )
+      load.then(
+        (record) => {
+          if (!leads) resolve(record ?? undefined)
+        },
+        // The computing instance gave up (no `set` within lockTtl) or failed: compute here.
+        () => {
+          if (!leads) resolve(undefined)
+        },
+      )
+    })
+  }
+
+  // Stores `record` for `key` for `ttl` ms with `tags`; `record === undefined`: nothing to store
+  // (the load this instance leads, if any, frees the key). Resolves within writeBound.
+  async function store(key, record, ttl, tags) {
+    const id = key.join('\0')
+    const lead = leading.get(id)
+    if (lead) leading.delete(id)
+    const allTags = [...new Set([...tags, ...(lead?.softTags ?? [])].filter((t) => typeof t === 'string' && t.length > 0))]
+    const storable =
+      record !== undefined &&
+      Number.isFinite(ttl) &&
+      ttl >= 1 &&
+      allTags.length <= MAX_TAGS &&
+      allTags.every((t) => Buffer.byteLength(t) <= MAX_TAG_BYTES)
+    if (lead) {
+      if (storable) {
+        lead.ctx.setTtl(ttl, ttl)
+        if (allTags.length > 0) lead.ctx.setTags(allTags)
+      } else {
+        lead.ctx.skipCache()
+      }
+      lead.resolve(storable ? record : null)
+      await bounded(lead.written(), 'next:set', key)
+      return
+    }
+    if (!storable) return
+    await bounded(cache.set(key, record, { ttl, hardTtl: ttl, tags: allTags }), 'next:set', key)
+  }
+
+  // A `set` that failed before it had a record: frees the key this instance leads.
+  function abandon(key, err) {
+    const id = key.join('\0')
+    const lead = leading.get(id)
+    if (lead) {
+      leading.delete(id)
+      lead.reject(err)
+    }
+  }
+
+  // Marks a `set` in progress, so a `get` of the key here waits for it (Next requires it).
+  function trackSet(key, work) {
+    const id = key.join('\0')
+    const p = work().catch((err) => {
+      abandon(key, err)
+      onError(err, { op: 'next:set', key: key.join(':') })
+    })
+    setting.set(id, p)
+    return p.finally(() => {
+      if (setting.get(id) === p) setting.delete(id)
+    })
+  }
+
+  async function invalidate(tags) {
+    const list = [...new Set((Array.isArray(tags) ? tags : [tags]).filter((t) => typeof t === 'string' && t.length > 0 && Buffer.byteLength(t) <= MAX_TAG_BYTES))]
+    if (list.length === 0) return
+    await bounded(cache.deleteByTag(list), 'next:revalidateTag')
+  }
+
+  return { cache, keyOf, lookup, store, trackSet, invalidate }
+}
+
+async function readAll(stream) {
+  const chunks = []
+  let size = 0
+  const reader = stream.getReader()
+  for (;;) {
+    const { done, value } = await reader.read()
+    if (done) break
+    chunks.push(value)
+    size += value.byteLength
+  }
+  return Buffer.concat(chunks, size)
+}
+
+function streamOf(bytes) {
+  return new ReadableStream({
+    start(controller) {
+      if (bytes.byteLength > 0) controller.enqueue(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength))
+      controller.close()
+    },
+  })
+}
+
+function isUseCacheRecord(r) {
+  return (
+    typeof r === 'object' &&
+    r !== null &&
+    r.value instanceof Uint8Array &&
+    Array.isArray(r.tags) &&
+    ['stale', 'timestamp', 'expire', 'revalidate'].every((field) => typeof r[field] === 'number')
+  )
+}
+
+/**
+ * The "use cache" handler (next.config `cacheHandlers`), shared by every instance through Redis.
+ * @param {import('./index').StampedeCacheOptions} [options]
+ */
+function createUseCacheHandler(options) {
+  const store = createStore(options, 'next:use-cache', 'createUseCacheHandler')
+  return {
+    async get(cacheKey, softTags) {
+      const key = store.keyOf(cacheKey)
+      if (key === null) return undefined
+      const record = await store.lookup(key, Array.isArray(softTags) ? softTags : [])
+      // Anything but what `set` stored (another writer's value at the key) is a miss.
+      if (!isUseCacheRecord(record)) return undefined
+      // Past `revalidate` is a miss, as in Next's own handler in production; StampedeCache's ttl
+      // already ends there, this only guards against clocks that disagree.
+      if (Date.now() > record.timestamp + record.revalidate * 1000) return undefined
+      return {
+        value: streamOf(record.value),
+        tags: record.tags,
+        stale: record.stale,
+        timestamp: record.timestamp,
+        expire: record.expire,
+        revalidate: record.revalidate,
+      }
+    },
+
+    set(cacheKey, pendingEntry) {
+      const key = store.keyOf(cacheKey)
+      if (key === null) return Promise.resolve()
+      return store.trackSet(key, async () => {
+        const entry = await pendingEntry
+        // The stream may error: nothing partial is kept, and the key is freed (abandon()).
+        const value = await readAll(entry.value)
+        const tags = Array.isArray(entry.tags) ? entry.tags : []
+        // An `expire: 0` or `revalidate: 0` entry is dynamic: Next regenerates it on every read.
+        const lifetime = Math.min(entry.revalidate, entry.expire) * 1000
+        // At most a year, as ISR entries: every entry of these handlers lives a year at the most.
+        const ttl = Math.min(Math.floor(entry.timestamp + lifetime - Date.now()), ONE_YEAR_MS)
+        const record = lifetime > 0 ? { value, tags, stale: entry.stale, timestamp: entry.timestamp, expire: entry.expire, revalidate: entry.revalidate } : undefined
+        await store.store(key, record, ttl, tags)
+      })
+    },
+
+    // Tags reach every instance through StampedeCache's bus; there is no local manifest to refresh.
+    async refreshTags() {},
+
+    // Infinity: Next passes the soft (implicit) tags to `get`. Each entry carries its own tags and
+    // the soft tags of the request that computed it, and a revalidation kills every entry carrying
+    // one of its tags (StampedeCache's deleteByTag: one clock per tag, nothing per entry).
+    async getExpiration() {
+      return Infinity
+    },
+
+    // revalidateTag (each form), updateTag and revalidatePath. Every entry carrying one of the tags
+    // is gone everywhere within the bus bound; the next read computes it, once across instances.
+    async updateTags(tags) {
+      await store.invalidate(tags)
+    },
+
+    /** The StampedeCache under this handler (stats, close). */
+    cache: store.cache,
+  }
+}
+
+function tagsOfIncremental(data, ctx) {
+  if (data && (data.kind === 'APP_PAGE' || data.kind === 'APP_ROUTE' || data.kind === 'PAGES')) {
+    const header = data.headers?.[NEXT_CACHE_TAGS_HEADER]
+    return typeof header === 'string' ? header.split(',') : []
+  }
+  return Array.isArray(ctx?.tags) ? ctx.tags : []
+}
+
+/**
+ * The incremental cache handler (next.config `cacheHandler`): ISR pages, fetch and unstable_cache,
+ * shared by every instance through Redis. Returns the class Next constructs (on every request: its
+ * state lives here, once per call of this function).
+ * @param {import('./index').StampedeCacheOptions} [options]
+ */
+function createIncrementalCacheHandler(options) {
+  const store = createStore(options, 'next:incremental', 'createIncrementalCacheHandler')
+
+  return class StampedeIncrementalCacheHandler {
+    static cache = store.cache
+
+    constructor(context) {
+      this.context = context
+    }
+
+    async get(cacheKey, ctx) {
+      const key = store.keyOf(cacheKey)
+      if (key === null) return null
+      const softTags = [...(Array.isArray(ctx?.tags) ? ctx.tags : []), ...(Array.isArray(ctx?.softTags) ? ctx.softTags : [])]
+      const record = await store.lookup(key, softTags)
+      if (typeof record !== 'object' || record === null || typeof record.lastModified !== 'number' || !('value' in record)) return null
+      return { lastModified: record.lastModified, value: record.value, cacheControl: record.cacheControl }
+    }
+
+    set(cacheKey, data, ctx) {
+      const key = store.keyOf(cacheKey)
+      if (key === null) return Promise.resolve()
+      return store.trackSet(key, async () => {
+        const cacheControl = ctx?.fetchCache ? undefined : ctx?.cacheControl
+        const expire = typeof cacheControl?.expire === 'number' ? cacheControl.expire * 1000 : ONE_YEAR_MS
+        const record = { lastModified: Date.now(), value: data ?? null, cacheControl }
+        await store.store(key, record, Math.min(expire, ONE_YEAR_MS), tagsOfIncremental(data, ctx))
+      })
+    }
+
+    async revalidateTag(tags) {
+      await store.invalidate(tags)
+    }
+
+    resetRequestCache() {}
+  }
+}
+
+module.exports = { createUseCacheHandler, createIncrementalCacheHandler }
