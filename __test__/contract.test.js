@@ -1275,6 +1275,54 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
     }
   })
 
+  test('get() counts and publishes every hit as getOrLoad does, never refreshes, and rejects after close', async () => {
+    const dc = require('node:diagnostics_channel')
+    // hardTtl == ttl and a huge beta: a getOrLoad read of this entry refreshes early (XFetch) with
+    // near certainty; a get() read never may (it has no loader).
+    const cache = new StampedeCache({ ttl: 2_000, hardTtl: 2_000, beta: 1e6, jitter: 0, negativeTtl: 60_000 })
+    const seen = []
+    const onHit = (m) => {
+      if (m.cache === cache) seen.push(`${m.key}:${m.tier}:${m.state}`)
+    }
+    dc.subscribe('stampede-cache:hit', onHit)
+    try {
+      let calls = 0
+      const loader = async () => {
+        calls++
+        await sleep(20)
+        return { n: calls }
+      }
+      await cache.getOrLoad('k', loader)
+      await cache.getOrLoad('none', () => null)
+      const before = cache.stats()
+      for (let i = 0; i < 20; i++) assert.deepEqual(await cache.get('k'), { n: 1 })
+      assert.equal(await cache.get('none'), null)
+      assert.equal(await cache.get('missing'), undefined)
+      await cache.settle()
+      const after = cache.stats()
+      assert.equal(calls, 1, 'get() never starts a refresh')
+      assert.equal(after.refreshes, 0)
+      assert.equal(after.hits - before.hits, 20)
+      assert.equal(after.negativeHits - before.negativeHits, 1)
+      assert.equal(after.misses - before.misses, 1, 'a miss is counted once')
+      assert.deepEqual(seen.slice(-21), [...Array(20).fill('k:memory:fresh'), 'none:memory:negative'])
+      // The control: the same entry read by getOrLoad refreshes early.
+      assert.deepEqual(await cache.getOrLoad('k', loader), { n: 1 })
+      await cache.settle()
+      assert.equal(calls, 2, 'getOrLoad refreshes this entry early')
+      assert.deepEqual(await cache.get('k'), { n: 2 })
+    } finally {
+      dc.unsubscribe('stampede-cache:hit', onHit)
+      await cache.close()
+    }
+    // After close a warm key's get() is a rejected promise, never a value or a synchronous throw.
+    let p
+    assert.doesNotThrow(() => {
+      p = cache.get('k')
+    })
+    await assert.rejects(p, (err) => err instanceof StampedeCacheError && err.code === 'ERR_CLOSED')
+  })
+
   test('set() then getOrLoad() hits without the loader; set replaces; set resolves undefined', async () => {
     const cache = new StampedeCache({ jitter: 0 })
     try {
