@@ -114,7 +114,7 @@ const engine = {
   getEntry: fromNative(native.getEntry),
   inspectEntry: fromNative(native.inspectEntry),
 }
-const { peek, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
+const { peek, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
 const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
 
@@ -878,7 +878,21 @@ class StampedeCache {
     }
   }
 
-  async get(key) {
+  get(key) {
+    if (typeof key === 'string') {
+      // The hot path, as getOrLoad's: a hit (see HIT_SLOT_SHIFT; never a refresh request), or a
+      // negative number. A miss, a closed cache or a bad key is the slow path's to answer.
+      const r = peekGet(this.#id, key)
+      if (r >= 0) {
+        const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
+        return Promise.resolve(value)
+      }
+    }
+    return this.#getSlow(key)
+  }
+
+  async #getSlow(key) {
     if (this.#closed) throw closedError()
     const k = engine.encodeKey(key)
     this.#watchInvalidations()

@@ -88,7 +88,8 @@ describe('1. a fresh entry resolves at once; XFetch may refresh early', () => {
   test('XFetch: a large beta with a slow loader starts a refresh before expiry (handed to waitUntil)', async () => {
     const handed = []
     // computeMs ~30 ms * beta 10: a read with r ms left refreshes with probability exp(-r / 300).
-    const cache = new StampedeCache({ ttl: 1_000, hardTtl: 20_000, beta: 10, jitter: 0, waitUntil: (p) => handed.push(p) })
+    // hardTtl == ttl: no stale window, so nothing but an early refresh spares a reader the wait.
+    const cache = new StampedeCache({ ttl: 1_000, hardTtl: 1_000, beta: 10, jitter: 0, waitUntil: (p) => handed.push(p) })
     try {
       const calls = []
       const loader = async (ctx) => {
@@ -124,6 +125,44 @@ describe('1. a fresh entry resolves at once; XFetch may refresh early', () => {
     }
   })
 
+  test('XFetch: a stale window that covers a refresh leaves it to the first stale read', async () => {
+    // computeMs ~30 ms * beta 3 reaches at most 30 * 3 * 37 = 3.3 s ahead of expiry; the 59 s
+    // stale window covers that (it would take a 530 ms load not to): the entry is served stale at
+    // once while one refresh runs, so an early refresh would only cost a load. Without the window
+    // (the test above) the same reads refresh early with near certainty.
+    const cache = new StampedeCache({ ttl: 1_000, hardTtl: 60_000, beta: 3, jitter: 0 })
+    try {
+      let calls = 0
+      const loader = async () => {
+        calls++
+        await sleep(30)
+        return `v${calls}`
+      }
+      assert.equal(await cache.getOrLoad('k', loader), 'v1')
+      const info = await cache.inspect('k')
+      let reads = 0
+      while (Date.now() < info.freshUntil - 50) {
+        assert.equal(await cache.getOrLoad('k', loader), 'v1')
+        reads++
+        await sleep(5)
+      }
+      assert.ok(reads > 5, `too few reads (${reads}) to prove anything`)
+      assert.equal(calls, 1, 'no early refresh inside a covering stale window')
+      assert.equal(cache.stats().refreshes, 0)
+      await waitForState(cache, 'k', 'stale')
+      assert.equal(await cache.getOrLoad('k', loader), 'v1', 'the stale value is served at once')
+      await cache.settle()
+      const s = cache.stats()
+      assert.equal(calls, 2)
+      assert.equal(s.staleHits, 1)
+      assert.equal(s.refreshes, 1)
+      assert.equal(await cache.get('k'), 'v2')
+      await assertNoLeaks(cache, 1)
+    } finally {
+      await cache.close()
+    }
+  })
+
   test('XFetch: beta 0 (constructor) never refreshes early, only once stale', async () => {
     const cache = new StampedeCache({ ttl: 500, hardTtl: 20_000, beta: 0, jitter: 0 })
     try {
@@ -135,7 +174,8 @@ describe('1. a fresh entry resolves at once; XFetch may refresh early', () => {
       }
       assert.equal(await cache.getOrLoad('k', loader), 'v1')
       const info = await cache.inspect('k')
-      // With beta 10 this loop would refresh with near certainty (see the test above).
+      // With beta 10 and no stale window this loop would refresh with near certainty (see the
+      // first test above).
       let reads = 0
       while (Date.now() < info.freshUntil - 80) {
         assert.equal(await cache.getOrLoad('k', loader), 'v1')
@@ -158,7 +198,8 @@ describe('1. a fresh entry resolves at once; XFetch may refresh early', () => {
   })
 
   test('XFetch: a per-call beta 0 overrides a large constructor beta', async () => {
-    const cache = new StampedeCache({ ttl: 500, hardTtl: 20_000, beta: 10, jitter: 0 })
+    // No stale window: the constructor's beta alone would refresh early (see the first test).
+    const cache = new StampedeCache({ ttl: 500, hardTtl: 500, beta: 10, jitter: 0 })
     try {
       let calls = 0
       const loader = async () => {
@@ -1232,6 +1273,54 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
     } finally {
       await cache.close()
     }
+  })
+
+  test('get() counts and publishes every hit as getOrLoad does, never refreshes, and rejects after close', async () => {
+    const dc = require('node:diagnostics_channel')
+    // hardTtl == ttl and a huge beta: a getOrLoad read of this entry refreshes early (XFetch) with
+    // near certainty; a get() read never may (it has no loader).
+    const cache = new StampedeCache({ ttl: 2_000, hardTtl: 2_000, beta: 1e6, jitter: 0, negativeTtl: 60_000 })
+    const seen = []
+    const onHit = (m) => {
+      if (m.cache === cache) seen.push(`${m.key}:${m.tier}:${m.state}`)
+    }
+    dc.subscribe('stampede-cache:hit', onHit)
+    try {
+      let calls = 0
+      const loader = async () => {
+        calls++
+        await sleep(20)
+        return { n: calls }
+      }
+      await cache.getOrLoad('k', loader)
+      await cache.getOrLoad('none', () => null)
+      const before = cache.stats()
+      for (let i = 0; i < 20; i++) assert.deepEqual(await cache.get('k'), { n: 1 })
+      assert.equal(await cache.get('none'), null)
+      assert.equal(await cache.get('missing'), undefined)
+      await cache.settle()
+      const after = cache.stats()
+      assert.equal(calls, 1, 'get() never starts a refresh')
+      assert.equal(after.refreshes, 0)
+      assert.equal(after.hits - before.hits, 20)
+      assert.equal(after.negativeHits - before.negativeHits, 1)
+      assert.equal(after.misses - before.misses, 1, 'a miss is counted once')
+      assert.deepEqual(seen.slice(-21), [...Array(20).fill('k:memory:fresh'), 'none:memory:negative'])
+      // The control: the same entry read by getOrLoad refreshes early.
+      assert.deepEqual(await cache.getOrLoad('k', loader), { n: 1 })
+      await cache.settle()
+      assert.equal(calls, 2, 'getOrLoad refreshes this entry early')
+      assert.deepEqual(await cache.get('k'), { n: 2 })
+    } finally {
+      dc.unsubscribe('stampede-cache:hit', onHit)
+      await cache.close()
+    }
+    // After close a warm key's get() is a rejected promise, never a value or a synchronous throw.
+    let p
+    assert.doesNotThrow(() => {
+      p = cache.get('k')
+    })
+    await assert.rejects(p, (err) => err instanceof StampedeCacheError && err.code === 'ERR_CLOSED')
   })
 
   test('set() then getOrLoad() hits without the loader; set replaces; set resolves undefined', async () => {

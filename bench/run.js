@@ -100,7 +100,7 @@ async function main() {
   }
   const { startRedis } = require('./redis-lib')
   const { SCENARIOS, SIZES, runCase, killAll } = require('./lib/scenarios')
-  const { PEERS } = require('./lib/peers')
+  const { PEERS, BASELINES } = require('./lib/peers')
   const { goalChecks, progressLine } = require('./lib/report')
 
   const started = new Date()
@@ -155,7 +155,7 @@ async function main() {
   try {
     for (const sc of SCENARIOS) {
       if (args.only && !args.only.includes(sc.id)) continue
-      const peers = (sc.peers || PEERS).filter((p) => !args.peers || args.peers.includes(p) || (p === 'map' && args.peers.length))
+      const peers = (sc.peers || PEERS).filter((p) => !args.peers || args.peers.includes(p) || (BASELINES.includes(p) && args.peers.length))
       const entry = { id: sc.id, slug: sc.slug, title: sc.title, processes: sc.processes, description: sc.describe(sizes), rows: [] }
       results.scenarios.push(entry)
       for (const peer of peers) {

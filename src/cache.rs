@@ -262,7 +262,9 @@ impl<C: Clock> Cache<C> {
         // by a cheap upper bound of the time. Most hits on a hot key end here. `plain` (neither
         // negative nor tagged) is one byte, tested as `!negative` was before tags existed.
         if entry.plain
-            && self.clock.upper_bound_ms() < env.fresh_until - xfetch::horizon(env.compute_ms, beta)
+            && self.clock.upper_bound_ms()
+                < env.fresh_until
+                    - xfetch::horizon(env.fresh_until, env.hard_until, env.compute_ms, beta)
         {
             self.stats.hits.incr();
             return Some(Hit::Fresh {
@@ -278,7 +280,8 @@ impl<C: Clock> Cache<C> {
             }
             if !env.negative
                 && self.clock.upper_bound_ms()
-                    < env.fresh_until - xfetch::horizon(env.compute_ms, beta)
+                    < env.fresh_until
+                        - xfetch::horizon(env.fresh_until, env.hard_until, env.compute_ms, beta)
             {
                 self.stats.hits.incr();
                 return Some(Hit::Fresh {
@@ -296,6 +299,7 @@ impl<C: Clock> Cache<C> {
                     && xfetch::should_refresh(
                         now,
                         env.fresh_until,
+                        env.hard_until,
                         env.compute_ms,
                         beta,
                         1.0 - self.rng.random::<f64>(),
@@ -1106,7 +1110,11 @@ mod tests {
 
     #[test]
     fn xfetch_refreshes_early_near_expiry_only() {
-        let (mut c, clock) = cache(|r| r.ttls.ttl = Some(10_000.0));
+        // hardTtl == ttl: no stale window, so XFetch is the paper's (see xfetch.rs).
+        let (mut c, clock) = cache(|r| {
+            r.ttls.ttl = Some(10_000.0);
+            r.ttls.hard_ttl = Some(10_000.0);
+        });
         load(&mut c, "k", 100.0);
         let early = (0..1_000)
             .filter(|_| c.peek("k", 1.0).unwrap().wants_refresh())
@@ -1124,6 +1132,24 @@ mod tests {
             !(0..1_000).any(|_| c.peek("k", 0.0).unwrap().wants_refresh()),
             "beta 0 turns it off"
         );
+    }
+
+    #[test]
+    fn a_stale_window_that_covers_a_refresh_leaves_it_to_the_first_stale_read() {
+        // The default hardTtl (10 x ttl): a 90 s window covers the 3.7 s reach of a 100 ms load.
+        let (mut c, clock) = cache(|r| r.ttls.ttl = Some(10_000.0));
+        load(&mut c, "k", 100.0);
+        clock.advance(9_950.0); // 50 ms left: without the window, P = exp(-50/100) = 0.61
+        assert!(
+            !(0..1_000).any(|_| c.peek("k", 1.0).unwrap().wants_refresh()),
+            "no early refresh while a stale value can be served during one"
+        );
+        clock.advance(50.0);
+        assert!(matches!(
+            c.peek("k", 1.0),
+            Some(Hit::Stale { refresh: true, .. })
+        ));
+        assert_eq!(c.stats.snapshot().stale_hits, 1);
     }
 
     #[test]

@@ -4,9 +4,10 @@
 const fs = require('node:fs')
 const path = require('node:path')
 const { label, SELF } = require('./report')
+const { BASELINES } = require('./peers')
 
-const PEER_ORDER = ['stampede-cache', 'bentocache', 'cache-manager', '@epic-web/cachified', 'async-cache-dedupe', 'naive cache-aside', 'plain Map (limit)']
-const COLORS = ['#d62728', '#1f77b4', '#ff7f0e', '#2ca02c', '#9467bd', '#7f7f7f', '#111111']
+const PEER_ORDER = ['stampede-cache', 'bentocache', 'cache-manager', '@epic-web/cachified', 'async-cache-dedupe', 'naive cache-aside', 'lru-cache 11 fetch', 'plain Map (limit)']
+const COLORS = ['#d62728', '#1f77b4', '#ff7f0e', '#2ca02c', '#9467bd', '#7f7f7f', '#8c564b', '#111111']
 const colorOf = (peers) => ({
   field: 'peer',
   type: 'nominal',
@@ -31,7 +32,7 @@ function loadsSpec(results) {
   for (const sc of results.scenarios) {
     if (!SHORT[sc.id]) continue
     for (const r of sc.rows) {
-      if (r.error || r.peer === 'map') continue
+      if (r.error || BASELINES.includes(r.peer)) continue
       const loads = sc.id === 7 ? r.failingLoads : sc.id === 5 ? r.peakLoadsPer100ms : r.loads
       values.push({ scenario: SHORT[sc.id], peer: label(r.peer), loads, plotted: Math.max(loads, 0.8) })
     }

@@ -45,6 +45,11 @@ const CONFIGS = {
     label: 'naive cache-aside',
     config: 'ioredis: GET; on a miss call the loader, then SET key JSON PX ttl; no coalescing, no stale serving',
   },
+  'lru-cache': {
+    label: 'lru-cache 11 fetch',
+    config:
+      'new LRUCache({ max: 10_000, ttl: hardTtl, fetchMethod: loader }); read: await lru.fetch(key) (in process only: what most Node users reach for; scenario 4 only)',
+  },
   map: {
     label: 'plain Map (limit)',
     config: 'await map.get(key) on a prefilled JS Map: the physical limit of an in-process hit (scenario 4 only)',
@@ -52,6 +57,8 @@ const CONFIGS = {
 }
 
 const PEERS = ['stampede-cache', 'bentocache', 'cache-manager', 'cachified', 'async-cache-dedupe', 'naive']
+/** In-process baselines of scenario 4, beside the peers: not stampede-protective across processes. */
+const BASELINES = ['lru-cache', 'map']
 
 function redisConnection(url) {
   const u = new URL(url)
@@ -179,6 +186,16 @@ async function createPeer(name, { redisUrl, ttl, hardTtl, negativeTtl }) {
       peer.close = () => withTimeout(redis.quit(), 2_000)
       return peer
     }
+    case 'lru-cache': {
+      const { LRUCache } = require('lru-cache')
+      // fetch() coalesces concurrent misses of one key in process; ttl is the whole life (no
+      // stale serving is configured, as a user swapping a Map for it would).
+      const lru = new LRUCache({ max: 10_000, ttl: hardTtl, fetchMethod: (key) => callLoader(key) })
+      peer.get = (key) => lru.fetch(key)
+      peer.warm = async () => {}
+      peer.close = async () => {}
+      return peer
+    }
     case 'map': {
       const map = new Map()
       // Synchronous on a hit, like `await map.get(k)` in bench/hit-path.js.
@@ -199,4 +216,4 @@ async function createPeer(name, { redisUrl, ttl, hardTtl, negativeTtl }) {
   }
 }
 
-module.exports = { createPeer, CONFIGS, PEERS }
+module.exports = { createPeer, CONFIGS, PEERS, BASELINES }

@@ -6,7 +6,7 @@
 const { fork } = require('node:child_process')
 const path = require('node:path')
 const { DbHost, BASE_MS } = require('./db')
-const { PEERS } = require('./peers')
+const { PEERS, BASELINES } = require('./peers')
 
 const WORKER = path.join(__dirname, '..', 'workers', 'peer-worker.js')
 const REDIS_READ = path.join(__dirname, '..', 'redis-read.js')
@@ -262,7 +262,7 @@ const SCENARIOS = [
     slug: 'hit-throughput',
     title: 'hit throughput, 1 process: sequential, 64 in flight on 1 key, 64 in flight on 64 keys; small and 100 KB values',
     processes: 1,
-    peers: [...PEERS, 'map'],
+    peers: [...PEERS, ...BASELINES],
     describe: (s) =>
       `fresh hits only (ttl 1 h), values from an in-process loader; each cell: a warm-up of ${s.hit.durationMs / 4} ms, then ${s.hit.rounds} rounds of ${s.hit.durationMs / s.hit.rounds} ms, ` +
       'median ops/s; "64 in flight" runs 64 sequential `await` loops at once; ns/op = 1e9 / sequential ops/s',

@@ -10,7 +10,7 @@ use napi::bindgen_prelude::*;
 use napi::sys;
 use napi_derive::napi;
 
-use super::codes::{encode_hit, MISS};
+use super::codes::{encode_hit, HIT_REFRESH, MISS};
 use super::engines::ENGINES;
 use crate::key;
 
@@ -19,8 +19,16 @@ use crate::key;
 /// have filled at least `KEY_BUF - 4` = MAX_KEY_BYTES + 1 bytes.
 const KEY_BUF: usize = key::MAX_KEY_BYTES + 5;
 
-/// The hot path: a usable entry for a string key under the default policy, as `encode_hit`
-/// (refresh = 1 asks the facade to start a background refresh), or -1.
+/// What a hot-path read is for: `getOrLoad` may start a refresh (XFetch, stale), `get` never
+/// does (it has no loader).
+#[derive(Clone, Copy)]
+enum Read {
+    GetOrLoad,
+    Get,
+}
+
+/// `getOrLoad`'s hot path: a usable entry for a string key under the default policy, as
+/// `encode_hit` (refresh = 1 asks the facade to start a background refresh), or -1.
 ///
 /// Registered as a raw N-API callback rather than through `#[napi]`: the macro's per-call
 /// machinery (argument validation, borrow scopes) cost more than the lookup itself, and this
@@ -29,6 +37,30 @@ const KEY_BUF: usize = key::MAX_KEY_BYTES + 5;
 unsafe extern "C" fn peek_raw(
     env: sys::napi_env,
     info: sys::napi_callback_info,
+) -> sys::napi_value {
+    // SAFETY: as for `peek_call`, whose contract is this callback's.
+    unsafe { peek_call(env, info, Read::GetOrLoad) }
+}
+
+/// `get`'s hot path: the same lookup, counted in the same stats as `getEntry` counts a hit, but
+/// with XFetch off (beta 0, no random draw) and never a refresh request: `get` never loads.
+/// `getEntry` took 3x as long per hit (profiled, issue 29): its `#[napi]` `String` argument
+/// measures the key, then allocates, copies and frees it, on top of the macro's machinery.
+unsafe extern "C" fn peek_get_raw(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
+    // SAFETY: as for `peek_call`, whose contract is this callback's.
+    unsafe { peek_call(env, info, Read::Get) }
+}
+
+/// The body of both raw callbacks. Safety: called by Node on the JS thread, with the `env` and
+/// `info` of the call being made.
+#[inline(always)]
+unsafe fn peek_call(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+    read: Read,
 ) -> sys::napi_value {
     let mut argc = 2usize;
     let mut argv = [std::ptr::null_mut(); 2];
@@ -63,7 +95,7 @@ unsafe extern "C" fn peek_raw(
             {
                 let written =
                     std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), len.min(KEY_BUF));
-                code = peek_key(id, written);
+                code = peek_key(id, written, read);
             }
         }
         sys::napi_create_int32(env, code, &mut out);
@@ -72,7 +104,7 @@ unsafe extern "C" fn peek_raw(
 }
 
 #[inline]
-fn peek_key(id: u32, key: &[u8]) -> i32 {
+fn peek_key(id: u32, key: &[u8], read: Read) -> i32 {
     // Empty or longer than the limit (maybe truncated): never stored, so a miss; the slow path
     // reports the invalid key. U+FFFD may stand for a lone surrogate that UTF-8 cannot carry,
     // which would alias another key: the slow path decides those too.
@@ -92,8 +124,16 @@ fn peek_key(id: u32, key: &[u8]) -> i32 {
         if cache.inbox().has_pending() {
             return MISS;
         }
-        let beta = cache.options().defaults.beta;
-        cache.peek(key, beta).map_or(MISS, encode_hit)
+        match read {
+            Read::GetOrLoad => {
+                let beta = cache.options().defaults.beta;
+                cache.peek(key, beta).map_or(MISS, encode_hit)
+            }
+            // As `Cache::get_hit`: beta 0, and a stale hit's refresh request dropped.
+            Read::Get => cache
+                .peek(key, 0.0)
+                .map_or(MISS, |hit| encode_hit(hit) & !(HIT_REFRESH as i32)),
+        }
     })
 }
 
@@ -103,28 +143,33 @@ fn has_replacement_char(key: &[u8]) -> bool {
     key.contains(&0xEF) && key.windows(3).any(|w| w == [0xEF, 0xBF, 0xBD])
 }
 
-/// Adds `peek(id, key)` to the module's exports. One function for every engine keeps the
-/// facade's call site monomorphic (a function per engine made it ~15% slower with 3 caches).
+/// Adds `peek(id, key)` (getOrLoad) and `peekGet(id, key)` (get) to the module's exports. One
+/// function for every engine keeps each facade call site monomorphic (a function per engine made
+/// it ~15% slower with 3 caches).
 #[napi(module_exports)]
 pub fn register_raw_functions(exports: Object, env: Env) -> napi::Result<()> {
-    let mut f = std::ptr::null_mut();
-    // SAFETY: env and exports come from Node's module initialisation on the JS thread.
-    unsafe {
-        let name = c"peek";
-        napi::check_status!(sys::napi_create_function(
-            env.raw(),
-            name.as_ptr(),
-            4,
-            Some(peek_raw),
-            std::ptr::null_mut(),
-            &mut f
-        ))?;
-        napi::check_status!(sys::napi_set_named_property(
-            env.raw(),
-            exports.raw(),
-            name.as_ptr(),
-            f
-        ))?;
+    type Callback = unsafe extern "C" fn(sys::napi_env, sys::napi_callback_info) -> sys::napi_value;
+    let raw: [(&std::ffi::CStr, Callback); 2] = [(c"peek", peek_raw), (c"peekGet", peek_get_raw)];
+    for (name, callback) in raw {
+        let mut f = std::ptr::null_mut();
+        // SAFETY: env and exports come from Node's module initialisation on the JS thread; the
+        // name is a NUL-terminated literal, passed with its length.
+        unsafe {
+            napi::check_status!(sys::napi_create_function(
+                env.raw(),
+                name.as_ptr(),
+                name.to_bytes().len() as isize,
+                Some(callback),
+                std::ptr::null_mut(),
+                &mut f
+            ))?;
+            napi::check_status!(sys::napi_set_named_property(
+                env.raw(),
+                exports.raw(),
+                name.as_ptr(),
+                f
+            ))?;
+        }
     }
     Ok(())
 }
