@@ -360,6 +360,7 @@ impl<C: Clock> Cache<C> {
                     && xfetch::should_refresh(
                         now,
                         env.fresh_until,
+                        env.hard_until,
                         env.compute_ms,
                         beta,
                         1.0 - self.rng.random::<f64>(),
