@@ -691,6 +691,7 @@ mod tests {
     }
 
     use super::*;
+    use proptest::strategy::Strategy as _;
 
     #[test]
     fn a_refresh_is_due_past_fresh_unless_backed_off() {
@@ -906,6 +907,46 @@ mod tests {
         // The garbling leaves many envelopes readable (a digit for a digit, say): the
         // comparison above ran on them.
         assert!(accepted > 5_000, "{accepted}");
+    }
+
+    /// Cases per property: `FUZZ_CASES` (`npm run fuzz` sets many more), else 25,000.
+    fn cases() -> u32 {
+        std::env::var("FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(25_000)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(cases()))]
+
+        /// Any text at all: an envelope, or a miss; never a panic.
+        #[test]
+        fn any_text_decodes_without_panicking(chars in proptest::collection::vec(proptest::prelude::any::<char>(), 0..300)) {
+            let text: String = chars.into_iter().collect();
+            let _ = Envelope::decode(&text);
+        }
+
+        /// An envelope is read as written, for the key it was written for, and as no other's.
+        #[test]
+        fn an_envelope_reads_back_for_its_own_key_only(
+            key in proptest::collection::vec(b' '..=b'~', 1..64).prop_map(|k| String::from_utf8(k).unwrap_or_default()),
+            other in proptest::collection::vec(b' '..=b'~', 1..64).prop_map(|k| String::from_utf8(k).unwrap_or_default()),
+            fresh in 0u32..1_000_000,
+            extra in 0u32..1_000_000,
+            compute in 0u32..100_000,
+            value in proptest::collection::vec(b'a'..=b'z', 0..40).prop_map(|k| String::from_utf8(k).unwrap_or_default()),
+            negative in proptest::prelude::any::<bool>(),
+        ) {
+            let e = Envelope::new(f64::from(fresh), f64::from(extra), f64::from(extra) * 2.0, f64::from(compute) / 8.0, negative);
+            let json = format!("\"{value}\"");
+            let text = e.encode(&Body::json(Some(&json)), "g1", &key);
+            let d = Envelope::decode(&text).expect("what encode wrote is read");
+            proptest::prop_assert_eq!(d.envelope, e);
+            proptest::prop_assert_eq!(d.value_json, Some(json.as_str()));
+            proptest::prop_assert!(d.written_for(&key));
+            proptest::prop_assert_eq!(d.written_for(&other), key == other);
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::inbox::{tag_bucket, Stamp};
 use crate::key;
 
 /// One reply, framed from the lane's input.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reply<'a> {
     /// A bulk string (`$n`): the value.
     Bulk(&'a [u8]),
@@ -448,6 +448,7 @@ impl RedisTier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy as _;
 
     #[test]
     fn frames_the_replies_a_get_gives() {
@@ -505,6 +506,108 @@ mod tests {
             "at the ceiling: waits"
         );
         assert_eq!(frame(b"$536870913\r\n"), Err(ProtocolError));
+    }
+
+    /// Cases per property: `FUZZ_CASES` (`npm run fuzz` sets many more), else 25,000.
+    fn cases() -> u32 {
+        std::env::var("FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(25_000)
+    }
+
+    /// What a GET (or the handshake) may be answered with, as bytes, and as `frame` reads it.
+    fn replies() -> impl proptest::strategy::Strategy<Value = (Vec<u8>, Reply<'static>)> {
+        use proptest::prelude::*;
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..300).prop_map(|v| {
+                let mut out = format!("${}\r\n", v.len()).into_bytes();
+                out.extend_from_slice(&v);
+                out.extend_from_slice(b"\r\n");
+                // Leaked for a 'static reply: test data only.
+                (out, Reply::Bulk(Box::leak(v.into_boxed_slice())))
+            }),
+            Just((b"$-1\r\n".to_vec(), Reply::Nil)),
+            Just((b"*-1\r\n".to_vec(), Reply::Nil)),
+            proptest::collection::vec(b'A'..=b'z', 0..40).prop_map(|e| {
+                let e = String::from_utf8(e).unwrap_or_default();
+                let out = format!("-{e}\r\n").into_bytes();
+                (
+                    out,
+                    Reply::Error(Box::leak(e.into_bytes().into_boxed_slice())),
+                )
+            }),
+            Just((b"+OK\r\n".to_vec(), Reply::Other)),
+            (0i64..1_000_000).prop_map(|n| (format!(":{n}\r\n").into_bytes(), Reply::Other)),
+        ]
+    }
+
+    /// Frames `input` to the end the way the lane does: replies in order, then whether it
+    /// stopped on a protocol error.
+    fn frame_all(input: &[u8]) -> (Vec<Reply<'_>>, usize, bool) {
+        let mut at = 0;
+        let mut out = Vec::new();
+        loop {
+            match frame(&input[at..]) {
+                Ok(Some((reply, len))) => {
+                    assert!(len > 0 && at + len <= input.len());
+                    out.push(reply);
+                    at += len;
+                }
+                Ok(None) => return (out, at, false),
+                Err(ProtocolError) => return (out, at, true),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(cases()))]
+
+        /// Any bytes at all: an answer, a wait, or a refusal; never a panic or a runaway.
+        #[test]
+        fn any_bytes_frame_without_panicking(input in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = frame_all(&input);
+        }
+
+    }
+
+    proptest::proptest! {
+        // A tenth of the cases: each is 20 times dearer to generate in a debug build.
+        #![proptest_config(proptest::test_runner::Config::with_cases(cases() / 10))]
+
+        /// RESP-shaped noise (headers, lengths, nesting, CRLFs in odd places).
+        #[test]
+        fn resp_shaped_noise_frames_without_panicking(parts in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::strategy::Just("*".to_string()), proptest::strategy::Just("$".to_string()),
+                proptest::strategy::Just("\r\n".to_string()), proptest::strategy::Just("-".to_string()),
+                proptest::strategy::Just(">".to_string()), proptest::strategy::Just("%".to_string()),
+                proptest::prelude::any::<u64>().prop_map(|n| n.to_string()),
+                (-999i64..1000).prop_map(|n| n.to_string()),
+                proptest::strategy::Just("x".to_string()),
+            ], 0..64)) {
+            let input = parts.concat();
+            let _ = frame_all(input.as_bytes());
+        }
+
+        /// Replies a GET can get, back to back and delivered in any cuts: framed whole, in order,
+        /// each at the first moment it is complete.
+        #[test]
+        fn replies_frame_alike_however_they_are_cut(
+            sent in proptest::collection::vec(replies(), 1..8),
+            cut in 0usize..4096,
+        ) {
+            let bytes: Vec<u8> = sent.iter().flat_map(|(b, _)| b.clone()).collect();
+            let expected: Vec<&Reply<'static>> = sent.iter().map(|(_, r)| r).collect();
+            let cut = cut % (bytes.len() + 1);
+            let (first, used, failed) = frame_all(&bytes[..cut]);
+            proptest::prop_assert!(!failed);
+            let (rest, used_rest, failed) = frame_all(&bytes[used..]);
+            proptest::prop_assert!(!failed);
+            proptest::prop_assert_eq!(used + used_rest, bytes.len());
+            let all: Vec<&Reply<'_>> = first.iter().chain(rest.iter()).collect();
+            proptest::prop_assert_eq!(all, expected);
+        }
     }
 
     #[test]
