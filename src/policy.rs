@@ -1,6 +1,7 @@
 //! Options: their defaults, their validation (every error names the option), and how a call's
 //! overrides combine with the constructor's into the policy one entry is written with.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::envelope::Serializer;
@@ -217,11 +218,123 @@ fn check_hard_ttl(ttl: f64, hard_ttl: f64) -> Result<()> {
     Ok(())
 }
 
+/// `url` as a message may show it: the password replaced by `***` (`redis://u:***@host:6379`),
+/// and so is a `pass=`/`password=` query value (a unix URL's password). By text, not by parsing,
+/// so a URL that does not parse is redacted too: the userinfo is everything between `://` (or
+/// the start, without one) and the last `@`, since a password may hold a `/`, `?`, `#` or `@`
+/// that a parser would take for the end of it. Of the userinfo, only a user name before a `:`
+/// is shown; a userinfo without `:` may be a password given alone, and is hidden whole.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let mut out = String::with_capacity(url.len());
+    out.push_str(scheme);
+    match rest.rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            if let Some((user, _)) = userinfo.split_once(':') {
+                out.push_str(user);
+                out.push(':');
+            }
+            out.push_str("***");
+            out.push_str(&rest[at..]);
+        }
+        // `redis://:secret`, a password whose `@host` was left out, reads as an empty host and
+        // a port; nothing after the `:` is worth showing.
+        None if rest.starts_with(':') => out.push_str(":***"),
+        None => out.push_str(rest),
+    }
+    redact_query_passwords(&out)
+}
+
+/// The names under which a URL's query may carry a password.
+const PASSWORD_PARAMS: &[&str] = &["pass", "password"];
+
+/// `text` with the value of every `pass=`/`password=` after a `?` or `&` replaced by `***`.
+fn redact_query_passwords(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(['?', '&']) {
+        out.push_str(&rest[..=i]);
+        rest = &rest[i + 1..];
+        let name_end = rest.find(['=', '&', '#']).unwrap_or(rest.len());
+        let is_password = rest[name_end..].starts_with('=')
+            && PASSWORD_PARAMS
+                .iter()
+                .any(|p| rest[..name_end].eq_ignore_ascii_case(p));
+        if is_password {
+            out.push_str(&rest[..=name_end]);
+            out.push_str("***");
+            let value_end = rest[name_end..]
+                .find(['&', '#'])
+                .map_or(rest.len(), |j| name_end + j);
+            rest = &rest[value_end..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The secrets `url` carries, as a message might spell them (as given, and percent-decoded):
+/// the userinfo's password (or the whole userinfo without a `:`) and `pass=` query values.
+fn url_secrets(url: &str) -> Vec<String> {
+    let rest = url.find("://").map_or(url, |i| &url[i + 3..]);
+    let mut raw = Vec::new();
+    if let Some(at) = rest.rfind('@') {
+        let userinfo = &rest[..at];
+        raw.push(userinfo.split_once(':').map_or(userinfo, |(_, pw)| pw));
+    }
+    for (i, _) in url.match_indices(['?', '&']) {
+        let pair = &url[i + 1..];
+        let pair = &pair[..pair.find(['&', '#']).unwrap_or(pair.len())];
+        if let Some((name, value)) = pair.split_once('=') {
+            if PASSWORD_PARAMS.iter().any(|p| name.eq_ignore_ascii_case(p)) {
+                raw.push(value);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for s in raw {
+        out.push(s.to_string());
+        let decoded = percent_decode(s);
+        if decoded != s {
+            out.push(decoded);
+        }
+    }
+    out
+}
+
+/// `%XX` decoded (invalid escapes kept as they are), lossily as UTF-8.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Accepts `redis://[user:pass@]host[:port][/db]` (and `rediss`, `valkey`, `valkeys`) and
 /// `unix://…`/`redis+unix://…`/`valkey+unix://…`; `name` is the option it came from.
 fn redis_url(name: &str, url: &str) -> Result<String> {
-    let bad =
-        |why: &str| Error::invalid_option(name, format!("is not a Redis URL ({why}): {url:?}"));
+    let bad = |why: &str| {
+        Error::invalid_option(
+            name,
+            format!("is not a Redis URL ({why}): {:?}", redact_url(url)),
+        )
+    };
     let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
     match scheme {
         "redis" | "rediss" | "valkey" | "valkeys" => {
@@ -266,8 +379,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// A command not answered within this counts as a Redis error, unless configured.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// TLS settings (`redis.tls`).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// TLS settings (`redis.tls`). Debug shows the PEM material's sizes, never its text.
+#[derive(Clone, Default, PartialEq)]
 pub struct TlsOptions {
     /// PEM of the CA(s) to trust instead of the system roots.
     pub ca: Option<Vec<u8>>,
@@ -280,8 +393,9 @@ pub struct TlsOptions {
     pub reject_unauthorized: bool,
 }
 
-/// The `redis` option, validated: exactly one of `url`, `cluster` or `sentinels`.
-#[derive(Debug, Clone, PartialEq)]
+/// The `redis` option, validated: exactly one of `url`, `cluster` or `sentinels`. Debug shows
+/// the URLs redacted (`redact_url`).
+#[derive(Clone, PartialEq)]
 pub struct RedisConfig {
     /// One server; with `sentinels`, only the primary's scheme, user, password and db.
     pub url: Option<String>,
@@ -293,7 +407,68 @@ pub struct RedisConfig {
     pub command_timeout: Duration,
 }
 
+/// PEM material as Debug shows it: its size only.
+struct PemSize<'a>(&'a Option<Vec<u8>>);
+
+impl fmt::Debug for PemSize<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(pem) => write!(f, "Some(<{} bytes of PEM>)", pem.len()),
+            None => f.write_str("None"),
+        }
+    }
+}
+
+impl fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field("ca", &PemSize(&self.ca))
+            .field("cert", &PemSize(&self.cert))
+            .field("key", &PemSize(&self.key))
+            .field("servername", &self.servername)
+            .field("reject_unauthorized", &self.reject_unauthorized)
+            .finish()
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redacted = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
+        f.debug_struct("RedisConfig")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("tls", &self.tls)
+            .field("cluster", &redacted(&self.cluster))
+            .field("sentinels", &redacted(&self.sentinels))
+            .field("master_name", &self.master_name)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
 impl RedisConfig {
+    /// `text` (a message from the redis crate or the TLS library, say) with every URL of this
+    /// configuration redacted and every password they carry replaced by `***`. A last guard
+    /// for messages this library does not word itself; its own messages redact as they quote.
+    pub fn scrub(&self, text: &str) -> String {
+        let urls = self.url.iter().chain(&self.cluster).chain(&self.sentinels);
+        let mut out = text.to_string();
+        let mut secrets = Vec::new();
+        for url in urls.clone() {
+            if !url.is_empty() {
+                out = out.replace(url.as_str(), &redact_url(url));
+            }
+            secrets.extend(url_secrets(url));
+        }
+        // Longest first, so a password that holds a shorter one is replaced whole. A secret of
+        // one or two characters would mangle every message and hides nothing worth hiding.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        for secret in secrets.iter().filter(|s| s.len() >= 3 && s.as_str() != "***") {
+            out = out.replace(secret.as_str(), "***");
+        }
+        out
+    }
+
     pub fn from_url(url: &str) -> Self {
         RedisConfig {
             url: Some(url.to_string()),
@@ -347,7 +522,10 @@ impl RedisConfig {
             for url in urls {
                 redis_url(name, url)?;
                 if url.starts_with("unix") || url.contains("+unix") {
-                    return bad(name, format!("needs host:port URLs, got {url:?}"));
+                    return bad(
+                        name,
+                        format!("needs host:port URLs, got {:?}", redact_url(url)),
+                    );
                 }
             }
         }
@@ -604,6 +782,121 @@ mod tests {
         ] {
             err_names(raw(|r| r.redis = Some(RedisConfig::from_url(bad))), "redis");
         }
+    }
+
+    const PW: &str = "hunterMARK27";
+
+    #[test]
+    fn redact_url_hides_the_password_of_every_url_well_formed_or_not() {
+        for (url, shown) in [
+            ("redis://u:pw@127.0.0.1:6379/2", "redis://u:***@127.0.0.1:6379/2"),
+            ("rediss://:pw@h:6380", "rediss://:***@h:6380"),
+            ("redis://pw@h", "redis://***@h"),
+            ("redis://u:p@w@h:1", "redis://u:***@h:1"),
+            ("redis://u:p/w@h:bad", "redis://u:***@h:bad"),
+            ("redis://u:p?w#x@h", "redis://u:***@h"),
+            ("redis://u:pw@[::1:6379", "redis://u:***@[::1:6379"),
+            ("u:pw@h:6379", "u:***@h:6379"),
+            ("redis//u:pw@h", "redis//u:***@h"),
+            ("redis://:pw", "redis://:***"),
+            ("unix:///s.sock?db=1&pass=pw", "unix:///s.sock?db=1&pass=***"),
+            ("unix:///s.sock?PASSWORD=pw#f", "unix:///s.sock?PASSWORD=***#f"),
+            ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+            ("redis://h:notaport", "redis://h:notaport"),
+            ("", ""),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    /// The malformed URLs of issue 27, with the marker as password: every error quotes none.
+    fn marked_urls() -> Vec<String> {
+        [
+            "redis://u:{}@127.0.0.1:notaport",
+            "redis://u:{}@127.0.0.1:99999",
+            "redis://u:{}@h:1/notadb",
+            "http://u:{}@h:1",
+            "redis://u:{}@[::1:1",
+            "rediss://u:{}@h:1/x/y",
+            "redis://u:{}/x@h:bad",
+            "redis://:{}",
+            "redis://{}@h:bad",
+            "unix:///s?pass={}",
+            "redis+unix:///s?db=x&pass={}",
+        ]
+        .iter()
+        .map(|t| t.replace("{}", PW))
+        .collect()
+    }
+
+    #[test]
+    fn no_validation_error_quotes_a_password() {
+        for url in marked_urls() {
+            let ok = "redis://u:ok@127.0.0.1:1".to_string();
+            let configs = [
+                RedisConfig::from_url(&url),
+                RedisConfig {
+                    url: None,
+                    cluster: vec![ok.clone(), url.clone()],
+                    ..RedisConfig::from_url("")
+                },
+                RedisConfig {
+                    url: Some(ok.clone()),
+                    sentinels: vec![url.clone()],
+                    master_name: Some("m".into()),
+                    ..RedisConfig::from_url("")
+                },
+            ];
+            for config in configs {
+                assert!(!format!("{config:?}").contains(PW), "{config:?}");
+                if let Err(e) = Options::validate(raw(|r| r.redis = Some(config.clone()))) {
+                    assert!(!e.message.contains(PW), "{}", e.message);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn debug_of_the_options_shows_no_password_and_no_tls_material() {
+        let mut config = RedisConfig::from_url(&format!("rediss://u:{PW}@h:6380"));
+        config.cluster = vec![format!("redis://:{PW}@h:1")];
+        config.tls = Some(TlsOptions {
+            ca: Some(format!("-----BEGIN CERTIFICATE-----{PW}").into_bytes()),
+            cert: Some(PW.as_bytes().to_vec()),
+            key: Some(PW.as_bytes().to_vec()),
+            servername: None,
+            reject_unauthorized: true,
+        });
+        let raw_options = raw(|r| r.redis = Some(config.clone()));
+        for text in [
+            format!("{config:?}"),
+            format!("{config:#?}"),
+            format!("{raw_options:?}"),
+        ] {
+            assert!(!text.contains(PW), "{text}");
+            let bytes = PW.bytes().map(|b| b.to_string()).collect::<Vec<_>>();
+            assert!(!text.contains(&bytes.join(", ")), "{text}");
+        }
+        assert!(format!("{config:?}").contains("u:***@h:6380"));
+        assert!(format!("{config:?}").contains("bytes of PEM"));
+    }
+
+    #[test]
+    fn scrub_replaces_urls_and_passwords_as_given_and_decoded() {
+        let config = RedisConfig {
+            url: Some("redis://u:p%40ss-word@h:1".into()),
+            sentinels: vec!["unix:///s?pass=qw%21rty".into()],
+            ..RedisConfig::from_url("")
+        };
+        let said = "failed for redis://u:p%40ss-word@h:1 (p@ss-word), p%40ss-word, qw!rty, qw%21rty";
+        let scrubbed = config.scrub(said);
+        for secret in ["p@ss-word", "p%40ss-word", "qw!rty", "qw%21rty"] {
+            assert!(!scrubbed.contains(secret), "{scrubbed}");
+        }
+        assert!(scrubbed.contains("redis://u:***@h:1"), "{scrubbed}");
+        // A one-letter password is not hunted for (it would mangle the message).
+        let short = RedisConfig::from_url("redis://:a@h:1");
+        assert_eq!(short.scrub("a failure at h"), "a failure at h");
     }
 
     #[test]
