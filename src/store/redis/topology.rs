@@ -632,11 +632,17 @@ mod tests {
                     panic!("bad PEM accepted: {pem:?}")
                 };
                 assert!(why.starts_with("tls."), "{why}");
-                assert!(!why.contains(MARK) && !why.contains(&bytes[..8].join(", ")), "{why}");
+                assert!(
+                    !why.contains(MARK) && !why.contains(&bytes[..8].join(", ")),
+                    "{why}"
+                );
                 let Err(lane) = lane_tls_config(&tls) else {
                     panic!("bad PEM accepted by the lane: {pem:?}")
                 };
-                assert!(!lane.contains(MARK) && !lane.contains(&bytes[..8].join(", ")), "{lane}");
+                assert!(
+                    !lane.contains(MARK) && !lane.contains(&bytes[..8].join(", ")),
+                    "{lane}"
+                );
             }
         }
     }
