@@ -173,6 +173,34 @@ describe('the redis timeouts', () => {
     }
   })
 
+  test('every maximum at once against Redis: one load across two instances, Redis keeps the entry for ten years', async () => {
+    const options = {
+      redis: { url: server.url, connectTimeout: WAIT, commandTimeout: WAIT },
+      namespace: 'limits-all',
+      ttl: YEAR,
+      hardTtl: TEN_YEARS,
+      negativeTtl: YEAR,
+      beta: MAX_BETA,
+      lockTtl: WAIT,
+      errorBackoff: YEAR,
+      loadTimeout: WAIT,
+      l1: { maxEntries: MAX_COUNT, maxBytes: MAX_BYTES },
+      maxConcurrentRefreshes: MAX_COUNT,
+    }
+    const a = new StampedeCache(options)
+    const b = new StampedeCache(options)
+    let calls = 0
+    const loader = () => new Promise((resolve) => setTimeout(() => resolve(++calls), 50))
+    const got = await Promise.all([a.getOrLoad('k', loader), b.getOrLoad('k', loader)])
+    assert.deepEqual(got, [1, 1])
+    assert.equal(calls, 1, 'one load across the two (the lock at lockTtl 2^31-1 works)')
+    const pttl = Number(await server.cmd('PTTL', 'limits-all:v:{k}'))
+    // hardTtl with jitter 0.1: between 9 and 11 years, in ms.
+    assert.ok(pttl > 0.9 * TEN_YEARS - 60_000 && pttl <= 1.1 * TEN_YEARS, `PTTL ${pttl}`)
+    assert.equal(await b.getOrLoad('absent', () => null), null, 'a negative entry at negativeTtl a year')
+    await Promise.all([a.close(), b.close()])
+  })
+
   test('the values that used to abort are refused in a child process, which exits cleanly', () => {
     const root = path.join(__dirname, '..')
     const script = `
