@@ -11,6 +11,11 @@
 const { AsyncLocalStorage } = require('node:async_hooks')
 const dc = require('node:diagnostics_channel')
 const native = require('./binding.js')
+// The read lane drives its socket from libuv directly. Bun exports `uv_*` functions that abort
+// and Deno's loop never polls them, so there every read takes the command connection.
+if (typeof process.versions.bun === 'string' || typeof process.versions.deno === 'string' || typeof globalThis.Deno !== 'undefined') {
+  native.refuseReadLane()
+}
 // node:v8 is loaded when the v8 serializer is first used: loading it took 2 ms of a cold
 // process's first read (about a fifth of it), for a serializer most caches never use.
 let v8Module
@@ -193,7 +198,7 @@ const clearEntries = fromNative(native.clearEntries)
 // channel is HIT_STATES[kind]), and `n & HIT_REFRESH` asks for a background refresh.
 const { HIT_SLOT_SHIFT, HIT_KIND_SHIFT, HIT_KIND_MASK, HIT_REFRESH, HIT_STATES } = native
 const { STEP_KINDS, STEP_SERVE, STEP_LEAD, WRITTEN_NOWHERE } = native
-const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT } = native
+const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT, POLICY_BETA } = native
 // What a flight is for (redisGate's purpose), and the reason the channels give it.
 const { PURPOSE_COLD, PURPOSE_REFRESH, PURPOSE_FORCE, PURPOSE_PAST_VALUE, REASONS } = native
 const { GATE_FOUND, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, UNAVAILABLE } = native
@@ -531,12 +536,13 @@ class StampedeCache {
         const value = this.#decode(gate)
         if (value !== UNREADABLE) {
           this.#flights.delete(flight)
-          const refresh = this.#adoptDecoded(k, flight, purpose === PURPOSE_COLD, gate, value)
+          const refresh = this.#adoptDecoded(k, flight, purpose === PURPOSE_COLD, gate, value, policy)
           // A cold load answered by Redis is that tier's hit; a refresh found refreshed
           // elsewhere is not a read.
           if (purpose === PURPOSE_COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', gate.state)
           // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
-          if (refresh) this.#refresh(k, loader, policy, waitUntil, value, tags)
+          // Its basis is the copy Redis answered (the in-process tier may keep none of it).
+          if (refresh) this.#refresh(k, loader, policy, waitUntil, value, tags, gate.freshUntil)
           return value
         }
         if (tries >= 2) {
@@ -591,7 +597,8 @@ class StampedeCache {
 
   // Takes an envelope read from Redis into the in-process tier, with its decoded value. Returns
   // whether the caller (of a cold flight: `cold`) should start a refresh of the stale value.
-  #adoptDecoded(k, flight, cold, answer, value) {
+  // `policy`: the call's (its XFetch beta decides a cold caller's early refresh), or null.
+  #adoptDecoded(k, flight, cold, answer, value, policy = null) {
     const size = answer.bytes
     // One number: slot * 2 + refresh (see `adopt` in src/node/redis.rs).
     const adopted = adopt(
@@ -608,6 +615,7 @@ class StampedeCache {
       answer.born,
       answer.tags ?? null,
       size,
+      policy === null ? -1 : policy[POLICY_BETA],
     )
     this.#fill(adopted >> 1, value)
     // After the value is in place: a subscriber may read the cache.
@@ -841,8 +849,10 @@ class StampedeCache {
   }
 
   // Starts the background refresh the engine asked for and hands it to waitUntil at once.
-  #refresh(k, loader, policy, waitUntil, stale, tags = null) {
-    const flight = beginRefresh(this.#id, k)
+  // `seen`: the fresh-until of the copy the caller was served from Redis (-1: from the
+  // in-process tier), the copy the refresh replaces.
+  #refresh(k, loader, policy, waitUntil, stale, tags = null, seen = -1) {
+    const flight = beginRefresh(this.#id, k, seen)
     if (flight < 0) return
     const load = this.#lead(k, flight, loader, policy, stale, PURPOSE_REFRESH, undefined, tags)
     const done = load.then(noop, (err) => this.#report(err, 'refresh', k))
@@ -883,6 +893,8 @@ class StampedeCache {
     const asked = redisFetch(this.#id, k, true)
     const answer = asked instanceof Promise ? await asked : asked
     if (answer.reported) this.#drainRedisReports()
+    // Closed while Redis was asked: the read was cut short, which says nothing of the key.
+    if (answer.kind !== GATE_FOUND && this.#closed) throw closedError()
     if (answer.kind !== GATE_FOUND) return undefined
     const value = this.#decode(answer)
     if (value === UNREADABLE) return undefined
@@ -941,6 +953,7 @@ class StampedeCache {
     if (local || !this.#redis) return local ?? undefined
     const answer = await redisFetch(this.#id, k, false)
     if (answer.reported) this.#drainRedisReports()
+    if (answer.kind !== GATE_FOUND && this.#closed) throw closedError()
     if (answer.kind !== GATE_FOUND) return undefined
     return {
       state: answer.state,

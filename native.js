@@ -900,6 +900,7 @@ module.exports.redisFailed = nativeBinding.redisFailed
 module.exports.redisFetch = nativeBinding.redisFetch
 module.exports.redisGate = nativeBinding.redisGate
 module.exports.redisWrite = nativeBinding.redisWrite
+module.exports.refuseReadLane = nativeBinding.refuseReadLane
 module.exports.resolvePolicy = nativeBinding.resolvePolicy
 module.exports.setAnswerMaker = nativeBinding.setAnswerMaker
 module.exports.setEntry = nativeBinding.setEntry

@@ -6,7 +6,7 @@
 //! call: a hash lookup, a time read, one random draw for XFetch, no allocation. A tagged entry's
 //! hit also reads its tags' clocks (see `inbox.rs`); an untagged one reads nothing more.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::rngs::SmallRng;
@@ -153,8 +153,10 @@ pub struct Cache<C: Clock = SystemClock> {
     /// Background refresh flights whose loader may still run, bounded by
     /// `options.max_refreshes`. A flight superseded by a write leaves the key's registry but
     /// its loader runs on, so this counts flights until their end is reported, not registry
-    /// entries.
-    refreshing: HashSet<FlightId>,
+    /// entries. Each holds its basis: the fresh-until of the copy it refreshes, so the Redis
+    /// gate can tell a copy refreshed elsewhere meanwhile (newer than the basis) from the one
+    /// this refresh replaces, with or without an in-process entry (`l1: false` keeps none).
+    refreshing: HashMap<FlightId, f64>,
 }
 
 /// Applied invalidations kept between two `take_applied` calls at most (the embedder takes them
@@ -180,7 +182,7 @@ impl<C: Clock> Cache<C> {
             closed: false,
             observing: false,
             applied: Vec::new(),
-            refreshing: HashSet::new(),
+            refreshing: HashMap::new(),
         }
     }
 
@@ -331,6 +333,38 @@ impl<C: Clock> Cache<C> {
         }
     }
 
+    /// The fresh-until of the copy the key's running background refresh replaces (see
+    /// `refreshing`), or of the in-process entry when no refresh runs.
+    pub fn refresh_basis(&self, key: &str) -> Option<f64> {
+        match self.flights.current(key) {
+            Some(f) if f.kind == FlightKind::Refresh => self.refreshing.get(&f.id).copied(),
+            _ => self.fresh_until(key),
+        }
+    }
+
+    /// A caller served `env` from Redis (a cold load answered by another process's entry)
+    /// should start its refresh: it is stale and no error backoff holds it, or it is fresh and
+    /// an XFetch draw (at `beta`) says so, as a hit on the in-process copy would. Without this
+    /// draw a cache with `l1: false`, whose every read is answered this way, would never
+    /// refresh early.
+    pub fn served_refresh_due(&mut self, env: &Envelope, beta: f64) -> bool {
+        let now = self.clock.now_ms();
+        match env.state(now) {
+            State::Fresh if !env.negative => {
+                beta > 0.0
+                    && env.refresh_allowed(now)
+                    && xfetch::should_refresh(
+                        now,
+                        env.fresh_until,
+                        env.compute_ms,
+                        beta,
+                        1.0 - self.rng.random::<f64>(),
+                    )
+            }
+            _ => env.refresh_due(now),
+        }
+    }
+
     /// Background refreshes running now (for tests and `debugCounts`).
     pub fn refreshes_running(&self) -> usize {
         self.refreshing.len()
@@ -362,14 +396,19 @@ impl<C: Clock> Cache<C> {
     }
 
     /// Starts the background refresh a [`Hit`] asked for; `None` if one already runs.
-    pub fn begin_refresh(&mut self, key: &str) -> Option<FlightId> {
+    ///
+    /// `seen`: the fresh-until of the copy the caller was served, when it came from Redis
+    /// rather than from the in-process tier (which may keep none of it); else the in-process
+    /// entry's is the refresh's basis.
+    pub fn begin_refresh(&mut self, key: &str, seen: Option<f64>) -> Option<FlightId> {
         if self.closed || self.refreshing.len() >= self.options.max_refreshes {
             return None;
         }
+        let basis = seen.or_else(|| self.fresh_until(key)).unwrap_or(0.0);
         let stamp = self.inbox.stamp(key).0;
         let born = self.inbox.clock();
         let id = self.flights.lead(key, FlightKind::Refresh, stamp, born)?;
-        self.refreshing.insert(id);
+        self.refreshing.insert(id, basis);
         Some(id)
     }
 
@@ -878,6 +917,45 @@ mod tests {
     }
 
     #[test]
+    fn a_refresh_keeps_the_basis_it_was_started_from() {
+        // l1: false keeps no entry, so the basis comes from the copy Redis served.
+        let (mut c, _) = cache(|r| r.l1 = Some(None));
+        let id = c.begin_refresh("k", Some(1_234.0)).unwrap();
+        assert_eq!(c.refresh_basis("k"), Some(1_234.0));
+        c.skip("k", id);
+        assert_eq!(c.refresh_basis("k"), None);
+        // With an in-process entry and no copy named, the entry's own fresh-until.
+        let (mut c, _) = cache(|r| r.ttls.ttl = Some(1_000.0));
+        load(&mut c, "k", 10.0);
+        let fresh_until = c.fresh_until("k").unwrap();
+        let id = c.begin_refresh("k", None).unwrap();
+        assert_eq!(c.refresh_basis("k"), Some(fresh_until));
+        assert!(c.fail("k", id).is_some());
+    }
+
+    #[test]
+    fn an_entry_served_from_redis_asks_for_a_refresh_when_stale_or_drawn_early() {
+        let (mut c, clock) = cache(|_| {});
+        let now = clock.now_ms();
+        // Stale: due, unless a backoff holds it.
+        let mut stale = Envelope::new(now - 2_000.0, 1_000.0, 60_000.0, 5.0, false);
+        assert!(c.served_refresh_due(&stale, 1.0));
+        stale.retry_after = now + 1_000.0;
+        assert!(!c.served_refresh_due(&stale, 1.0));
+        // Fresh, far from expiry: no draw refreshes at beta 1; an enormous beta always does.
+        let fresh = Envelope::new(now, 60_000.0, 600_000.0, 5.0, false);
+        assert!(!(0..1_000).any(|_| c.served_refresh_due(&fresh, 1.0)));
+        assert!((0..1_000).all(|_| c.served_refresh_due(&fresh, 1e12)));
+        assert!(
+            !c.served_refresh_due(&fresh, 0.0),
+            "beta 0 turns XFetch off"
+        );
+        // A fresh not-found is never refreshed early.
+        let negative = Envelope::new(now, 60_000.0, 60_000.0, 5.0, true);
+        assert!(!c.served_refresh_due(&negative, 1e12));
+    }
+
+    #[test]
     fn stale_entry_is_served_and_refreshed_once() {
         let (mut c, clock) = cache(|r| r.ttls.ttl = Some(1_000.0));
         let slot = load(&mut c, "k", 10.0);
@@ -889,7 +967,7 @@ mod tests {
                 refresh: true
             })
         );
-        let id = c.begin_refresh("k").unwrap();
+        let id = c.begin_refresh("k", None).unwrap();
         c.note_loader_call("k", id);
         // While the refresh runs, readers are served stale and start nothing.
         assert_eq!(
@@ -899,7 +977,7 @@ mod tests {
                 refresh: false
             })
         );
-        assert_eq!(c.begin_refresh("k"), None);
+        assert_eq!(c.begin_refresh("k", None), None);
         let p = c.options().defaults;
         assert_eq!(
             c.complete("k", id, 10.0, false, &p, Extra::default(), false)
@@ -936,14 +1014,14 @@ mod tests {
             load(&mut c, k, 10.0);
         }
         clock.advance(1_500.0);
-        let a = c.begin_refresh("a").unwrap();
-        let b = c.begin_refresh("b").unwrap();
+        let a = c.begin_refresh("a", None).unwrap();
+        let b = c.begin_refresh("b", None).unwrap();
         // Past the bound: still served at once, stale, with no refresh asked for or started.
         assert!(matches!(
             c.peek("c", 1.0),
             Some(Hit::Stale { refresh: false, .. })
         ));
-        assert_eq!(c.begin_refresh("c"), None);
+        assert_eq!(c.begin_refresh("c", None), None);
         // Cold loads are never held back by refreshes.
         assert!(matches!(c.lookup("cold", 1.0, false), Ok(Step::Lead(_))));
         assert_eq!(c.refreshes_running(), 2);
@@ -951,11 +1029,11 @@ mod tests {
         // A refresh superseded by a write still runs: its place is freed only when it ends.
         let p = c.options().defaults;
         c.set("a", false, &p, &Extra::default()).unwrap();
-        assert_eq!(c.begin_refresh("c"), None);
+        assert_eq!(c.begin_refresh("c", None), None);
         assert!(c
             .complete("a", a, 10.0, false, &p, Extra::default(), false)
             .is_none());
-        let c_id = c.begin_refresh("c").unwrap();
+        let c_id = c.begin_refresh("c", None).unwrap();
         assert!(matches!(
             c.peek("d", 1.0),
             Some(Hit::Stale { refresh: false, .. })
@@ -963,16 +1041,16 @@ mod tests {
 
         // fail, abandon, skip, adopt and a write-back each end a refresh.
         assert!(c.fail("b", b).is_some());
-        let d = c.begin_refresh("d").unwrap();
+        let d = c.begin_refresh("d", None).unwrap();
         c.abandon("c", c_id, 0.0);
-        let e = c.begin_refresh("e").unwrap();
+        let e = c.begin_refresh("e", None).unwrap();
         assert_eq!(c.refreshes_running(), 2);
         c.skip("d", d);
         let env = c.store.peek("e").unwrap().envelope;
         assert!(c.adopt("e", Some(e), env, Extra::default(), None).is_some());
         assert_eq!(c.refreshes_running(), 0);
         clock.advance(10_000.0);
-        let b2 = c.begin_refresh("b").unwrap();
+        let b2 = c.begin_refresh("b", None).unwrap();
         let prepared = c
             .prepare("b", b2, 5.0, false, &p, Extra::default(), true, None)
             .unwrap();
@@ -992,7 +1070,7 @@ mod tests {
         let slot = load(&mut c, "k", 1.0);
         clock.advance(1_000.0);
         assert!(c.peek("k", 1.0).unwrap().wants_refresh());
-        let id = c.begin_refresh("k").unwrap();
+        let id = c.begin_refresh("k", None).unwrap();
         c.fail("k", id);
         assert_eq!(c.stats.snapshot().refresh_errors, 1);
         clock.advance(4_999.0);
@@ -1151,7 +1229,7 @@ mod tests {
             ErrorCode::Closed
         );
         assert_eq!(c.peek("k", 1.0), None);
-        assert_eq!(c.begin_refresh("k"), None);
+        assert_eq!(c.begin_refresh("k", None), None);
     }
 
     #[test]
@@ -1405,7 +1483,7 @@ mod inbox_tests {
         fill(&mut c, "k");
         clock.advance(1_100.0);
         assert!(c.peek("k", 1.0).unwrap().wants_refresh());
-        let id = c.begin_refresh("k").unwrap();
+        let id = c.begin_refresh("k", None).unwrap();
         c.abandon("k", id, 500.0);
         assert!(!c.peek("k", 1.0).unwrap().wants_refresh());
         clock.advance(500.0);
@@ -1500,7 +1578,7 @@ mod tag_tests {
         let mut c = cache(|r| r.ttls.ttl = Some(10.0));
         let p = c.options().defaults;
         load(&mut c, "k", tags(&["t"])).unwrap();
-        let id = c.begin_refresh("k").unwrap();
+        let id = c.begin_refresh("k", None).unwrap();
         c.complete("k", id, 1.0, false, &p, Extra::default(), true)
             .unwrap();
         c.delete_tags(&["t".to_string()], true).unwrap();

@@ -192,14 +192,22 @@ impl Envelope {
     /// this write; it comes first, then `born`, where the Lua scripts read them without parsing
     /// the JSON (a load began from another generation is not written back; `clear` sweeps
     /// entries born before it).
-    pub fn encode(&self, body: &Body<'_>, generation: &str) -> String {
+    ///
+    /// `value_key` is the Redis key it is written to: the envelope names it (`kh`, its
+    /// [`key_mark`]), right after `born`, so a reader can tell a reply meant for another key
+    /// (a desynchronized connection, a buggy proxy) from its own.
+    pub fn encode(&self, body: &Body<'_>, generation: &str, value_key: &str) -> String {
         debug_assert!(generation.bytes().all(|b| b.is_ascii_alphanumeric()));
         let value = body.value_json.unwrap_or("null");
-        let mut out = String::with_capacity(value.len() + 160);
+        let mut out = String::with_capacity(value.len() + 180);
         out.push_str("{\"sc\":1,\"gen\":\"");
         out.push_str(generation);
         out.push_str("\",\"born\":");
         push_number(&mut out, self.born as f64);
+        out.push_str(",\"kh\":\"");
+        // Hex digits only: ASCII.
+        out.push_str(std::str::from_utf8(&key_mark(value_key)).unwrap_or_default());
+        out.push('"');
         out.push_str(",\"freshUntil\":");
         push_number(&mut out, self.fresh_until);
         out.push_str(",\"hardUntil\":");
@@ -260,6 +268,7 @@ impl Envelope {
         const NEGATIVE: u16 = 1 << 7;
         const UNDEFINED: u16 = 1 << 8;
         const FMT: u16 = 1 << 9;
+        const KH: u16 = 1 << 10;
         const REQUIRED: u16 = SC | FRESH | HARD | COMPUTE;
         let b = text.as_bytes();
         if b.first() != Some(&b'{') || b.last() != Some(&b'}') {
@@ -277,6 +286,7 @@ impl Envelope {
             undefined: false,
             tags: Vec::new(),
             fmt: None,
+            kh: None,
         };
         let mut seen = 0u16;
         let mut at = 1;
@@ -303,6 +313,7 @@ impl Envelope {
                 "negative" => NEGATIVE,
                 "undefined" => UNDEFINED,
                 "fmt" => FMT,
+                "kh" => KH,
                 // Tags, or a key this layout does not have.
                 _ => return None,
             };
@@ -321,12 +332,12 @@ impl Envelope {
                     head.born = n;
                     next
                 }
-                GEN | FMT => {
+                GEN | FMT | KH => {
                     let (s, next) = plain_string(text, at)?;
-                    if field == GEN {
-                        head.gen = s;
-                    } else {
-                        head.fmt = Some(s);
+                    match field {
+                        GEN => head.gen = s,
+                        FMT => head.fmt = Some(s),
+                        _ => head.kh = Some(s),
                     }
                     next
                 }
@@ -402,6 +413,13 @@ impl Envelope {
             None => None,
             Some(f) => Some(Fmt::from_marker(Some(f))?.marker().unwrap_or("json")),
         };
+        let kh = match p.kh {
+            None => None,
+            Some(k) => {
+                let at = k.as_ptr() as usize - closed.as_ptr() as usize;
+                Some(head.get(at..at + k.len())?)
+            }
+        };
         Some(Head {
             sc: p.sc,
             gen,
@@ -414,6 +432,7 @@ impl Envelope {
             undefined: p.undefined,
             tags: p.tags,
             fmt,
+            kh,
         })
     }
 
@@ -447,6 +466,7 @@ impl Envelope {
             value_json: if head.undefined { None } else { Some(value) },
             tags: head.tags,
             fmt,
+            key_mark: head.kh,
         })
     }
 }
@@ -473,6 +493,9 @@ struct Head<'a> {
     tags: Vec<String>,
     #[serde(default, borrow)]
     fmt: Option<&'a str>,
+    /// The key it was written for (see `key_mark`); absent from envelopes written before it.
+    #[serde(default, borrow)]
+    kh: Option<&'a str>,
 }
 
 /// A whole envelope in any layout.
@@ -494,9 +517,18 @@ pub struct Decoded<'a> {
     pub value_json: Option<&'a str>,
     pub tags: Vec<String>,
     pub fmt: Fmt,
+    /// The mark of the key it was written for; `None` in envelopes written before marks.
+    pub key_mark: Option<&'a str>,
 }
 
 impl Decoded<'_> {
+    /// Whether it may be read as the entry of `value_key`: it names that key, or names none
+    /// (written by a version before marks).
+    pub fn written_for(&self, value_key: &str) -> bool {
+        self.key_mark
+            .is_none_or(|mark| mark.as_bytes() == key_mark(value_key))
+    }
+
     /// What to write to put it back as it was (see `Envelope::encode`).
     pub fn body(&self) -> Body<'_> {
         Body {
@@ -505,6 +537,28 @@ impl Decoded<'_> {
             fmt: self.fmt,
         }
     }
+}
+
+/// The name an envelope carries of the Redis key it was written to: FNV-1a (64 bits) of the
+/// key's bytes, as 16 lowercase hex digits. Not a secret and not proof against forgery (a
+/// hostile server can write anything); it turns a reply delivered for the wrong request into
+/// a refusal, where 2^-64 is the chance that two keys' marks agree.
+pub fn key_mark(value_key: &str) -> [u8; 16] {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in value_key.as_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut out = [0u8; 16];
+    for (i, slot) in out.iter_mut().enumerate() {
+        let nibble = ((h >> (60 - 4 * i)) & 0xf) as u8;
+        *slot = if nibble < 10 {
+            b'0' + nibble
+        } else {
+            b'a' + nibble - 10
+        };
+    }
+    out
 }
 
 /// The JSON string starting at `at` (its `"`), if it has no escape and no control character,
@@ -605,6 +659,37 @@ fn push_number(out: &mut String, n: f64) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_envelope_names_the_key_it_was_written_for() {
+        let e = Envelope::new(1_000.0, 100.0, 1_000.0, 5.0, false);
+        let text = e.encode(&Body::json(Some("1")), "g1", "sc:v:{a}");
+        let d = Envelope::decode(&text).unwrap();
+        assert!(d.written_for("sc:v:{a}"));
+        assert!(!d.written_for("sc:v:{b}"));
+        assert!(!d.written_for("other:v:{a}"));
+        // Where the Lua scripts read gen and born by position, they still are.
+        assert!(text.starts_with("{\"sc\":1,\"gen\":\"g1\",\"born\":0,\"kh\":\""));
+        // Tagged envelopes (the general decoder) carry it too.
+        let tags = vec!["t".to_string()];
+        let body = Body {
+            value_json: Some("1"),
+            tags: &tags,
+            fmt: Fmt::Json,
+        };
+        let tagged = e.encode(&body, "g1", "sc:v:{a}");
+        let d = Envelope::decode(&tagged).unwrap();
+        assert!(d.written_for("sc:v:{a}") && !d.written_for("sc:v:{b}"));
+        // Written before marks existed: readable as any key's.
+        let old = r#"{"sc":1,"gen":"g1","born":0,"freshUntil":1100,"hardUntil":2000,"computeMs":5,"retryAfter":0,"value":1}"#;
+        assert!(Envelope::decode(old).unwrap().written_for("sc:v:{b}"));
+        // A mark that is not one (garbled) names no key of ours.
+        let garbled = text.replacen("\"kh\":\"", "\"kh\":\"z", 1);
+        assert!(!Envelope::decode(&garbled).unwrap().written_for("sc:v:{a}"));
+        assert_ne!(key_mark("sc:v:{a}"), key_mark("sc:v:{b}"));
+        assert!(key_mark("x").iter().all(u8::is_ascii_hexdigit));
+    }
+
     use super::*;
 
     #[test]
@@ -647,7 +732,7 @@ mod tests {
         let mut e = Envelope::new(1_700_000_000_000.0, 60_000.0, 600_000.0, 12.5, false);
         e.retry_after = 1_700_000_005_000.0;
         let value = r#"{"b":1,"a":[1,2,{"x":"y"}]}"#;
-        let text = e.encode(&Body::json(Some(value)), "g1");
+        let text = e.encode(&Body::json(Some(value)), "g1", "sc:v:{k}");
         assert!(
             text.starts_with(r#"{"sc":1,"gen":"g1","born":0,"#),
             "{text}"
@@ -661,11 +746,11 @@ mod tests {
     #[test]
     fn negative_null_and_undefined_are_distinct() {
         let e = Envelope::new(0.0, 5.0, 5.0, 1.0, true);
-        let null_text = e.encode(&Body::json(Some("null")), "g");
+        let null_text = e.encode(&Body::json(Some("null")), "g", "sc:v:{k}");
         let null = Envelope::decode(&null_text).unwrap();
         assert!(null.envelope.negative);
         assert_eq!(null.value_json, Some("null"));
-        let undef_text = e.encode(&Body::json(None), "g");
+        let undef_text = e.encode(&Body::json(None), "g", "sc:v:{k}");
         let undef = Envelope::decode(&undef_text).unwrap();
         assert_eq!(undef.value_json, None);
     }
@@ -681,7 +766,7 @@ mod tests {
             tags: &tags,
             fmt: Fmt::Json,
         };
-        let text = e.encode(&body, "g1");
+        let text = e.encode(&body, "g1", "sc:v:{k}");
         let back = Envelope::decode(&text).unwrap();
         assert_eq!(back.value_json, Some(big.as_str()));
         assert_eq!(back.tags, tags);
@@ -757,7 +842,7 @@ mod tests {
                 tags: &[],
                 fmt,
             };
-            let text = e.encode(&body, "ab12");
+            let text = e.encode(&body, "ab12", "sc:v:{k}");
             let fast = Envelope::decode_written(&text).unwrap_or_else(|| panic!("{text}"));
             assert_eq!(Some(&fast), Envelope::decode_any(&text).as_ref(), "{text}");
             assert_eq!(fast.envelope, e, "{text}");
@@ -774,14 +859,14 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(7);
         let e = Envelope::new(1_000.5, 10_000.0, 20_000.0, 3.25, false).born_at(4);
         let bases = [
-            e.encode(&Body::json(Some(r#"{"k":"v"}"#)), "g9"),
-            e.encode(&Body::json(None), "g9"),
+            e.encode(&Body::json(Some(r#"{"k":"v"}"#)), "g9", "sc:v:{k}"),
+            e.encode(&Body::json(None), "g9", "sc:v:{k}"),
             Envelope {
                 negative: true,
                 retry_after: 7.0,
                 ..e
             }
-            .encode(&Body::json(Some("null")), ""),
+            .encode(&Body::json(Some("null")), "", "sc:v:{k}"),
             e.encode(
                 &Body {
                     value_json: Some("\"AA==\""),
@@ -789,6 +874,7 @@ mod tests {
                     fmt: Fmt::Bytes,
                 },
                 "g",
+                "sc:v:{k}",
             ),
         ];
         let alphabet = b"{}[]\",:\\ 0123456789.eE+-truefalsnvgcmdpbhUMAR\x01";
@@ -851,7 +937,7 @@ mod tests {
             tags: &tags,
             fmt: Fmt::V8,
         };
-        let text = e.encode(&body, "g7");
+        let text = e.encode(&body, "g7", "sc:v:{k}");
         assert!(
             text.starts_with(r#"{"sc":1,"gen":"g7","born":42,"#),
             "{text}"
@@ -862,7 +948,7 @@ mod tests {
         assert_eq!(back.fmt, Fmt::V8);
         assert_eq!(back.body(), body);
         // An untagged JSON envelope carries neither field: it reads as before.
-        let plain = e.encode(&Body::json(Some("1")), "g");
+        let plain = e.encode(&Body::json(Some("1")), "g", "sc:v:{k}");
         assert!(!plain.contains("tags") && !plain.contains("fmt"), "{plain}");
         // Envelopes written before born existed read as born at 0.
         let old = r#"{"sc":1,"gen":"g","freshUntil":1,"hardUntil":2,"computeMs":0,"value":1}"#;

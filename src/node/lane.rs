@@ -99,6 +99,17 @@ pub struct Lane {
     shut: bool,
 }
 
+/// Set when the host said its event loop is not libuv (Bun and Deno export `uv_*` symbols
+/// that abort, or whose loop never polls them): reads take the command connection.
+static NOT_LIBUV: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The facade, on a host whose event loop is not genuinely libuv's (Bun, Deno), turns the read
+/// lane off for the process: every read takes the command connection, with every guarantee.
+#[napi_derive::napi]
+pub fn refuse_read_lane() {
+    NOT_LIBUV.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Opens, installs or returns `id`'s lane, and sends a read of `key` on it: the promise, or
 /// `None` if the lane cannot take it now (the caller asks on the command connection).
 pub fn read<'env>(
@@ -109,6 +120,9 @@ pub fn read<'env>(
     stamp: Stamp,
     ask: LaneAsk,
 ) -> napi::Result<Option<PromiseRaw<'env, RedisAnswer>>> {
+    if NOT_LIBUV.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(None);
+    }
     let Some(uv) = uv() else { return Ok(None) };
     let Some(engine) = engine(id) else {
         return Ok(None);
@@ -400,7 +414,16 @@ impl Lane {
                 failure = Some("Redis answered a read the lane did not send".into());
                 break;
             };
-            let read = self.tier.lane_answer(sent.stamp, reply, sent.ask.counted());
+            let read = self
+                .tier
+                .lane_answer(&sent.key, sent.stamp, reply, sent.ask.counted());
+            if let LaneRead::Misaligned(why) = read {
+                // Not this read's answer: it and every read after it are asked again when
+                // the lane shuts.
+                self.sent.push_front(sent);
+                failure = Some(why.to_string());
+                break;
+            }
             answered.push((sent, read));
             at += len;
         }
@@ -582,6 +605,12 @@ unsafe extern "C" fn on_poll(handle: *mut c_void, status: c_int, events: c_int) 
             }
         }
     };
+    deliver(&lane, answered, failure);
+}
+
+/// Settles the reads `receive` answered, writes the reads their continuations sent, and shuts
+/// the lane if it failed.
+fn deliver(lane: &Rc<RefCell<Lane>>, answered: Vec<(Sent, LaneRead)>, failure: Option<String>) {
     if !answered.is_empty() {
         let (env, tier) = {
             let l = lane.borrow();
@@ -616,16 +645,29 @@ unsafe extern "C" fn on_poll(handle: *mut c_void, status: c_int, events: c_int) 
         }
     }
     if let Some(why) = failure {
-        Lane::shut(&lane, Some(Failure::Lost(why)));
+        Lane::shut(lane, Some(Failure::Lost(why)));
     }
 }
 
 /// The timer's callback: the oldest read in flight may have outlived the command timeout.
+///
+/// libuv runs timers before it polls for I/O, so after the JS thread was blocked (a GC pause,
+/// a long synchronous task) this fires before the poll callback that would read the replies
+/// waiting in the socket. They are read here first: a reply that arrived in time is used, and
+/// only a read still unanswered then has timed out.
 unsafe extern "C" fn on_timer(handle: *mut c_void) {
     // SAFETY: as in `on_poll`.
     let Some(lane) = (unsafe { lane_of(handle) }) else {
         return;
     };
+    let overdue = {
+        let l = lane.borrow();
+        !l.shut && l.sent.front().is_some_and(|f| Instant::now() >= f.deadline)
+    };
+    if overdue {
+        let (answered, failure) = lane.borrow_mut().receive();
+        deliver(&lane, answered, failure);
+    }
     let expired = {
         let mut l = lane.borrow_mut();
         l.timer_armed = false;

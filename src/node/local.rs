@@ -30,10 +30,13 @@ pub fn lookup(id: u32, key: String, policy: Option<Vec<f64>>, force: bool) -> Re
 }
 
 /// Registers the background refresh a hit asked for: its flight id, or -1 if one already runs.
+/// `seen`: the fresh-until of the copy the caller was served from Redis (-1: it was served
+/// from the in-process tier), the copy the refresh replaces.
 #[napi]
-pub fn begin_refresh(id: u32, key: String) -> f64 {
+pub fn begin_refresh(id: u32, key: String, seen: f64) -> f64 {
     with_engine(id, |c| {
-        Ok(c.cache.begin_refresh(&key).map_or(-1.0, |f| f as f64))
+        let seen = (seen >= 0.0).then_some(seen);
+        Ok(c.cache.begin_refresh(&key, seen).map_or(-1.0, |f| f as f64))
     })
     .unwrap_or(-1.0)
 }

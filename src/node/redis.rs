@@ -34,7 +34,9 @@ fn tier_of(id: u32, key: &str) -> Option<(Arc<RedisTier>, f64, f64)> {
     if e.cache.is_closed() {
         return None;
     }
-    let local_fresh_until = e.cache.fresh_until(key).unwrap_or(0.0);
+    // What a refresh gate compares Redis's copy with: the copy the refresh replaces (with
+    // `l1: false` there is no in-process entry to ask).
+    let local_fresh_until = e.cache.refresh_basis(key).unwrap_or(0.0);
     Some((
         e.redis.clone()?,
         e.cache.options().lock_ttl,
@@ -394,12 +396,12 @@ pub(super) fn settle_lane_read(
             settle::spawn_into(promised, gate(tier, key, PURPOSE_COLD, Some(stamp), true));
             return;
         }
-        (Some(LaneRead::Ask) | None, LaneAsk::Cold { lock_ttl }) => {
+        (Some(LaneRead::Ask | LaneRead::Misaligned(_)) | None, LaneAsk::Cold { lock_ttl }) => {
             let tier = Some((tier.clone(), lock_ttl, 0.0));
             settle::spawn_into(promised, gate(tier, key, PURPOSE_COLD, Some(stamp), false));
             return;
         }
-        (Some(LaneRead::Ask) | None, LaneAsk::Fetch { count }) => {
+        (Some(LaneRead::Ask | LaneRead::Misaligned(_)) | None, LaneAsk::Fetch { count }) => {
             settle::spawn_into(promised, fetch(Some(tier.clone()), key, Some(stamp), count));
             return;
         }
@@ -408,8 +410,9 @@ pub(super) fn settle_lane_read(
 }
 
 /// Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
-/// `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found
-/// (a refresh found refreshed elsewhere, and `get`, start none).
+/// `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found,
+/// or of a fresh one an XFetch draw at `beta` (-1: the constructor's) picks (a refresh found
+/// refreshed elsewhere, and `get`, start none).
 ///
 /// Answers `slot * 2 + refresh`: the slot for the value (`NO_SLOT` when the tier keeps nothing,
 /// `WRITTEN_NOWHERE` when superseded, expired or dead; read it back with `>> 1`), and whether
@@ -430,6 +433,7 @@ pub fn adopt(
     born: f64,
     tags: Option<Vec<String>>,
     size: f64,
+    beta: f64,
 ) -> i32 {
     let stamp = (stamp >= 0.0).then_some(Stamp(stamp as u64));
     let envelope = Envelope {
@@ -454,7 +458,12 @@ pub fn adopt(
             stamp
         };
         // Decided whether or not the entry is kept here: the caller was served it either way.
-        let refresh = cold && envelope.refresh_due(e.cache.now());
+        let beta = if beta >= 0.0 {
+            beta
+        } else {
+            e.cache.options().defaults.beta
+        };
+        let refresh = cold && e.cache.served_refresh_due(&envelope, beta);
         let slot = match e.cache.adopt(&key, flight, envelope, extra, stamp) {
             None => WRITTEN_NOWHERE,
             Some(slot) => slot.map_or(NO_SLOT, |s| s as i32),

@@ -126,7 +126,8 @@ impl RedisTier {
     /// read that needs no Redis round trip. Taken once; then the key is in process.
     pub fn take_carried(&self, key: &str, stamp: Stamp) -> Option<Remote> {
         let bytes = self.carried.take(key, stamp)?;
-        let found = usable(&bytes, self.serializer)?;
+        // One naming another key is no more served than a reply would be.
+        let found = usable(&bytes, self.serializer, &self.value_key(key)).ok()??;
         // Tagged envelopes are never carried (their tags' clocks are checked in Redis).
         if !found.tags.is_empty() {
             return None;

@@ -48,21 +48,39 @@ pub struct Usable {
     pub fmt: Fmt,
 }
 
-/// An envelope this library wrote with `serializer`'s format and that is not expired. Anything
-/// else (other JSON, another Redis type, bytes that are not UTF-8, another serializer's value,
-/// expired by our clock) is `None`: a miss, never an error.
-pub fn usable(bytes: &[u8], serializer: Serializer) -> Option<Usable> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    let d = Envelope::decode(text)?;
-    if d.envelope.state(SystemClock.now_ms()) == State::Expired || !serializer.reads(d.fmt) {
-        return None;
+/// A reply read as `value_key`'s envelope names another key: it was delivered for another
+/// request (the connection lost its alignment, or something between us and Redis is broken).
+/// Never served; the connection that delivered it is replaced (`RedisTier::misdelivered`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Misdelivered;
+
+/// An envelope this library wrote for `value_key` with `serializer`'s format and that is not
+/// expired. Anything else (other JSON, another Redis type, bytes that are not UTF-8, another
+/// serializer's value, expired by our clock) is `Ok(None)`: a miss, never an error. One that
+/// names another key is `Err(Misdelivered)`.
+pub fn usable(
+    bytes: &[u8],
+    serializer: Serializer,
+    value_key: &str,
+) -> Result<Option<Usable>, Misdelivered> {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Ok(None);
+    };
+    let Some(d) = Envelope::decode(text) else {
+        return Ok(None);
+    };
+    if !d.written_for(value_key) {
+        return Err(Misdelivered);
     }
-    Some(Usable {
+    if d.envelope.state(SystemClock.now_ms()) == State::Expired || !serializer.reads(d.fmt) {
+        return Ok(None);
+    }
+    Ok(Some(Usable {
         envelope: d.envelope,
         value_json: d.value_json.map(str::to_string),
         tags: d.tags,
         fmt: d.fmt,
-    })
+    }))
 }
 
 impl Usable {
@@ -111,9 +129,13 @@ impl RedisTier {
         let found = match raw {
             Err(Unavailable) => return Fetched::Unavailable,
             Ok(None) => return Fetched::Missing,
-            Ok(Some(bytes)) => match usable(&bytes, self.serializer) {
-                Some(found) => found,
-                None => return Fetched::Missing,
+            Ok(Some(bytes)) => match usable(&bytes, self.serializer, &self.value_key(key)) {
+                Ok(Some(found)) => found,
+                Ok(None) => return Fetched::Missing,
+                Err(Misdelivered) => {
+                    self.misdelivered("get", key);
+                    return Fetched::Missing;
+                }
             },
         };
         match self.alive(key, found.envelope.born, &found.tags).await {
@@ -158,12 +180,12 @@ impl RedisTier {
             return WriteBack::Dropped;
         }
         let px = envelope.remaining_ms(SystemClock.now_ms());
-        let text = envelope.encode(body, &new_token());
         let keys = (
             self.value_key(key),
             self.lock_key(key),
             self.generation_key(key),
         );
+        let text = envelope.encode(body, &new_token(), &keys.0);
         let msg = self.announcement(key);
         // Published instead of `msg` when the script writes: other processes then have the
         // value without reading it (see `carried.rs`).
@@ -224,7 +246,9 @@ impl RedisTier {
             Some((envelope, body)) => {
                 let born = envelope.born.max(self.inbox.clock());
                 (
-                    envelope.born_at(born).encode(body, &generation),
+                    envelope
+                        .born_at(born)
+                        .encode(body, &generation, &self.value_key(key)),
                     envelope.remaining_ms(SystemClock.now_ms()),
                     Some(born),
                 )
@@ -315,7 +339,7 @@ impl RedisTier {
         };
         let mut envelope = d.envelope;
         envelope.retry_after = envelope.retry_after.max(retry_after);
-        let replacement = envelope.encode(&d.body(), d.generation);
+        let replacement = envelope.encode(&d.body(), d.generation, &vkey);
         let _ = self
             .run("set", key, |mut c| async move {
                 self.scripts

@@ -23,7 +23,7 @@ use redis::{ConnectionAddr, ConnectionInfo, RedisError, RedisResult};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::envelopes::usable;
+use super::envelopes::{usable, Misdelivered};
 use super::{connection::timed_out, RedisTier, Remote};
 use crate::inbox::{tag_bucket, Stamp};
 use crate::key;
@@ -37,11 +37,15 @@ pub enum Reply<'a> {
     Nil,
     /// An error reply (`-...`), without the dash.
     Error(&'a [u8]),
-    /// Anything else a GET does not answer with (a status, an integer, an array).
+    /// Anything else a GET does not answer with (a status, an integer).
     Other,
 }
 
-/// The input is not RESP2: the lane cannot know where the next reply starts.
+/// The longest bulk reply the lane waits for: Redis's own ceiling for a string (512 MiB).
+pub const MAX_BULK_LEN: i64 = 512 * 1024 * 1024;
+
+/// The input is not RESP2 as a GET is answered: the lane cannot know where the next reply
+/// starts, or the reply cannot be one it asked for.
 #[derive(Debug, PartialEq, Eq)]
 pub struct ProtocolError;
 
@@ -95,6 +99,11 @@ fn frame_len(buf: &[u8], at: usize) -> Result<Option<usize>, ProtocolError> {
             if n < 0 {
                 return Ok(Some(after_line - at));
             }
+            // Redis never sends more (proto-max-bulk-len's ceiling); waiting for more would
+            // let the other end grow our memory at will.
+            if n > MAX_BULK_LEN {
+                return Err(ProtocolError);
+            }
             let total = after_line + n as usize + 2;
             if buf.len() < total {
                 return Ok(None);
@@ -104,17 +113,10 @@ fn frame_len(buf: &[u8], at: usize) -> Result<Option<usize>, ProtocolError> {
             }
             Ok(Some(total - at))
         }
-        b'*' => {
-            let n = number(&buf[at + 1..end])?;
-            let mut next = after_line;
-            for _ in 0..n.max(0) {
-                match frame_len(buf, next)? {
-                    Some(len) => next += len,
-                    None => return Ok(None),
-                }
-            }
-            Ok(Some(next - at))
-        }
+        // A null array is how RESP2 servers may say nil. Any other array, a RESP3 type or a push
+        // frame is no reply to a GET or to the handshake's commands: out of protocol, so the
+        // lane is closed before it looks inside (no recursion, however deep the nesting).
+        b'*' if number(&buf[at + 1..end])? < 0 => Ok(Some(after_line - at)),
         _ => Err(ProtocolError),
     }
 }
@@ -129,6 +131,10 @@ pub enum LaneRead {
     /// Ask again on the command connection: an entry with tags (their clocks are read there),
     /// the bus down (the clear clock is read there), an error reply.
     Ask,
+    /// The reply cannot be this read's: another key's entry, or a reply a GET never gives. The
+    /// lane is out of step with its requests: it is closed, and this read and every one after
+    /// it are asked again on the command connection.
+    Misaligned(&'static str),
 }
 
 /// Where a lane connects, and as whom.
@@ -385,13 +391,25 @@ impl RedisTier {
     /// What the lane's reply to a read means. `stamp`: the key's invalidation stamp
     /// when the read was asked for; `count`: a `get()`, counted as an l2Hit or a miss (an `Ask`
     /// is counted where it is asked again).
-    pub fn lane_answer(&self, stamp: Stamp, reply: Reply<'_>, count: bool) -> LaneRead {
+    pub fn lane_answer(&self, key: &str, stamp: Stamp, reply: Reply<'_>, count: bool) -> LaneRead {
         let read = match reply {
             Reply::Nil => LaneRead::Missing,
-            Reply::Error(_) | Reply::Other => return LaneRead::Ask,
-            Reply::Bulk(bytes) => match usable(bytes, self.serializer) {
-                None => LaneRead::Missing,
-                Some(found) => {
+            Reply::Error(_) => return LaneRead::Ask,
+            Reply::Other => {
+                self.stats.redis_errors.incr();
+                return LaneRead::Misaligned(
+                    "Redis answered a GET on the read lane with a reply a GET never gives",
+                );
+            }
+            Reply::Bulk(bytes) => match usable(bytes, self.serializer, &self.value_key(key)) {
+                Err(Misdelivered) => {
+                    self.stats.redis_errors.incr();
+                    return LaneRead::Misaligned(
+                        "Redis answered a GET on the read lane with another key's entry",
+                    );
+                }
+                Ok(None) => LaneRead::Missing,
+                Ok(Some(found)) => {
                     let buckets: Vec<u16> = found.tags.iter().map(|t| tag_bucket(t)).collect();
                     if self.inbox.dead(found.envelope.born, &buckets) {
                         LaneRead::Missing
@@ -442,20 +460,11 @@ mod tests {
         );
         assert_eq!(frame(b"+OK\r\n"), Ok(Some((Reply::Other, 5))));
         assert_eq!(frame(b":12\r\n"), Ok(Some((Reply::Other, 5))));
-        assert_eq!(
-            frame(b"*2\r\n$1\r\na\r\n*1\r\n:1\r\nrest"),
-            Ok(Some((Reply::Other, 19)))
-        );
         assert_eq!(frame(b"*-1\r\n"), Ok(Some((Reply::Nil, 5))));
     }
 
     #[test]
     fn an_incomplete_reply_waits_for_more_at_every_cut() {
-        let whole: &[u8] = b"*2\r\n$5\r\nhello\r\n$-1\r\n";
-        for cut in 0..whole.len() {
-            assert_eq!(frame(&whole[..cut]), Ok(None), "cut at {cut}");
-        }
-        assert_eq!(frame(whole), Ok(Some((Reply::Other, whole.len()))));
         let bulk: &[u8] = b"$10\r\n0123456789\r\n";
         for cut in 0..bulk.len() {
             assert_eq!(frame(&bulk[..cut]), Ok(None), "cut at {cut}");
@@ -473,6 +482,29 @@ mod tests {
         assert_eq!(frame(b"$x\r\n"), Err(ProtocolError));
         assert_eq!(frame(b"$3\r\nabcde\r\n"), Err(ProtocolError));
         assert_eq!(frame(&[b'+'; 5000]), Err(ProtocolError));
+    }
+
+    #[test]
+    fn replies_no_get_gives_are_refused_before_they_are_read() {
+        // Arrays (however deep), RESP3 types and push frames: refused at their first line.
+        assert_eq!(frame(b"*2\r\n$1\r\na\r\n*1\r\n:1\r\n"), Err(ProtocolError));
+        let deep = "*1\r\n".repeat(300_000);
+        assert_eq!(frame(deep.as_bytes()), Err(ProtocolError));
+        assert_eq!(frame(b"*1\r\n"), Err(ProtocolError), "even incomplete");
+        for kind in [b'%', b'~', b'>', b'_', b'#', b',', b'(', b'=', b'|'] {
+            let mut reply = vec![kind];
+            reply.extend_from_slice(b"1\r\n");
+            assert_eq!(frame(&reply), Err(ProtocolError), "kind {}", kind as char);
+        }
+        // A declared length past Redis's own ceiling is never waited for.
+        assert_eq!(frame(b"$1000000000000\r\n"), Err(ProtocolError));
+        assert_eq!(frame(b"$9223372036854775807\r\n"), Err(ProtocolError));
+        assert_eq!(
+            frame(b"$536870912\r\nabc"),
+            Ok(None),
+            "at the ceiling: waits"
+        );
+        assert_eq!(frame(b"$536870913\r\n"), Err(ProtocolError));
     }
 
     #[test]

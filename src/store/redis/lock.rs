@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::envelopes::{usable, Fetched, GENERATION_TTL};
+use super::envelopes::{usable, Fetched, Misdelivered, GENERATION_TTL};
 use super::{RedisTier, Remote, Unavailable};
 use crate::inbox::Stamp;
 
@@ -233,7 +233,16 @@ impl RedisTier {
             let left = match self.look(key, &token, lock_ttl_ms, past).await {
                 Err(Unavailable) => return (Gate::unfenced(), no_lock(waited)),
                 Ok(Look::Value(bytes)) => {
-                    if let Some(found) = usable(&bytes, self.serializer) {
+                    let found = match usable(&bytes, self.serializer, &self.value_key(key)) {
+                        Ok(found) => found,
+                        Err(Misdelivered) => {
+                            // The script's reply cannot be trusted, the lock bid included:
+                            // load without Redis (a lock it took expires in lockTtl).
+                            self.misdelivered("lock", key);
+                            return (Gate::unfenced(), no_lock(waited));
+                        }
+                    };
+                    if let Some(found) = found {
                         match self.alive(key, found.envelope.born, &found.tags).await {
                             Ok(true) => {
                                 return (Gate::Found(found.remote(stamp)), no_lock(waited));
@@ -342,7 +351,15 @@ impl RedisTier {
         let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
         let mut tags = Vec::new();
         if let Some(Value::BulkString(b)) = reply.get(1) {
-            if let Some(found) = usable(b, self.serializer) {
+            let found = match usable(b, self.serializer, &self.value_key(key)) {
+                Ok(found) => found,
+                Err(Misdelivered) => {
+                    self.misdelivered("lock", key);
+                    self.release(key, &token, false).await;
+                    return Gate::unfenced();
+                }
+            };
+            if let Some(found) = found {
                 let e = found.envelope;
                 if e.fresh_until > local_fresh_until || !e.refresh_allowed(now) {
                     // Redis has a newer copy, or a failed refresh holds refreshes back: use it,

@@ -425,6 +425,21 @@ impl RedisTier {
     }
 
     /// Queues a failure for `onError` (rate-limited).
+    /// A reply on the command connection named another key than the one asked for (see
+    /// `envelopes::Misdelivered`): counted and reported, and the connection is replaced, since
+    /// whatever else it carries may be shifted too. Redis is not taken down for it.
+    pub(super) fn misdelivered(&self, op: &'static str, key: &str) {
+        if let Some(conn) = self.link.current() {
+            self.link.replace(conn.id);
+        }
+        self.stats.redis_errors.incr();
+        self.report(
+            op,
+            Some(key),
+            "Redis answered with another key's entry: the connection is replaced".to_string(),
+        );
+    }
+
     fn report(&self, op: &'static str, key: Option<&str>, message: String) {
         self.reports.push(op, key, message);
     }

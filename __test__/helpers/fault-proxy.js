@@ -1,0 +1,91 @@
+'use strict'
+// A TCP proxy on 127.0.0.1 that can corrupt what Redis sends back (__test__/redis-wire.test.js):
+// every connection it accepts is forwarded to 127.0.0.1:`targetPort`, and `tamper(fn)` hands the
+// next chunk Redis sends on any connection to `fn(chunk)`, whose result is sent instead (an
+// extra reply in front, the chunk twice, crafted bytes). `tamperEvery(fn)` does it to every
+// chunk until `calm()`.
+
+const net = require('node:net')
+
+class FaultProxy {
+  #server = null
+  #pairs = new Set()
+  #once = null
+  #every = null
+
+  constructor(targetPort) {
+    this.targetPort = targetPort
+    this.port = null
+    this.accepted = 0
+    /** Chunks changed so far. */
+    this.tampered = 0
+  }
+
+  start() {
+    return new Promise((resolve, reject) => {
+      const server = net.createServer((client) => this.#onConnection(client))
+      server.once('error', reject)
+      server.listen(0, '127.0.0.1', () => {
+        this.#server = server
+        this.port = server.address().port
+        resolve(this)
+      })
+    })
+  }
+
+  tamper(fn) {
+    this.#once = fn
+  }
+
+  tamperEvery(fn) {
+    this.#every = fn
+  }
+
+  calm() {
+    this.#once = null
+    this.#every = null
+  }
+
+  /** Sends `bytes` to every client now, as if Redis had (an unsolicited reply). */
+  injectNow(bytes) {
+    for (const { client } of this.#pairs) client.write(bytes)
+  }
+
+  #onConnection(client) {
+    this.accepted++
+    const upstream = net.connect({ host: '127.0.0.1', port: this.targetPort })
+    const pair = { client, upstream }
+    this.#pairs.add(pair)
+    const teardown = () => {
+      this.#pairs.delete(pair)
+      client.destroy()
+      upstream.destroy()
+    }
+    client.on('data', (chunk) => upstream.write(chunk))
+    upstream.on('data', (chunk) => {
+      let out = chunk
+      const fn = this.#once ?? this.#every
+      if (fn) {
+        if (this.#once) this.#once = null
+        this.tampered++
+        out = fn(chunk)
+      }
+      client.write(out)
+    })
+    for (const s of [client, upstream]) {
+      s.on('error', teardown)
+      s.on('close', teardown)
+    }
+  }
+
+  async close() {
+    for (const pair of this.#pairs) {
+      pair.client.destroy()
+      pair.upstream.destroy()
+    }
+    this.#pairs.clear()
+    if (this.#server) await new Promise((r) => this.#server.close(() => r()))
+  }
+}
+
+module.exports = { FaultProxy }
