@@ -46,22 +46,28 @@ function collectError(label, err) {
   collect(`${label} json`, JSON.stringify(err))
 }
 
-// Every channel index.js publishes on.
-const CHANNELS = ['hit', 'miss', 'coalesce', 'lock', 'invalidate', 'load-timeout', 'redis-error'].map(
-  (n) => `stampede-cache:${n}`,
-)
+// Every channel index.js publishes on, read from its source so a new channel is covered too.
+const facade = require('node:fs').readFileSync(path.join(__dirname, '..', 'index.js'), 'utf8')
+const CHANNELS = [...facade.matchAll(/dc\.channel\('([^']+)'\)/g)].map((m) => m[1])
+const TRACING = [...facade.matchAll(/dc\.tracingChannel\('([^']+)'\)/g)].map((m) => m[1])
 let payloads = 0
+const seen = (name) => (message) => {
+  payloads++
+  collect(`channel ${name}`, util.inspect(message, { depth: 6, showHidden: true }))
+  if (message?.error) collectError(`channel ${name} error`, message.error)
+}
 const subscribers = CHANNELS.map((name) => {
-  const fn = (message) => {
-    payloads++
-    collect(`channel ${name}`, util.inspect(message, { depth: 6, showHidden: true }))
-    if (message?.error) collectError(`channel ${name} error`, message.error)
-  }
+  const fn = seen(name)
   dc.subscribe(name, fn)
-  return [name, fn]
+  return () => dc.unsubscribe(name, fn)
 })
+for (const name of TRACING) {
+  const handlers = Object.fromEntries(['start', 'end', 'asyncStart', 'asyncEnd', 'error'].map((e) => [e, seen(`${name}:${e}`)]))
+  dc.tracingChannel(name).subscribe(handlers)
+  subscribers.push(() => dc.tracingChannel(name).unsubscribe(handlers))
+}
 after(() => {
-  for (const [name, fn] of subscribers) dc.unsubscribe(name, fn)
+  for (const unsubscribe of subscribers) unsubscribe()
 })
 
 /** The malformed URLs, each with the marker password (`port` is a dead port on 127.0.0.1). */
@@ -180,6 +186,8 @@ let constructorErrors = 0
 let reportsSeen = 0
 
 test('malformed URLs through every URL-taking option: no message shows the password', async () => {
+  assert.ok(CHANNELS.length >= 7 && CHANNELS.includes('stampede-cache:redis-error'), `channels: ${CHANNELS}`)
+  assert.deepEqual(TRACING, ['stampede-cache:load'])
   const dead = await freePort()
   for (const url of malformedUrls(dead)) {
     for (const [name, options] of placements(url, dead)) {
