@@ -171,9 +171,9 @@ export interface RedisOptions {
   sentinels?: string[] | undefined
   /** The Sentinel master group name. */
   masterName?: string | undefined
-  /** Milliseconds to connect before degrading; default about 1_000. */
+  /** Milliseconds to connect before degrading; default about 1_000; at most 2 ** 31 - 1. */
   connectTimeout?: number | undefined
-  /** Milliseconds a command may take before it counts as a Redis error; default about 1_000. */
+  /** Milliseconds a command may take before it counts as a Redis error; default about 1_000; at most 2 ** 31 - 1. */
   commandTimeout?: number | undefined
 }
 
@@ -193,34 +193,35 @@ export interface StampedeCacheOptions<S extends SerializerOption = SerializerOpt
   redis?: string | RedisOptions | undefined
   /** Prefix of every Redis key; default `'sc'`. */
   namespace?: string | undefined
-  /** Milliseconds an entry is fresh (the soft TTL); default 60_000. */
+  /** Milliseconds an entry is fresh (the soft TTL); default 60_000; at most a year (31_536_000_000). */
   ttl?: number | undefined
-  /** Milliseconds an entry lives at all, stale included; default 10 * ttl; must be >= ttl. */
+  /** Milliseconds an entry lives at all, stale included; default 10 * ttl; must be >= ttl; at most ten years (315_360_000_000). */
   hardTtl?: number | undefined
   /** In [0, 1): each written entry's ttl and hardTtl are scaled by a random factor in [1-jitter, 1+jitter]; default 0.1. */
   jitter?: number | undefined
-  /** XFetch beta >= 0; default 1; 0 turns probabilistic early refresh off. */
+  /** XFetch beta >= 0, at most 1e6; default 1; 0 turns probabilistic early refresh off. */
   beta?: number | undefined
-  /** Milliseconds a null/undefined loader result is cached; default 5_000; 0 caches none. */
+  /** Milliseconds a null/undefined loader result is cached; default 5_000; 0 caches none; at most a year. */
   negativeTtl?: number | undefined
-  /** Milliseconds the cross-process refresh lock lives; default 10_000. */
+  /** Milliseconds the cross-process refresh lock lives; default 10_000; at most 2 ** 31 - 1. */
   lockTtl?: number | undefined
-  /** Milliseconds after a failed background refresh before that key is refreshed again; default 5_000; 0 = none. */
+  /** Milliseconds after a failed background refresh before that key is refreshed again; default 5_000; 0 = none; at most a year. */
   errorBackoff?: number | undefined
   /**
    * The in-process tier; default `{ maxEntries: 10_000 }`, LRU-bounded. `maxBytes` bounds it by
    * the values' serialized size too: a value larger than it is served but kept only in Redis.
-   * `false` keeps nothing in process.
+   * `false` keeps nothing in process. `maxEntries` at most 2 ** 32 - 1, `maxBytes` at most
+   * `Number.MAX_SAFE_INTEGER`.
    */
   l1?: false | { maxEntries?: number | undefined; maxBytes?: number | undefined } | undefined
   /**
-   * Milliseconds a load may run; default 30_000; `Infinity`: no limit. Past it the loader's
+   * Milliseconds a load may run, at most 2 ** 31 - 1; default 30_000; `Infinity`: no limit. Past it the loader's
    * `ctx.signal` aborts and its waiting callers reject with `ERR_LOAD_TIMEOUT`.
    */
   loadTimeout?: number | undefined
   /**
    * Background refreshes (stale-while-revalidate and XFetch early refreshes) this instance runs
-   * at once; default 16; `Infinity`: no bound. Past it, readers are served the stale value at
+   * at once; default 16, at most 2 ** 32 - 1; `Infinity`: no bound. Past it, readers are served the stale value at
    * once and a later read refreshes the key. Cold loads are never held back.
    */
   maxConcurrentRefreshes?: number | undefined

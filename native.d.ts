@@ -368,7 +368,11 @@ export declare const STEP_SERVE: number
  */
 export declare function takeInvalidations(id: number): Array<string | undefined | null>
 
-/** Redis failures waiting for `onError` (already rate-limited). */
+/**
+ * Redis failures waiting for `onError` (already rate-limited). Their messages are the redis
+ * crate's and the TLS library's words, which quote no password today; `scrub` keeps it so
+ * whatever a later version of them says.
+ */
 export declare function takeRedisReports(id: number): Array<RedisReport>
 
 /**

@@ -1,6 +1,7 @@
 //! Options: their defaults, their validation (every error names the option), and how a call's
 //! overrides combine with the constructor's into the policy one entry is written with.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::envelope::Serializer;
@@ -144,19 +145,72 @@ pub struct RawOptions {
     pub max_refreshes: Option<f64>,
 }
 
-/// A duration in ms: finite and not negative.
-pub fn duration(name: &str, v: f64) -> Result<f64> {
+// The maxima of the numeric options (the README's options table lists them). No value the
+// constructor accepts may abort the process or misbehave later: past these, ERR_INVALID_OPTION.
+
+/// The longest delay a JS timer takes, 2^31-1 ms (about 24.8 days): Node fires a longer
+/// `setTimeout` at once. The maximum of every option that is a wait (`loadTimeout`, `lockTtl`,
+/// `redis.connectTimeout`, `redis.commandTimeout`): they are timers, or deadlines as far off as
+/// one, and no wait for a load, a lock or a reply is meant to outlast it.
+pub const MAX_WAIT_MS: f64 = 2_147_483_647.0;
+/// How long an entry may be fresh (`ttl`, `negativeTtl`) or a failed refresh hold refreshes back
+/// (`errorBackoff`): 365 days. Entries are also fresh across restarts and processes, so a
+/// timer's limit would be needlessly short; past a year a cache entry is a mistake, not a policy.
+pub const MAX_TTL_MS: f64 = 365.0 * 24.0 * 3_600_000.0;
+/// How long an entry lives at all (`hardTtl`): ten years, so that the default of 10 x ttl always
+/// fits. Far inside what Redis (PX in i64 ms) and the f64 ms timestamps hold exactly.
+pub const MAX_HARD_TTL_MS: f64 = DEFAULT_HARD_TTL_FACTOR * MAX_TTL_MS;
+/// `beta`: XFetch refreshes early by `-ln(rand) * beta * computeMs`; by 1e6 every read of a key
+/// that took a millisecond to compute already refreshes it up to ~16 minutes early (more,
+/// over a fresh period it cannot exceed), so larger values mean nothing more.
+pub const MAX_BETA: f64 = 1e6;
+/// `l1.maxEntries` and `maxConcurrentRefreshes`: 2^32-1, a count no process reaches.
+pub const MAX_COUNT: f64 = u32::MAX as f64;
+/// `l1.maxBytes`: 2^53-1 (`Number.MAX_SAFE_INTEGER`), the largest whole number a JS number holds.
+pub const MAX_BYTES: f64 = 9_007_199_254_740_991.0;
+
+/// A number as a message shows it: JS's way for large ones (`1e+300`, not 301 digits).
+fn shown(v: f64) -> String {
+    if v.is_finite() && v.abs() >= 1e21 {
+        let e = format!("{v:e}");
+        e.replacen('e', "e+", 1).replace("e+-", "e-")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// A maximum as a message shows it: ms and a rounded human unit.
+fn max_ms(max: f64) -> String {
+    let days = max / 86_400_000.0;
+    if days >= 365.0 {
+        let years = (days / 365.0).round();
+        let unit = if years == 1.0 { "year" } else { "years" };
+        format!("{} ms ({years} {unit})", shown(max))
+    } else {
+        format!("{} ms (about {:.1} days)", shown(max), days)
+    }
+}
+
+fn too_large(name: &str, max: String, v: f64) -> Error {
+    Error::invalid_option(name, format!("must be at most {max}, got {}", shown(v)))
+}
+
+/// A duration in ms: finite, not negative, at most `max`.
+pub fn duration(name: &str, v: f64, max: f64) -> Result<f64> {
     if !v.is_finite() {
         return Err(Error::invalid_option(
             name,
-            format!("must be a finite number of ms, got {v}"),
+            format!("must be a finite number of ms, got {}", shown(v)),
         ));
     }
     if v < 0.0 {
         return Err(Error::invalid_option(
             name,
-            format!("must not be negative, got {v}"),
+            format!("must not be negative, got {}", shown(v)),
         ));
+    }
+    if v > max {
+        return Err(too_large(name, max_ms(max), v));
     }
     Ok(v)
 }
@@ -165,7 +219,7 @@ fn jitter(v: f64) -> Result<f64> {
     if !(v.is_finite() && (0.0..1.0).contains(&v)) {
         return Err(Error::invalid_option(
             "jitter",
-            format!("must be in [0, 1), got {v}"),
+            format!("must be in [0, 1), got {}", shown(v)),
         ));
     }
     Ok(v)
@@ -175,19 +229,61 @@ fn beta(v: f64) -> Result<f64> {
     if !(v.is_finite() && v >= 0.0) {
         return Err(Error::invalid_option(
             "beta",
-            format!("must be a finite number >= 0, got {v}"),
+            format!("must be a finite number >= 0, got {}", shown(v)),
+        ));
+    }
+    if v > MAX_BETA {
+        return Err(too_large("beta", shown(MAX_BETA), v));
+    }
+    Ok(v)
+}
+
+/// A load timeout: a positive number of ms up to `MAX_WAIT_MS`, or `Infinity` for none.
+fn load_timeout(v: f64) -> Result<f64> {
+    if v.is_nan() || v <= 0.0 {
+        return Err(Error::invalid_option(
+            "loadTimeout",
+            format!(
+                "must be a positive number of ms or Infinity, got {}",
+                shown(v)
+            ),
+        ));
+    }
+    if v > MAX_WAIT_MS && v != f64::INFINITY {
+        return Err(too_large(
+            "loadTimeout",
+            format!("{} or Infinity", max_ms(MAX_WAIT_MS)),
+            v,
         ));
     }
     Ok(v)
 }
 
-/// A load timeout: a positive number of ms, or `Infinity` for none.
-fn load_timeout(v: f64) -> Result<f64> {
-    if v.is_nan() || v <= 0.0 {
+/// A timeout of the `redis` option: a positive number of ms up to `MAX_WAIT_MS`, as the
+/// `Duration` the connections use (made checked, though the bound already makes it safe).
+pub fn redis_timeout(name: &str, ms: f64) -> Result<Duration> {
+    if !(ms.is_finite() && ms > 0.0) {
         return Err(Error::invalid_option(
-            "loadTimeout",
-            format!("must be a positive number of ms or Infinity, got {v}"),
+            name,
+            format!("must be a positive, finite number of ms, got {}", shown(ms)),
         ));
+    }
+    if ms > MAX_WAIT_MS {
+        return Err(too_large(name, max_ms(MAX_WAIT_MS), ms));
+    }
+    Duration::try_from_secs_f64(ms / 1_000.0).map_err(|_| too_large(name, max_ms(MAX_WAIT_MS), ms))
+}
+
+/// A whole number in `[min, max]`, named `name` (`what` says what it counts).
+fn whole(name: &str, v: f64, min: f64, max: f64, what: &str) -> Result<f64> {
+    if !(v.is_finite() && v >= min && v.fract() == 0.0) {
+        return Err(Error::invalid_option(
+            name,
+            format!("must be a whole number{what} >= {min}, got {}", shown(v)),
+        ));
+    }
+    if v > max {
+        return Err(too_large(name, shown(max), v));
     }
     Ok(v)
 }
@@ -198,10 +294,17 @@ fn max_refreshes(v: f64) -> Result<usize> {
     if v == f64::INFINITY {
         return Ok(usize::MAX);
     }
-    if !(v.is_finite() && v >= 1.0 && v.fract() == 0.0 && v <= u32::MAX as f64) {
+    if !(v.is_finite() && v >= 1.0 && v.fract() == 0.0) {
         return Err(Error::invalid_option(
             "maxConcurrentRefreshes",
-            format!("must be a whole number >= 1 or Infinity, got {v}"),
+            format!("must be a whole number >= 1 or Infinity, got {}", shown(v)),
+        ));
+    }
+    if v > MAX_COUNT {
+        return Err(too_large(
+            "maxConcurrentRefreshes",
+            format!("{} or Infinity", shown(MAX_COUNT)),
+            v,
         ));
     }
     Ok(v as usize)
@@ -217,11 +320,123 @@ fn check_hard_ttl(ttl: f64, hard_ttl: f64) -> Result<()> {
     Ok(())
 }
 
+/// `url` as a message may show it: the password replaced by `***` (`redis://u:***@host:6379`),
+/// and so is a `pass=`/`password=` query value (a unix URL's password). By text, not by parsing,
+/// so a URL that does not parse is redacted too: the userinfo is everything between `://` (or
+/// the start, without one) and the last `@`, since a password may hold a `/`, `?`, `#` or `@`
+/// that a parser would take for the end of it. Of the userinfo, only a user name before a `:`
+/// is shown; a userinfo without `:` may be a password given alone, and is hidden whole.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let mut out = String::with_capacity(url.len());
+    out.push_str(scheme);
+    match rest.rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            if let Some((user, _)) = userinfo.split_once(':') {
+                out.push_str(user);
+                out.push(':');
+            }
+            out.push_str("***");
+            out.push_str(&rest[at..]);
+        }
+        // `redis://:secret`, a password whose `@host` was left out, reads as an empty host and
+        // a port; nothing after the `:` is worth showing.
+        None if rest.starts_with(':') => out.push_str(":***"),
+        None => out.push_str(rest),
+    }
+    redact_query_passwords(&out)
+}
+
+/// The names under which a URL's query may carry a password.
+const PASSWORD_PARAMS: &[&str] = &["pass", "password"];
+
+/// `text` with the value of every `pass=`/`password=` after a `?` or `&` replaced by `***`.
+fn redact_query_passwords(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(['?', '&']) {
+        out.push_str(&rest[..=i]);
+        rest = &rest[i + 1..];
+        let name_end = rest.find(['=', '&', '#']).unwrap_or(rest.len());
+        let is_password = rest[name_end..].starts_with('=')
+            && PASSWORD_PARAMS
+                .iter()
+                .any(|p| rest[..name_end].eq_ignore_ascii_case(p));
+        if is_password {
+            out.push_str(&rest[..=name_end]);
+            out.push_str("***");
+            let value_end = rest[name_end..]
+                .find(['&', '#'])
+                .map_or(rest.len(), |j| name_end + j);
+            rest = &rest[value_end..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The secrets `url` carries, as a message might spell them (as given, and percent-decoded):
+/// the userinfo's password (or the whole userinfo without a `:`) and `pass=` query values.
+fn url_secrets(url: &str) -> Vec<String> {
+    let rest = url.find("://").map_or(url, |i| &url[i + 3..]);
+    let mut raw = Vec::new();
+    if let Some(at) = rest.rfind('@') {
+        let userinfo = &rest[..at];
+        raw.push(userinfo.split_once(':').map_or(userinfo, |(_, pw)| pw));
+    }
+    for (i, _) in url.match_indices(['?', '&']) {
+        let pair = &url[i + 1..];
+        let pair = &pair[..pair.find(['&', '#']).unwrap_or(pair.len())];
+        if let Some((name, value)) = pair.split_once('=') {
+            if PASSWORD_PARAMS.iter().any(|p| name.eq_ignore_ascii_case(p)) {
+                raw.push(value);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for s in raw {
+        out.push(s.to_string());
+        let decoded = percent_decode(s);
+        if decoded != s {
+            out.push(decoded);
+        }
+    }
+    out
+}
+
+/// `%XX` decoded (invalid escapes kept as they are), lossily as UTF-8.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Accepts `redis://[user:pass@]host[:port][/db]` (and `rediss`, `valkey`, `valkeys`) and
 /// `unix://…`/`redis+unix://…`/`valkey+unix://…`; `name` is the option it came from.
 fn redis_url(name: &str, url: &str) -> Result<String> {
-    let bad =
-        |why: &str| Error::invalid_option(name, format!("is not a Redis URL ({why}): {url:?}"));
+    let bad = |why: &str| {
+        Error::invalid_option(
+            name,
+            format!("is not a Redis URL ({why}): {:?}", redact_url(url)),
+        )
+    };
     let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
     match scheme {
         "redis" | "rediss" | "valkey" | "valkeys" => {
@@ -266,8 +481,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// A command not answered within this counts as a Redis error, unless configured.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// TLS settings (`redis.tls`).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// TLS settings (`redis.tls`). Debug shows the PEM material's sizes, never its text.
+#[derive(Clone, Default, PartialEq)]
 pub struct TlsOptions {
     /// PEM of the CA(s) to trust instead of the system roots.
     pub ca: Option<Vec<u8>>,
@@ -280,8 +495,9 @@ pub struct TlsOptions {
     pub reject_unauthorized: bool,
 }
 
-/// The `redis` option, validated: exactly one of `url`, `cluster` or `sentinels`.
-#[derive(Debug, Clone, PartialEq)]
+/// The `redis` option, validated: exactly one of `url`, `cluster` or `sentinels`. Debug shows
+/// the URLs redacted (`redact_url`).
+#[derive(Clone, PartialEq)]
 pub struct RedisConfig {
     /// One server; with `sentinels`, only the primary's scheme, user, password and db.
     pub url: Option<String>,
@@ -293,7 +509,71 @@ pub struct RedisConfig {
     pub command_timeout: Duration,
 }
 
+/// PEM material as Debug shows it: its size only.
+struct PemSize<'a>(&'a Option<Vec<u8>>);
+
+impl fmt::Debug for PemSize<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(pem) => write!(f, "Some(<{} bytes of PEM>)", pem.len()),
+            None => f.write_str("None"),
+        }
+    }
+}
+
+impl fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field("ca", &PemSize(&self.ca))
+            .field("cert", &PemSize(&self.cert))
+            .field("key", &PemSize(&self.key))
+            .field("servername", &self.servername)
+            .field("reject_unauthorized", &self.reject_unauthorized)
+            .finish()
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redacted = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
+        f.debug_struct("RedisConfig")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("tls", &self.tls)
+            .field("cluster", &redacted(&self.cluster))
+            .field("sentinels", &redacted(&self.sentinels))
+            .field("master_name", &self.master_name)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
 impl RedisConfig {
+    /// `text` (a message from the redis crate or the TLS library, say) with every URL of this
+    /// configuration redacted and every password they carry replaced by `***`. A last guard
+    /// for messages this library does not word itself; its own messages redact as they quote.
+    pub fn scrub(&self, text: &str) -> String {
+        let urls = self.url.iter().chain(&self.cluster).chain(&self.sentinels);
+        let mut out = text.to_string();
+        let mut secrets = Vec::new();
+        for url in urls.clone() {
+            if !url.is_empty() {
+                out = out.replace(url.as_str(), &redact_url(url));
+            }
+            secrets.extend(url_secrets(url));
+        }
+        // Longest first, so a password that holds a shorter one is replaced whole. A secret of
+        // one or two characters would mangle every message and hides nothing worth hiding.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        for secret in secrets
+            .iter()
+            .filter(|s| s.len() >= 3 && s.as_str() != "***")
+        {
+            out = out.replace(secret.as_str(), "***");
+        }
+        out
+    }
+
     pub fn from_url(url: &str) -> Self {
         RedisConfig {
             url: Some(url.to_string()),
@@ -347,7 +627,10 @@ impl RedisConfig {
             for url in urls {
                 redis_url(name, url)?;
                 if url.starts_with("unix") || url.contains("+unix") {
-                    return bad(name, format!("needs host:port URLs, got {url:?}"));
+                    return bad(
+                        name,
+                        format!("needs host:port URLs, got {:?}", redact_url(url)),
+                    );
                 }
             }
         }
@@ -406,11 +689,11 @@ impl Options {
         }
         let t = raw.ttls;
         if let Some(v) = t.ttl {
-            o.defaults.ttl = duration("ttl", v)?;
+            o.defaults.ttl = duration("ttl", v, MAX_TTL_MS)?;
         }
         match t.hard_ttl {
             Some(v) => {
-                let h = duration("hardTtl", v)?;
+                let h = duration("hardTtl", v, MAX_HARD_TTL_MS)?;
                 check_hard_ttl(o.defaults.ttl, h)?;
                 o.defaults.hard_ttl = h;
                 o.explicit_hard_ttl = Some(h);
@@ -424,19 +707,19 @@ impl Options {
             o.defaults.beta = beta(v)?;
         }
         if let Some(v) = t.negative_ttl {
-            o.defaults.negative_ttl = duration("negativeTtl", v)?;
+            o.defaults.negative_ttl = duration("negativeTtl", v, MAX_TTL_MS)?;
         }
         if let Some(v) = t.load_timeout {
             o.defaults.load_timeout = load_timeout(v)?;
         }
         if let Some(v) = raw.lock_ttl {
-            o.lock_ttl = duration("lockTtl", v)?;
+            o.lock_ttl = duration("lockTtl", v, MAX_WAIT_MS)?;
             if o.lock_ttl < 1.0 {
                 return Err(Error::invalid_option("lockTtl", "must be at least 1 ms"));
             }
         }
         if let Some(v) = raw.error_backoff {
-            o.error_backoff = duration("errorBackoff", v)?;
+            o.error_backoff = duration("errorBackoff", v, MAX_TTL_MS)?;
         }
         if let Some(v) = raw.max_refreshes {
             o.max_refreshes = max_refreshes(v)?;
@@ -445,23 +728,12 @@ impl Options {
             None => {}
             Some(None) => o.l1_max_entries = None,
             Some(Some(n)) => {
-                if !(n.is_finite() && n >= 0.0 && n.fract() == 0.0 && n <= u32::MAX as f64) {
-                    return Err(Error::invalid_option(
-                        "l1.maxEntries",
-                        format!("must be a whole number >= 0, got {n}"),
-                    ));
-                }
+                let n = whole("l1.maxEntries", n, 0.0, MAX_COUNT, "")?;
                 o.l1_max_entries = if n == 0.0 { None } else { Some(n as usize) };
             }
         }
         if let Some(n) = raw.l1_max_bytes {
-            if !(n.is_finite() && n >= 0.0 && n.fract() == 0.0) {
-                return Err(Error::invalid_option(
-                    "l1.maxBytes",
-                    format!("must be a whole number of bytes >= 0, got {n}"),
-                ));
-            }
-            o.l1_max_bytes = Some(n as u64);
+            o.l1_max_bytes = Some(whole("l1.maxBytes", n, 0.0, MAX_BYTES, " of bytes")? as u64);
         }
         if let Some(name) = raw.serializer {
             o.serializer = Serializer::parse(&name).ok_or_else(|| {
@@ -480,18 +752,18 @@ impl Options {
     pub fn resolve(&self, call: &TtlOverrides) -> Result<EntryPolicy> {
         let mut p = self.defaults;
         if let Some(v) = call.ttl {
-            p.ttl = duration("ttl", v)?;
+            p.ttl = duration("ttl", v, MAX_TTL_MS)?;
             p.hard_ttl = match self.explicit_hard_ttl {
                 Some(h) => h.max(p.ttl),
                 None => p.ttl * DEFAULT_HARD_TTL_FACTOR,
             };
         }
         if let Some(v) = call.hard_ttl {
-            p.hard_ttl = duration("hardTtl", v)?;
+            p.hard_ttl = duration("hardTtl", v, MAX_HARD_TTL_MS)?;
             check_hard_ttl(p.ttl, p.hard_ttl)?;
         }
         if let Some(v) = call.negative_ttl {
-            p.negative_ttl = duration("negativeTtl", v)?;
+            p.negative_ttl = duration("negativeTtl", v, MAX_TTL_MS)?;
         }
         if let Some(v) = call.jitter {
             p.jitter = jitter(v)?;
@@ -604,6 +876,280 @@ mod tests {
         ] {
             err_names(raw(|r| r.redis = Some(RedisConfig::from_url(bad))), "redis");
         }
+    }
+
+    const PW: &str = "hunterMARK27";
+
+    #[test]
+    fn redact_url_hides_the_password_of_every_url_well_formed_or_not() {
+        for (url, shown) in [
+            (
+                "redis://u:pw@127.0.0.1:6379/2",
+                "redis://u:***@127.0.0.1:6379/2",
+            ),
+            ("rediss://:pw@h:6380", "rediss://:***@h:6380"),
+            ("redis://pw@h", "redis://***@h"),
+            ("redis://u:p@w@h:1", "redis://u:***@h:1"),
+            ("redis://u:p/w@h:bad", "redis://u:***@h:bad"),
+            ("redis://u:p?w#x@h", "redis://u:***@h"),
+            ("redis://u:pw@[::1:6379", "redis://u:***@[::1:6379"),
+            ("u:pw@h:6379", "u:***@h:6379"),
+            ("redis//u:pw@h", "redis//u:***@h"),
+            ("redis://:pw", "redis://:***"),
+            (
+                "unix:///s.sock?db=1&pass=pw",
+                "unix:///s.sock?db=1&pass=***",
+            ),
+            (
+                "unix:///s.sock?PASSWORD=pw#f",
+                "unix:///s.sock?PASSWORD=***#f",
+            ),
+            ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+            ("redis://h:notaport", "redis://h:notaport"),
+            ("", ""),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    /// The malformed URLs of issue 27, with the marker as password: every error quotes none.
+    fn marked_urls() -> Vec<String> {
+        [
+            "redis://u:{}@127.0.0.1:notaport",
+            "redis://u:{}@127.0.0.1:99999",
+            "redis://u:{}@h:1/notadb",
+            "http://u:{}@h:1",
+            "redis://u:{}@[::1:1",
+            "rediss://u:{}@h:1/x/y",
+            "redis://u:{}/x@h:bad",
+            "redis://:{}",
+            "redis://{}@h:bad",
+            "unix:///s?pass={}",
+            "redis+unix:///s?db=x&pass={}",
+        ]
+        .iter()
+        .map(|t| t.replace("{}", PW))
+        .collect()
+    }
+
+    #[test]
+    fn no_validation_error_quotes_a_password() {
+        for url in marked_urls() {
+            let ok = "redis://u:ok@127.0.0.1:1".to_string();
+            let configs = [
+                RedisConfig::from_url(&url),
+                RedisConfig {
+                    url: None,
+                    cluster: vec![ok.clone(), url.clone()],
+                    ..RedisConfig::from_url("")
+                },
+                RedisConfig {
+                    url: Some(ok.clone()),
+                    sentinels: vec![url.clone()],
+                    master_name: Some("m".into()),
+                    ..RedisConfig::from_url("")
+                },
+            ];
+            for config in configs {
+                assert!(!format!("{config:?}").contains(PW), "{config:?}");
+                if let Err(e) = Options::validate(raw(|r| r.redis = Some(config.clone()))) {
+                    assert!(!e.message.contains(PW), "{}", e.message);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn debug_of_the_options_shows_no_password_and_no_tls_material() {
+        let mut config = RedisConfig::from_url(&format!("rediss://u:{PW}@h:6380"));
+        config.cluster = vec![format!("redis://:{PW}@h:1")];
+        config.tls = Some(TlsOptions {
+            ca: Some(format!("-----BEGIN CERTIFICATE-----{PW}").into_bytes()),
+            cert: Some(PW.as_bytes().to_vec()),
+            key: Some(PW.as_bytes().to_vec()),
+            servername: None,
+            reject_unauthorized: true,
+        });
+        let raw_options = raw(|r| r.redis = Some(config.clone()));
+        for text in [
+            format!("{config:?}"),
+            format!("{config:#?}"),
+            format!("{raw_options:?}"),
+        ] {
+            assert!(!text.contains(PW), "{text}");
+            let bytes = PW.bytes().map(|b| b.to_string()).collect::<Vec<_>>();
+            assert!(!text.contains(&bytes.join(", ")), "{text}");
+        }
+        assert!(format!("{config:?}").contains("u:***@h:6380"));
+        assert!(format!("{config:?}").contains("bytes of PEM"));
+    }
+
+    #[test]
+    fn scrub_replaces_urls_and_passwords_as_given_and_decoded() {
+        let config = RedisConfig {
+            url: Some("redis://u:p%40ss-word@h:1".into()),
+            sentinels: vec!["unix:///s?pass=qw%21rty".into()],
+            ..RedisConfig::from_url("")
+        };
+        let said =
+            "failed for redis://u:p%40ss-word@h:1 (p@ss-word), p%40ss-word, qw!rty, qw%21rty";
+        let scrubbed = config.scrub(said);
+        for secret in ["p@ss-word", "p%40ss-word", "qw!rty", "qw%21rty"] {
+            assert!(!scrubbed.contains(secret), "{scrubbed}");
+        }
+        assert!(scrubbed.contains("redis://u:***@h:1"), "{scrubbed}");
+        // A one-letter password is not hunted for (it would mangle the message).
+        let short = RedisConfig::from_url("redis://:a@h:1");
+        assert_eq!(short.scrub("a failure at h"), "a failure at h");
+    }
+
+    /// Sets one option's value.
+    type SetRaw = fn(&mut RawOptions, f64);
+    type SetCall = fn(&mut TtlOverrides, f64);
+
+    /// Every numeric option: its maximum, and how a constructor's value is set on `RawOptions`.
+    fn numeric_options() -> Vec<(&'static str, f64, SetRaw)> {
+        vec![
+            ("ttl", MAX_TTL_MS, |r, v| {
+                r.ttls.ttl = Some(v);
+                r.ttls.hard_ttl = Some(MAX_HARD_TTL_MS);
+            }),
+            ("hardTtl", MAX_HARD_TTL_MS, |r, v| r.ttls.hard_ttl = Some(v)),
+            ("negativeTtl", MAX_TTL_MS, |r, v| {
+                r.ttls.negative_ttl = Some(v)
+            }),
+            ("beta", MAX_BETA, |r, v| r.ttls.beta = Some(v)),
+            ("lockTtl", MAX_WAIT_MS, |r, v| r.lock_ttl = Some(v)),
+            ("errorBackoff", MAX_TTL_MS, |r, v| r.error_backoff = Some(v)),
+            ("loadTimeout", MAX_WAIT_MS, |r, v| {
+                r.ttls.load_timeout = Some(v)
+            }),
+            ("l1.maxEntries", MAX_COUNT, |r, v| r.l1 = Some(Some(v))),
+            ("l1.maxBytes", MAX_BYTES, |r, v| r.l1_max_bytes = Some(v)),
+            ("maxConcurrentRefreshes", MAX_COUNT, |r, v| {
+                r.max_refreshes = Some(v)
+            }),
+        ]
+    }
+
+    #[test]
+    fn every_numeric_option_has_a_maximum_named_in_its_error() {
+        for (name, max, set) in numeric_options() {
+            assert!(
+                Options::validate(raw(|r| set(r, max))).is_ok(),
+                "{name} at its maximum"
+            );
+            // The next whole number past it, and the values that used to abort.
+            for past in [max + 1.0, max * 2.0, 1e22, 1e300, f64::MAX] {
+                let e = Options::validate(raw(|r| set(r, past))).unwrap_err();
+                assert_eq!(e.code, ErrorCode::InvalidOption, "{name} = {past}");
+                assert!(e.message.contains(&format!("`{name}`")), "{}", e.message);
+                assert!(e.message.contains(&shown(max)), "{}", e.message);
+                assert!(e.message.len() < 200, "{}", e.message);
+            }
+        }
+        // jitter's maximum is the open end of [0, 1).
+        assert!(Options::validate(raw(|r| r.ttls.jitter = Some(0.999_999))).is_ok());
+        err_names(raw(|r| r.ttls.jitter = Some(f64::MAX)), "jitter");
+        // Infinity stays the way to say "none" for the two that allow it.
+        assert!(Options::validate(raw(|r| r.ttls.load_timeout = Some(f64::INFINITY))).is_ok());
+        assert!(Options::validate(raw(|r| r.max_refreshes = Some(f64::INFINITY))).is_ok());
+    }
+
+    #[test]
+    fn a_calls_numbers_have_the_same_maxima() {
+        let o = Options::validate(RawOptions::default()).unwrap();
+        let call = |f: SetCall, v: f64| {
+            let mut t = TtlOverrides::default();
+            f(&mut t, v);
+            o.resolve(&t)
+        };
+        let setters: [(&str, f64, SetCall); 5] = [
+            ("ttl", MAX_TTL_MS, |t, v| t.ttl = Some(v)),
+            ("hardTtl", MAX_HARD_TTL_MS, |t, v| t.hard_ttl = Some(v)),
+            ("negativeTtl", MAX_TTL_MS, |t, v| t.negative_ttl = Some(v)),
+            ("beta", MAX_BETA, |t, v| t.beta = Some(v)),
+            ("loadTimeout", MAX_WAIT_MS, |t, v| t.load_timeout = Some(v)),
+        ];
+        for (name, max, set) in setters {
+            assert!(call(set, max).is_ok(), "{name} at its maximum");
+            for past in [max + 1.0, 1e22, f64::MAX] {
+                let e = call(set, past).unwrap_err();
+                assert!(e.message.contains(&format!("`{name}`")), "{}", e.message);
+                assert!(e.message.contains(&shown(max)), "{}", e.message);
+            }
+        }
+        // A call's ttl at its maximum gets the default hardTtl of 10 x, which fits.
+        let p = call(|t, v| t.ttl = Some(v), MAX_TTL_MS).unwrap();
+        assert_eq!(p.hard_ttl, MAX_HARD_TTL_MS);
+    }
+
+    #[test]
+    fn redis_timeouts_are_bounded_durations() {
+        let d = redis_timeout("redis.commandTimeout", MAX_WAIT_MS).unwrap();
+        assert_eq!(d.as_millis(), MAX_WAIT_MS as u128);
+        // Far-off deadlines as the connections compute them do not overflow.
+        assert!(std::time::Instant::now().checked_add(d * 2).is_some());
+        for bad in [
+            MAX_WAIT_MS + 1.0,
+            1e22,
+            1e300,
+            f64::MAX,
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+        ] {
+            let e = redis_timeout("redis.connectTimeout", bad).unwrap_err();
+            assert!(
+                e.message.contains("`redis.connectTimeout`"),
+                "{}",
+                e.message
+            );
+        }
+        assert!(redis_timeout("redis.connectTimeout", 1e22)
+            .unwrap_err()
+            .message
+            .contains("2147483647 ms"));
+    }
+
+    /// A cache at every maximum at once works on a manual clock: it loads, hits, goes stale
+    /// after the ttl and is gone after the hardTtl, with no arithmetic overflowing on the way.
+    #[test]
+    fn a_cache_at_every_maximum_works() {
+        use crate::cache::{Cache, Extra, Step};
+        use crate::clock::ManualClock;
+        use rand::{rngs::SmallRng, SeedableRng};
+        let o = Options::validate(raw(|r| {
+            r.ttls.ttl = Some(MAX_TTL_MS);
+            r.ttls.hard_ttl = Some(MAX_HARD_TTL_MS);
+            r.ttls.negative_ttl = Some(MAX_TTL_MS);
+            r.ttls.beta = Some(MAX_BETA);
+            r.ttls.jitter = Some(0.0);
+            r.ttls.load_timeout = Some(MAX_WAIT_MS);
+            r.lock_ttl = Some(MAX_WAIT_MS);
+            r.error_backoff = Some(MAX_TTL_MS);
+            r.l1 = Some(Some(MAX_COUNT));
+            r.l1_max_bytes = Some(MAX_BYTES);
+            r.max_refreshes = Some(MAX_COUNT);
+        }))
+        .unwrap();
+        let clock = ManualClock::new(1_700_000_000_000.0);
+        let mut c = Cache::with_clock(o, clock.clone(), SmallRng::seed_from_u64(7));
+        let p = c.options().defaults;
+        let Step::Lead(id) = c.lookup("k", 0.0, false).unwrap() else {
+            panic!("expected to lead")
+        };
+        c.note_loader_call("k", id);
+        let done = c
+            .complete("k", id, 1.0, false, &p, Extra::default(), false)
+            .unwrap();
+        assert!(done.slot.is_some());
+        assert!(c.peek("k", 0.0).is_some(), "a hit right after the load");
+        clock.advance(MAX_TTL_MS + 1.0);
+        assert!(c.peek("k", 0.0).is_some(), "stale, still served");
+        clock.advance(MAX_HARD_TTL_MS);
+        assert!(c.peek("k", 0.0).is_none(), "gone after hardTtl");
     }
 
     #[test]

@@ -107,15 +107,11 @@ fn urls_option(obj: &Object, name: &str, label: &str) -> Result<Vec<String>, JsE
     Ok(out)
 }
 
-/// A timeout of the `redis` option: a positive, finite number of ms.
+/// A timeout of the `redis` option (see `policy::redis_timeout`).
 fn timeout_option(obj: &Object, name: &str, label: &str) -> Result<Option<Duration>, JsErr> {
     match number_option(obj, name, label)? {
         None => Ok(None),
-        Some(ms) if ms.is_finite() && ms > 0.0 => Ok(Some(Duration::from_secs_f64(ms / 1_000.0))),
-        Some(ms) => Err(js_err(CoreError::invalid_option(
-            label,
-            format!("must be a positive, finite number of ms, got {ms}"),
-        ))),
+        Some(ms) => policy::redis_timeout(label, ms).map(Some).map_err(js_err),
     }
 }
 

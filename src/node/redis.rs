@@ -686,10 +686,15 @@ pub struct RedisReport {
     pub message: String,
 }
 
-/// Redis failures waiting for `onError` (already rate-limited).
+/// Redis failures waiting for `onError` (already rate-limited). Their messages are the redis
+/// crate's and the TLS library's words, which quote no password today; `scrub` keeps it so
+/// whatever a later version of them says.
 #[napi]
 pub fn take_redis_reports(id: u32) -> Vec<RedisReport> {
-    let Some(reports) = engine(id).and_then(|e| e.borrow().reports.clone()) else {
+    let Some((reports, config)) = engine(id).and_then(|e| {
+        let e = e.borrow();
+        Some((e.reports.clone()?, e.cache.options().redis.clone()?))
+    }) else {
         return Vec::new();
     };
     reports
@@ -698,7 +703,7 @@ pub fn take_redis_reports(id: u32) -> Vec<RedisReport> {
         .map(|r| RedisReport {
             op: r.op.to_string(),
             key: r.key,
-            message: r.message,
+            message: config.scrub(&r.message),
         })
         .collect()
 }

@@ -56,10 +56,24 @@ pub struct MemoryStore {
     released: Vec<Slot>,
 }
 
+/// Entries an LRU makes room for up front; past it, its table grows as entries come.
+const PREALLOCATED_ENTRIES: usize = 1 << 16;
+
+/// An LRU of at most `cap` entries. `LruCache::new` allocates the table for `cap` at once: an
+/// `l1.maxEntries` of 2^32-1 (the option's maximum) asked for ~100 GB and aborted the process.
+fn lru_of(cap: NonZeroUsize) -> LruCache<Box<str>, Entry> {
+    if cap.get() <= PREALLOCATED_ENTRIES {
+        return LruCache::new(cap);
+    }
+    let mut lru = LruCache::unbounded();
+    lru.resize(cap);
+    lru
+}
+
 impl MemoryStore {
     pub fn new(max_entries: Option<usize>, max_bytes: Option<u64>) -> Self {
         MemoryStore {
-            lru: max_entries.and_then(NonZeroUsize::new).map(LruCache::new),
+            lru: max_entries.and_then(NonZeroUsize::new).map(lru_of),
             free: Vec::new(),
             next: 0,
             max_bytes,
@@ -228,6 +242,21 @@ mod tests {
         assert!(s.peek("b").is_none());
         assert!(s.peek("a").is_some());
         assert_eq!((s.len(), s.bytes()), (2, 2));
+    }
+
+    /// A capacity past what is allocated up front is still the bound (and allocates nothing
+    /// for the maximum `l1.maxEntries`, 2^32-1).
+    #[test]
+    fn a_large_capacity_is_allocated_lazily_and_still_bounds() {
+        let big = MemoryStore::new(Some(u32::MAX as usize), None);
+        assert_eq!(big.len(), 0);
+        let cap = PREALLOCATED_ENTRIES + 2;
+        let mut s = MemoryStore::new(Some(cap), None);
+        for i in 0..cap + 3 {
+            put(&mut s, &format!("k{i}"), 1).unwrap();
+        }
+        assert_eq!(s.len(), cap);
+        assert!(s.peek("k0").is_none() && s.peek(&format!("k{}", cap + 2)).is_some());
     }
 
     #[test]

@@ -65,6 +65,50 @@ fn certificates(tls: &TlsOptions) -> TlsCertificates {
     }
 }
 
+/// What is wrong with PEM text, worded without quoting it: the PEM library's own messages
+/// quote the offending line as bytes, and a key given on one line (an environment variable
+/// that lost its newlines) is that line.
+fn pem_problem(e: &rustls::pki_types::pem::Error) -> &'static str {
+    use rustls::pki_types::pem::Error;
+    match e {
+        Error::MissingSectionEnd { .. } => "a PEM section has no END line",
+        Error::IllegalSectionStart { .. } => "a PEM BEGIN line is malformed",
+        Error::Base64Decode(_) => "a PEM section's body is not base64",
+        Error::NoItemsFound => "no PEM section of the expected kind",
+        Error::SectionTooLarge => "a PEM section is larger than 256 MB",
+        _ => "not readable PEM",
+    }
+}
+
+/// Parses the TLS material as the redis crate and the read lane will, so a bad certificate or
+/// key is refused here with a message that names the option and never quotes the material.
+fn check_tls_material(tls: &TlsOptions) -> Result<(), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = |name: &str, pem: &[u8]| -> Result<(), String> {
+        let mut any = false;
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            cert.map_err(|e| format!("tls.{name}: {}", pem_problem(&e)))?;
+            any = true;
+        }
+        if any {
+            Ok(())
+        } else {
+            Err(format!("tls.{name}: holds no CERTIFICATE section"))
+        }
+    };
+    if let Some(ca) = &tls.ca {
+        certs("ca", ca)?;
+    }
+    if let Some(cert) = &tls.cert {
+        certs("cert", cert)?;
+    }
+    if let Some(key) = &tls.key {
+        PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("tls.key: {}", pem_problem(&e)))?;
+    }
+    Ok(())
+}
+
 /// The read lane's TLS client: the private CA or the system roots, and the client certificate,
 /// as the command connection is given them (`certificates`). Only for verifying connections.
 fn lane_tls_config(tls: &TlsOptions) -> Result<rustls::ClientConfig, String> {
@@ -74,7 +118,7 @@ fn lane_tls_config(tls: &TlsOptions) -> Result<rustls::ClientConfig, String> {
     match &tls.ca {
         Some(pem) => {
             for cert in CertificateDer::pem_slice_iter(pem) {
-                let cert = cert.map_err(|e| format!("tls.ca: {e}"))?;
+                let cert = cert.map_err(|e| format!("tls.ca: {}", pem_problem(&e)))?;
                 roots.add(cert).map_err(|e| format!("tls.ca: {e}"))?;
             }
         }
@@ -97,8 +141,9 @@ fn lane_tls_config(tls: &TlsOptions) -> Result<rustls::ClientConfig, String> {
         (Some(cert), Some(key)) => {
             let chain = CertificateDer::pem_slice_iter(cert)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("tls.cert: {e}"))?;
-            let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("tls.key: {e}"))?;
+                .map_err(|e| format!("tls.cert: {}", pem_problem(&e)))?;
+            let key = PrivateKeyDer::from_pem_slice(key)
+                .map_err(|e| format!("tls.key: {}", pem_problem(&e)))?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| format!("tls.cert/tls.key: {e}"))
@@ -243,7 +288,16 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// The topology `config` describes, or why it cannot be used: a message that quotes no
+    /// password (`RedisConfig::scrub` over what the redis crate says) and no TLS material.
     pub fn new(config: &RedisConfig) -> Result<Topology, String> {
+        Self::build(config).map_err(|why| config.scrub(&why))
+    }
+
+    fn build(config: &RedisConfig) -> Result<Topology, String> {
+        if let Some(tls) = &config.tls {
+            check_tls_material(tls)?;
+        }
         // rustls needs a process-wide crypto provider; another library may have installed one.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let tls = (config.tls.is_some() || config.tls_wanted()).then(|| {
@@ -540,4 +594,56 @@ async fn cluster_nodes(conn: &mut Connection, template: &ConnectionInfo) -> Vec<
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MARK: &str = "S3cretKeyBodyQUJDREVGR0g";
+
+    /// Bad PEM in every shape the PEM library quotes: the message names the option, never the
+    /// material (neither as text nor as the byte list the library prints).
+    #[test]
+    fn tls_material_is_never_quoted() {
+        let bytes = MARK.bytes().map(|b| b.to_string()).collect::<Vec<_>>();
+        let shapes = [
+            format!("-----BEGIN CERTIFICATE-----{MARK}-----END CERTIFICATE-----"),
+            format!("-----BEGIN CERTIFICATE-----\n{MARK}!!*\n-----END CERTIFICATE-----\n"),
+            format!("-----BEGIN CERTIFICATE-----\n{MARK}\n"),
+            format!("-----BEGIN CERTIFICATE{MARK}\n"),
+            MARK.to_string(),
+        ];
+        for pem in shapes {
+            for tls in [
+                TlsOptions {
+                    ca: Some(pem.clone().into_bytes()),
+                    ..Default::default()
+                },
+                TlsOptions {
+                    cert: Some(pem.clone().into_bytes()),
+                    key: Some(pem.replace("CERTIFICATE", "PRIVATE KEY").into_bytes()),
+                    ..Default::default()
+                },
+            ] {
+                let mut config = RedisConfig::from_url("rediss://127.0.0.1:1");
+                config.tls = Some(tls.clone());
+                let Err(why) = Topology::new(&config) else {
+                    panic!("bad PEM accepted: {pem:?}")
+                };
+                assert!(why.starts_with("tls."), "{why}");
+                assert!(
+                    !why.contains(MARK) && !why.contains(&bytes[..8].join(", ")),
+                    "{why}"
+                );
+                let Err(lane) = lane_tls_config(&tls) else {
+                    panic!("bad PEM accepted by the lane: {pem:?}")
+                };
+                assert!(
+                    !lane.contains(MARK) && !lane.contains(&bytes[..8].join(", ")),
+                    "{lane}"
+                );
+            }
+        }
+    }
 }
