@@ -137,8 +137,8 @@ pub enum LaneRead {
     Misaligned(&'static str),
 }
 
-/// Where a lane connects, and as whom.
-#[derive(Debug, Clone)]
+/// Where a lane connects, and as whom (its `Debug` never shows the password).
+#[derive(Clone)]
 pub struct LaneTarget {
     host: String,
     port: u16,
@@ -150,7 +150,20 @@ pub struct LaneTarget {
     tls: Option<LaneTls>,
 }
 
-#[derive(Debug, Clone)]
+impl std::fmt::Debug for LaneTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaneTarget")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .field("tls", &self.tls.as_ref().map(|t| &t.name))
+            .finish()
+    }
+}
+
+#[derive(Clone)]
 struct LaneTls {
     name: String,
     config: Option<Arc<rustls::ClientConfig>>,
@@ -653,6 +666,7 @@ mod tests {
             redis::IntoConnectionInfo::into_connection_info("redis://app:secret@127.0.0.1:6390/3")
                 .unwrap();
         let target = LaneTarget::of(&info).unwrap();
+        assert!(!format!("{target:?}").contains("secret"), "{target:?}");
         let packed: Vec<(Vec<u8>, bool)> = target
             .handshake()
             .iter()
