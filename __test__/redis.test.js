@@ -639,6 +639,12 @@ test(
       const w = await B.request('watch', { key, expect: '"v2"', interval: 10, timeout: 1_500, loader: { value: 'B-loaded' } })
       assert.ok(w.seen, `${via}: B still serves ${w.last} 1.5 s after A's set replaced it (Redis holds "v2")`)
     }
+    // A busy JS thread is not a Redis failure: Redis answered at once, so neither instance may
+    // count an error or mark Redis down (issue 21 item 4).
+    for (const [label, w] of [['A', A], ['B', B]]) {
+      const snap = await w.request('snapshot')
+      assert.equal(snap.stats.redisErrors, 0, `${label}: redisErrors after a busy thread (onError: ${JSON.stringify(snap.onError.samples.slice(0, 3))})`)
+    }
   },
 )
 
