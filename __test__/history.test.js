@@ -109,6 +109,8 @@ test('history checker: a clean history passes; each kind of violation is reporte
   })
   overTls.violations = checkHistory(overTls)
   assert.match(formatViolations(overTls), /\[seed 0 tls\][^]*replay: npm run soak -- --seed 0 --tls/)
+  overTls.mode = 'mtls'
+  assert.match(formatViolations(overTls), /\[seed 0 mtls\][^]*replay: npm run soak -- --seed 0 --mtls/)
 
   // w1's delete of v3 resolved at 120: a later read in w1 that returns v2 is an older value...
   const older = syntheticHistory((h) => h.ops.push(read({ proc: 'w1', v: 2 })))

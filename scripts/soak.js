@@ -13,6 +13,7 @@
 //                                         the faults, not the interleaving)
 //   --cluster        run against a Redis Cluster (npm run soak -- --cluster --minutes 10)
 //   --tls            run against a TLS-only redis-server (reads take the TLS read lane)
+//   --mtls           the same, requiring client certificates (mutual TLS): every cache presents one
 //   --first S        start at seed S (then S+1, ...) instead of a random one
 //   --duration MS    how long each run's clients and faults go on (default 6000)
 //   --out DIR        write the full history (JSON) of every run with a violation there
@@ -46,12 +47,12 @@ const { RedisCluster } = require('../__test__/helpers/redis-topology')
 
 function usage(message) {
   if (message) console.error(`soak: ${message}`)
-  console.error('usage: node scripts/soak.js [--cluster | --tls] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--l1 off|BYTES] [--serializer json|v8|custom] [--tags on|off] [--no-faults] [--verbose]')
+  console.error('usage: node scripts/soak.js [--cluster | --tls | --mtls] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--l1 off|BYTES] [--serializer json|v8|custom] [--tags on|off] [--no-faults] [--verbose]')
   process.exit(2)
 }
 
 function parseArgs(argv) {
-  const args = { seeds: null, minutes: null, seed: null, repeat: 1, first: null, duration: DEFAULTS.durationMs, out: null, verbose: false, cluster: false, tls: false, l1: undefined, serializer: undefined, tags: undefined, faults: true }
+  const args = { seeds: null, minutes: null, seed: null, repeat: 1, first: null, duration: DEFAULTS.durationMs, out: null, verbose: false, cluster: false, tls: false, mtls: false, l1: undefined, serializer: undefined, tags: undefined, faults: true }
   const number = (name, v, { integer = true, min = 0 } = {}) => {
     const n = Number(v)
     if (v === undefined || !Number.isFinite(n) || (integer && !Number.isInteger(n)) || n < min) usage(`--${name} needs a number >= ${min}, got ${v}`)
@@ -111,6 +112,9 @@ function parseArgs(argv) {
       case '--tls':
         args.tls = true
         break
+      case '--mtls':
+        args.mtls = true
+        break
       case '--help':
       case '-h':
         usage()
@@ -120,7 +124,7 @@ function parseArgs(argv) {
     }
   }
   if (args.seed === null && args.seeds === null && args.minutes === null) args.minutes = 5
-  if (args.cluster && args.tls) usage('--cluster and --tls are separate modes')
+  if ([args.cluster, args.tls, args.mtls].filter(Boolean).length > 1) usage('--cluster, --tls and --mtls are separate modes')
   return args
 }
 
@@ -168,7 +172,7 @@ function printSummary() {
       const list = [...seeds]
       console.log(`    ${kind} x${count} in seeds ${list.slice(0, 20).join(' ')}${list.length > 20 ? ` (+${list.length - 20})` : ''}`)
     }
-    console.log(`  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : state.tls ? ' --tls' : ''}`)
+    console.log(`  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : state.mtls ? ' --mtls' : state.tls ? ' --tls' : ''}`)
   }
 }
 
@@ -188,7 +192,8 @@ async function main() {
   if (args.out) fs.mkdirSync(args.out, { recursive: true })
   state.cluster = args.cluster
   state.tls = args.tls
-  const against = args.cluster ? ' against a Redis Cluster' : args.tls ? ' against a TLS-only redis-server' : ''
+  state.mtls = args.mtls
+  const against = args.cluster ? ' against a Redis Cluster' : args.mtls ? ' against a redis-server requiring client certificates (mutual TLS)' : args.tls ? ' against a TLS-only redis-server' : ''
   console.log(
     args.seed !== null
       ? `soak: replaying seed ${args.seed} ${args.repeat} time(s)${against}`
@@ -220,6 +225,7 @@ async function main() {
         durationMs: args.duration,
         cluster: args.cluster ? await usableCluster() : null,
         tls: args.tls,
+        mtls: args.mtls,
         l1: args.l1,
         serializer: args.serializer,
         tags: args.tags,

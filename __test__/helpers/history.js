@@ -234,10 +234,11 @@ function serverBackend() {
  * caches trust (`tls.ca`), so their reads take the TLS read lane; the same faults, restarts on the
  * same port.
  */
-function tlsServerBackend() {
+/** A TLS-only server; with `mtls` it requires client certificates, which every cache presents (mutual TLS). */
+function tlsServerBackend({ mtls = false } = {}) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-history-tls-'))
   const certs = makeCertificates(dir)
-  const node = new RedisNode('history-tls', { dir, tls: { certs, authClients: 'no' } })
+  const node = new RedisNode('history-tls', { dir, tls: { certs, authClients: mtls ? 'yes' : 'no' } })
   // What injectFaults drives: RedisServer's shape, restarting on the same port.
   const redis = {
     cmd: (...args) => node.cmd(...args),
@@ -250,13 +251,13 @@ function tlsServerBackend() {
     start: () => node.revive(),
   }
   return {
-    mode: 'tls',
+    mode: mtls ? 'mtls' : 'tls',
     async start() {
       await node.start()
     },
-    describe: () => `redis (TLS) :${node.port}`,
+    describe: () => `redis (${mtls ? 'mutual TLS' : 'TLS'}) :${node.port}`,
     keys: async (namespace, n) => ({ keys: Array.from({ length: n }, (_, i) => `k${i}`) }),
-    cacheRedis: () => ({ url: node.url, tls: { ca: certs.ca } }),
+    cacheRedis: () => ({ url: node.url, tls: mtls ? { ca: certs.ca, cert: certs.clientCert, key: certs.clientKey } : { ca: certs.ca } }),
     faults: ({ seed, until, faults }) => injectFaults({ redis, rand: makeRand(streamSeed(seed, 'faults')), until, faults }),
     async recover() {
       node.resume()
@@ -564,6 +565,8 @@ const DEFAULTS = {
   cluster: null,
   /** Over TLS: a TLS-only server (the read lane speaks TLS); single-server mode only. */
   tls: false,
+  /** Over mutual TLS: as tls, and the server requires the client certificate every cache presents. */
+  mtls: false,
   /** Called with progress lines (the soak prints them with --verbose). */
   log: () => {},
 }
@@ -581,7 +584,7 @@ async function runHistory(options = {}) {
   const o = { ...DEFAULTS, ...options }
   const seed = o.seed >>> 0
   const rand = makeRand(streamSeed(seed, 'config'))
-  const backend = o.cluster ? clusterBackend(o.cluster) : o.tls ? tlsServerBackend() : serverBackend()
+  const backend = o.cluster ? clusterBackend(o.cluster) : o.tls || o.mtls ? tlsServerBackend({ mtls: Boolean(o.mtls) }) : serverBackend()
   const cfg = {
     maxLoadMs: 300,
     maxGapMs: 40,
@@ -1113,7 +1116,7 @@ function historyOf(h, key, until, n = 40, from = null) {
 
 /** One violation, with the seed, how to replay it and the key's history. */
 function formatViolation(h, v, { historyLines = 40 } = {}) {
-  const special = h.mode === 'cluster' || h.mode === 'tls'
+  const special = h.mode === 'cluster' || h.mode === 'tls' || h.mode === 'mtls'
   const lines = [`[seed ${h.seed}${special ? ` ${h.mode}` : ''}] ${v.kind}: ${v.message}`, `  replay: npm run soak -- --seed ${h.seed}${special ? ` --${h.mode}` : ''}`]
   if (v.key) {
     lines.push(`  history of ${v.key} (ms from the run's start; db = the database; writers hold a per-key slot):`)
@@ -1167,7 +1170,7 @@ function summarize(h) {
       `${others ? `, ${others} more failover(s) from pauses` : ''}, ${moved}/${h.keys.length} keys changed master`
   }
   return (
-    `seed ${h.seed}${h.mode === 'cluster' || h.mode === 'tls' ? ` [${h.mode}]` : ''}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
+    `seed ${h.seed}${h.mode === 'cluster' || h.mode === 'tls' || h.mode === 'mtls' ? ` [${h.mode}]` : ''}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
     `${h.loads.length} loader calls, ${h.faults.length} faults (${Object.entries(faults).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'}), ` +
     `redisErrors ${redisErrors}${cluster}, config ${describeConfig(h)}, ${h.violations.length} violations ` +
     `(${((h.endedAt - h.startedAt) / 1000).toFixed(1)} s)`
