@@ -232,9 +232,9 @@ function serverBackend() {
 /**
  * The single-server mode over TLS: a private TLS-only redis-server with a throwaway CA, which the
  * caches trust (`tls.ca`), so their reads take the TLS read lane; the same faults, restarts on the
- * same port.
+ * same port. With `mtls` the server requires client certificates, which every cache presents
+ * (mutual TLS).
  */
-/** A TLS-only server; with `mtls` it requires client certificates, which every cache presents (mutual TLS). */
 function tlsServerBackend({ mtls = false } = {}) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-history-tls-'))
   const certs = makeCertificates(dir)
