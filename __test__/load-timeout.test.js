@@ -148,6 +148,24 @@ describe('getOrLoad 9: loadTimeout Infinity means no timeout', () => {
   })
 })
 
+test('a finite loadTimeout above what a timer holds (2^31 - 1 ms) does not time out at once', async () => {
+  // setTimeout clamps a delay past 2^31 - 1 ms to 1 ms: such a loadTimeout must mean "a very long
+  // time" (or be refused naming its maximum), never "1 ms".
+  for (const loadTimeout of [2 ** 31, 1e300]) {
+    const cache = new StampedeCache({ ttl: 60_000, jitter: 0, loadTimeout })
+    try {
+      const hung = hangingLoader()
+      const p = cache.getOrLoad('k', hung.fn)
+      await new Promise((resolve) => setTimeout(resolve, 100))
+      assert.equal(hung.ctx.signal.aborted, false, `loadTimeout ${loadTimeout}: the load was aborted within 100 ms`)
+      hung.release('v')
+      assert.equal(await within(p, 10_000, `loadTimeout ${loadTimeout}`), 'v')
+    } finally {
+      await cache.close()
+    }
+  }
+})
+
 describe('loadTimeout validation', () => {
   const BAD = [
     [0, /positive/],

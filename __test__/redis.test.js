@@ -651,6 +651,37 @@ test(
 )
 
 test(
+  '13b. a JS thread busy past commandTimeout is not a Redis failure: no error counted, no stampede (issue 21 item 4)',
+  { timeout: TEST_TIMEOUT },
+  async (t) => {
+    const { redis, spawnWorker } = await setup(t)
+    const A = await spawnWorker('A', { ttl: 60_000 })
+    // commandTimeout 300 ms and a JS thread busy for 1 s (a GC pause, a CPU spike): Redis answers
+    // within microseconds, the reply just waits in the socket for the thread.
+    const B = await spawnWorker('B', { ttl: 60_000, redis: { url: redis.url, commandTimeout: 300 } })
+    const keys = Array.from({ length: 20 }, (_, i) => `busy:${i}`)
+    for (const key of keys) assert.ok((await A.request('set', { key, value: `A:${key}` })).ok)
+    const r = await B.request('run', {
+      args: { keys, blockMs: 1_000 },
+      body: `
+        const before = tools.snapshot().loaderCalls
+        const ps = args.keys.map((k) => tools.outcome(cache.getOrLoad(k, tools.makeLoader(k, { value: 'B-loaded' }))))
+        for (let i = 0; i < 10; i++) await null // up to the Redis reads
+        const until = Date.now() + args.blockMs
+        while (Date.now() < until) {} // busy: the event loop cannot run
+        const out = await Promise.all(ps)
+        return { out, loaderCalls: tools.snapshot().loaderCalls - before, redisErrors: cache.stats().redisErrors }
+      `,
+    })
+    note(t, `busy 1 s with commandTimeout 300 ms: ${r.loaderCalls} of ${keys.length} reads ran their loader, redisErrors ${r.redisErrors}`)
+    r.out.forEach((x, i) => assert.ok(x.ok, `${keys[i]}: ${x.code} ${x.message}`))
+    assert.deepEqual(r.out.map((x) => x.value), keys.map((k) => `A:${k}`), "B served A's values from Redis")
+    assert.equal(r.loaderCalls, 0, 'B called its loaders although Redis held every value')
+    assert.equal(r.redisErrors, 0, 'a busy thread counted as Redis errors')
+  },
+)
+
+test(
   '14. XFetch early refresh still happens with Redis configured',
   { timeout: TEST_TIMEOUT },
   async (t) => {
