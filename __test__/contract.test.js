@@ -22,6 +22,7 @@ const {
   assertNoLeaks,
   assertNothingInFlight,
 } = require('./fixtures/helpers')
+const { eventually } = require('./helpers/eventually')
 
 const STATS_KEYS = [
   'hits',
@@ -1343,16 +1344,19 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
   test('set() with {ttl} and {ttl, hardTtl}', async () => {
     const cache = new StampedeCache({ ttl: 60_000, jitter: 0 })
     try {
+      // ttls far above a scheduling stall between two awaits on a loaded machine (the "fresh"
+      // checks), and polls, not sleeps, for the entries to age (inspect never changes an entry).
       const t0 = Date.now()
-      await cache.set('short', 'v', { ttl: 100 })
+      await cache.set('short', 'v', { ttl: 400 })
       const t1 = Date.now()
       const info = await cache.inspect('short')
       assert.equal(info.state, 'fresh')
-      assert.ok(info.freshUntil >= t0 + 100 - 2 && info.freshUntil <= t1 + 100 + 2, `freshUntil ${info.freshUntil - t0}`)
-      await cache.set('both', 'w', { ttl: 50, hardTtl: 150 })
+      assert.ok(info.freshUntil >= t0 + 400 - 2 && info.freshUntil <= t1 + 400 + 2, `freshUntil ${info.freshUntil - t0}`)
+      await cache.set('both', 'w', { ttl: 200, hardTtl: 600 })
       const both = await cache.inspect('both')
-      assert.ok(Math.abs(both.hardUntil - both.freshUntil - 100) < 1, 'hardUntil - freshUntil = hardTtl - ttl')
-      await sleep(250)
+      assert.ok(Math.abs(both.hardUntil - both.freshUntil - 400) < 1, 'hardUntil - freshUntil = hardTtl - ttl')
+      await eventually(async () => (await cache.inspect('both')) === undefined, { timeout: 10_000, what: "'both' to pass its hardTtl" })
+      assert.ok(Date.now() >= both.hardUntil, 'gone no earlier than its hardUntil')
       assert.equal((await cache.inspect('short')).state, 'stale')
       assert.equal(await cache.get('short'), 'v')
       assert.equal(await cache.inspect('both'), undefined, 'past its hardTtl')
@@ -1435,7 +1439,8 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
   })
 
   test('inspect() reports fresh / stale / negative with freshUntil, hardUntil, computeMs', async () => {
-    const cache = new StampedeCache({ ttl: 60, hardTtl: 10_000, negativeTtl: 5_000, jitter: 0 })
+    // ttl 500: far above a stall between the load and the first inspect on a loaded machine.
+    const cache = new StampedeCache({ ttl: 500, hardTtl: 10_000, negativeTtl: 5_000, jitter: 0 })
     try {
       assert.equal(await cache.inspect('missing'), undefined)
       const t0 = Date.now()
@@ -1448,14 +1453,14 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
       assert.deepEqual(Object.keys(fresh).sort(), ['computeMs', 'freshUntil', 'hardUntil', 'state'])
       assert.equal(fresh.state, 'fresh')
       for (const f of ['freshUntil', 'hardUntil', 'computeMs']) assert.ok(Number.isFinite(fresh[f]), f)
-      assert.ok(fresh.freshUntil >= t0 + 60 && fresh.freshUntil <= t1 + 60 + 2, 'freshUntil is epoch ms')
-      assert.ok(Math.abs(fresh.hardUntil - fresh.freshUntil - (10_000 - 60)) < 1)
+      assert.ok(fresh.freshUntil >= t0 + 500 && fresh.freshUntil <= t1 + 500 + 2, 'freshUntil is epoch ms')
+      assert.ok(Math.abs(fresh.hardUntil - fresh.freshUntil - (10_000 - 500)) < 1)
       assert.ok(fresh.computeMs >= 15 && fresh.computeMs <= t1 - t0 + 5, `computeMs ${fresh.computeMs}`)
       await cache.getOrLoad('n', () => undefined)
       const neg = await cache.inspect('n')
       assert.equal(neg.state, 'negative')
       assert.ok(neg.freshUntil > Date.now() + 4_000 && neg.freshUntil <= Date.now() + 5_000 + 2)
-      await sleep(160)
+      await eventually(async () => (await cache.inspect('k')).state === 'stale', { timeout: 10_000, what: "'k' to go stale" })
       const stale = await cache.inspect('k')
       assert.equal(stale.state, 'stale')
       assert.equal(stale.freshUntil, fresh.freshUntil)
@@ -1475,7 +1480,9 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
   })
 
   test('stats() is a synchronous snapshot with exact counters', async () => {
-    const cache = new StampedeCache({ ttl: 50, hardTtl: 10_000, jitter: 0, beta: 0, errorBackoff: 10_000 })
+    // ttl 500, not 50: the second read of 'a' must still be a hit (not a stale hit and a refresh)
+    // however long the machine stalls between two awaits; the entries then age by a poll.
+    const cache = new StampedeCache({ ttl: 500, hardTtl: 10_000, jitter: 0, beta: 0, errorBackoff: 10_000 })
     try {
       const zero = cache.stats()
       assert.equal(typeof zero.then, 'undefined', 'not a promise')
@@ -1490,7 +1497,11 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
         return 'C'
       }
       await Promise.all([cache.getOrLoad('c', slow), cache.getOrLoad('c', slow), cache.getOrLoad('c', slow)]) // 3 misses, 1 load, 2 coalesced
-      await sleep(150)
+      // inspect counts nothing (see the inspect test), so polling it leaves the counters alone.
+      await eventually(async () => (await cache.inspect('a')).state === 'stale' && (await cache.inspect('c')).state === 'stale', {
+        timeout: 10_000,
+        what: "'a' and 'c' to go stale",
+      })
       await cache.getOrLoad('a', () => {
         throw new Error('refresh fails')
       }) // stale hit + refresh (a loader call) that fails

@@ -11,6 +11,14 @@
 // operations and faults, not the interleaving: replay it a few times, `--repeat 5`).
 // HISTORY_SEEDS=4,5,6 runs other seeds here.
 //
+// Besides the ttl, each seed draws its configuration: the serializer (json, v8 or a custom one),
+// tags (deleteByTag among the writes), and per worker l1 (default, false, or a small maxBytes),
+// negativeTtl and errorBackoff. The operations include loaders that throw, return null or hang
+// past loadTimeout, clear(), and silent database changes the cache is not told of. Besides the
+// final state, the checks are: liveness (a silent change reaches every process within a bound),
+// visibility across processes (after a write resolved and the bus bound passed, no other process
+// serves an older version), and load counts (at most one load per key per epoch, with slack).
+//
 // The same history also runs against a 3-master, 3-replica Redis Cluster (issue 9): keys on every
 // master, CLIENT KILL and SIGSTOP of single nodes, and one master SIGKILLed mid-run while its
 // replica is promoted. One cluster serves this file (HISTORY_CLUSTER_SEEDS=1,2 picks the seeds;
@@ -38,7 +46,7 @@ function syntheticHistory(edit) {
     startedAt: 0,
     keys: ['k'],
     namespace: 'ns',
-    cfg: { hangBound: 1_000 },
+    cfg: { hangBound: 1_000, busBoundMs: 500, maxLoadMs: 300, maxErrorBackoff: 1_000 },
     bumps: [
       { t: 10, key: 'k', version: 2, by: 'w1' },
       { t: 100, key: 'k', version: 3, by: 'w1' },
@@ -79,7 +87,8 @@ test('history checker: a clean history passes; each kind of violation is reporte
   const write = (fields) => ({ i: 8, proc: 'w1', client: 1, op: 'set', key: 'k', start: 300, end: 310, version: 3, slotAt: 300, attempts: [], ...fields })
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(write({ outcome: 'err', code: 'ERR_INVALID_KEY' })))), ['write-rejected'])
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(write({ outcome: 'gave-up', code: 'ERR_REDIS' })))), ['write-lost'])
-  assert.deepEqual(kinds(syntheticHistory((h) => (h.finals[0].v = 2))), ['final-read'])
+  // w0's final read of v2 is also stale after w1's delete (of v3) resolved long before.
+  assert.deepEqual(kinds(syntheticHistory((h) => (h.finals[0].v = 2))), ['final-read', 'stale-in-other-process'])
   assert.deepEqual(kinds(syntheticHistory((h) => (h.redisBefore.k = { v: 2, raw: '{}' }))), ['final-redis'])
   assert.deepEqual(kinds(syntheticHistory((h) => (h.redisAfter.k = { v: 'bad', raw: 'junk' }))), ['final-redis'])
   assert.deepEqual(kinds(syntheticHistory((h) => h.workerErrors.push({ proc: 'w2', phase: 'run', message: 'exited' }))), ['worker-failed'])
@@ -100,6 +109,8 @@ test('history checker: a clean history passes; each kind of violation is reporte
   })
   overTls.violations = checkHistory(overTls)
   assert.match(formatViolations(overTls), /\[seed 0 tls\][^]*replay: npm run soak -- --seed 0 --tls/)
+  overTls.mode = 'mtls'
+  assert.match(formatViolations(overTls), /\[seed 0 mtls\][^]*replay: npm run soak -- --seed 0 --mtls/)
 
   // w1's delete of v3 resolved at 120: a later read in w1 that returns v2 is an older value...
   const older = syntheticHistory((h) => h.ops.push(read({ proc: 'w1', v: 2 })))
@@ -121,6 +132,53 @@ test('history checker: a clean history passes; each kind of violation is reporte
     h.loads.push({ proc: 'w1', key: 'k', op: 7, start: 90, readAt: 91, read: 2, end: 205, slow: false })
   })), ['older-after-own-write'])
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ proc: 'w2', v: 2 })))), [])
+
+  // Visibility across processes: w1's delete of v3 resolved at 120; past the 500 ms bus bound, w2
+  // may not read v2 (within it, or near a fault, it may).
+  assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ proc: 'w2', v: 2, start: 700, end: 710 })))), ['stale-in-other-process'])
+  assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ proc: 'w2', v: 2, start: 600, end: 610 })))), [])
+  assert.deepEqual(kinds(syntheticHistory((h) => {
+    h.ops.push(read({ proc: 'w2', v: 2, start: 700, end: 710 }))
+    h.faults.push({ kind: 'kill-pubsub', start: 300, end: 310 })
+  })), [])
+  // Liveness: the database moves to v4 at 1000 without the cache being told; w0 (ttl 100) finds
+  // its entry stale at 1500; 1.8 s later it may no longer serve v3.
+  const silently = (h) => {
+    h.config = [{ name: 'w0', ttl: 100 }]
+    h.bumps.push({ t: 1_000, key: 'k', version: 4, by: 'w1' })
+    h.ops.push({ i: 5, proc: 'w1', client: 0, op: 'silent', key: 'k', start: 999, end: 1_001, outcome: 'ok', version: 4, slotAt: 1_000, resolvedAt: 1_000, attempts: [] })
+    h.ops.push(read({ i: 10, proc: 'w0', v: 3, start: 1_500, end: 1_510 }))
+    h.db.k = 4
+    Object.assign(h.finals[0], { v: 4, start: 5_000, end: 5_010 })
+    h.redisAfter.k = { v: 4, raw: '{}' }
+    h.checkedAt = 4_990
+    h.endedAt = 6_000
+  }
+  assert.deepEqual(kinds(syntheticHistory(silently)), [])
+  assert.deepEqual(kinds(syntheticHistory((h) => {
+    silently(h)
+    h.ops.push(read({ i: 11, proc: 'w0', v: 3, start: 3_400, end: 3_410 }))
+  })), ['not-refreshed'])
+  assert.deepEqual(kinds(syntheticHistory((h) => {
+    silently(h)
+    h.ops.push(read({ i: 11, proc: 'w0', v: 4, start: 3_400, end: 3_410 }))
+  })), [])
+  // Load counts: one epoch (from w1's delete at 120 on, read at 130) and one worker allow 3 loads.
+  const loaded = (n) => (h) => {
+    h.config = [{ name: 'w0', ttl: 10_000 }]
+    h.opsEndedAt = 1_000
+    h.loads = Array.from({ length: n }, (_, j) => ({ proc: 'w0', key: 'k', op: 0, start: 131 + j, readAt: 132 + j, read: 3, end: 149 + j, slow: false }))
+  }
+  assert.deepEqual(kinds(syntheticHistory(loaded(3))), [])
+  assert.deepEqual(kinds(syntheticHistory(loaded(4))), ['excess-loads'])
+  // A negative entry only where a loader returned null; a planned loader failure may reject a read.
+  assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ v: 'null' })))), ['bad-value'])
+  assert.deepEqual(kinds(syntheticHistory((h) => {
+    h.ops.push(read({ v: 'null' }))
+    h.loads.push({ proc: 'w2', key: 'k', op: 3, start: 150, readAt: 151, read: 3, end: 160, slow: false, outcome: 'null' })
+  })), [])
+  assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ op: 'failing', outcome: 'err', message: 'planned loader failure (w0 op #9)' })))), [])
+  assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ op: 'get', outcome: 'err', message: 'planned loader failure (w0 op #9)' })))), ['read-rejected'], 'get never runs a loader')
 
   // The excuses: AbortError of an aborted call; ERR_LOAD_TIMEOUT meeting a slow loader of that key in that process.
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ op: 'abortable', outcome: 'err', name: 'AbortError' })))), [])
@@ -150,6 +208,13 @@ function assertRanClean(h, seed) {
     assert.ok(h.redisBefore && h.redisAfter, `seed ${seed}: the final Redis state was not read`)
     const finalsPerWorker = countBy(h.finals, (f) => f.proc)
     assert.equal(h.finals.length, h.config.length * h.keys.length, `seed ${seed}: final reads per worker: ${JSON.stringify(finalsPerWorker)}`)
+    // Every worker built its cache with the options drawn for it (loadTimeout included: a build
+    // refusing one fails the worker, no fallback) and answered the report.
+    assert.equal(h.reports.length, h.config.length, `seed ${seed}: reports from ${h.reports.map((r) => r.proc)}`)
+    assert.ok(h.config.every((c) => c.loadTimeout === h.cfg.loadTimeout), `seed ${seed}: loadTimeout in every worker`)
+    // The new checks had something to look at.
+    assert.ok(h.ops.some((o) => o.op === 'silent'), `seed ${seed}: no silent change ran (the liveness check saw nothing)`)
+    assert.ok(h.warms.length === h.finals.length, `seed ${seed}: warm reads ${h.warms.length}, final reads ${h.finals.length}`)
 
     assert.equal(h.violations.length, 0, `\n${formatViolations(h)}\n`)
   }
@@ -162,6 +227,19 @@ for (const seed of SEEDS) {
     assertRanClean(h, seed)
   })
 }
+
+// l1: false in every worker, without faults (issue 22: with l1: false a stale entry was served
+// and never refreshed; only workers reading straight from Redis show it, and faults would excuse
+// most of the run). The liveness check and the warm + final reads must find every stale entry
+// refreshed.
+test('history, l1: false in every worker, no faults: stale entries are refreshed (liveness), one load per epoch, final state matches', { timeout: TEST_TIMEOUT }, async (t) => {
+  const h = await runHistory({ seed: 2, l1: false, faults: false })
+  t.diagnostic(summarize(h))
+  assert.ok(h.config.every((c) => c.l1 === false), `l1 in every worker: ${h.config.map((c) => c.l1)}`)
+  assert.ok(h.ops.length >= 100, `only ${h.ops.length} operations ran`)
+  assert.ok(h.ops.some((o) => o.op === 'silent'), 'no silent change ran')
+  assert.equal(h.violations.length, 0, `\n${formatViolations(h)}\n`)
+})
 
 // The same over TLS: the caches' reads take the TLS read lane, which the faults kill, pause and
 // restart under them.

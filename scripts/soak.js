@@ -13,14 +13,22 @@
 //                                         the faults, not the interleaving)
 //   --cluster        run against a Redis Cluster (npm run soak -- --cluster --minutes 10)
 //   --tls            run against a TLS-only redis-server (reads take the TLS read lane)
+//   --mtls           the same, requiring client certificates (mutual TLS): every cache presents one
 //   --first S        start at seed S (then S+1, ...) instead of a random one
 //   --duration MS    how long each run's clients and faults go on (default 6000)
 //   --out DIR        write the full history (JSON) of every run with a violation there
+//   --l1 off|BYTES   every worker with l1: false, or l1: { maxBytes: BYTES } (default: drawn per worker)
+//   --serializer S   json, v8 or custom for the run (default: drawn per seed)
+//   --tags on|off    tags on every entry, deleteByTag among the writes (default: drawn per seed)
+//   --no-faults      no fault injection (the liveness and load-count checks then apply everywhere;
+//                    such a run is not "empty" for lack of faults)
 //   --verbose        print each run's progress and every violation kind in full
 //
 // Prints one line per run, the violations found (with seed and the key's history), and a summary
-// (seeds run, operations, faults injected, violations by kind with their seeds). Exits 1 on any
-// violation or a run that could not complete (its error is printed), 2 on a bad argument.
+// (seeds run, operations, faults injected, configurations drawn, violations by kind with their
+// seeds). Exits 1 on any violation, a run that could not complete (its error is printed), or a
+// run that tested nothing (no operation, no loader call, or no fault injected: a green result
+// from it would prove nothing); 2 on a bad argument.
 
 const fs = require('node:fs')
 const path = require('node:path')
@@ -39,12 +47,12 @@ const { RedisCluster } = require('../__test__/helpers/redis-topology')
 
 function usage(message) {
   if (message) console.error(`soak: ${message}`)
-  console.error('usage: node scripts/soak.js [--cluster | --tls] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--verbose]')
+  console.error('usage: node scripts/soak.js [--cluster | --tls | --mtls] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--l1 off|BYTES] [--serializer json|v8|custom] [--tags on|off] [--no-faults] [--verbose]')
   process.exit(2)
 }
 
 function parseArgs(argv) {
-  const args = { seeds: null, minutes: null, seed: null, repeat: 1, first: null, duration: DEFAULTS.durationMs, out: null, verbose: false, cluster: false, tls: false }
+  const args = { seeds: null, minutes: null, seed: null, repeat: 1, first: null, duration: DEFAULTS.durationMs, out: null, verbose: false, cluster: false, tls: false, mtls: false, l1: undefined, serializer: undefined, tags: undefined, faults: true }
   const number = (name, v, { integer = true, min = 0 } = {}) => {
     const n = Number(v)
     if (v === undefined || !Number.isFinite(n) || (integer && !Number.isInteger(n)) || n < min) usage(`--${name} needs a number >= ${min}, got ${v}`)
@@ -77,6 +85,24 @@ function parseArgs(argv) {
         args.out = value()
         if (!args.out) usage('--out needs a directory')
         break
+      case '--l1': {
+        const v = value()
+        args.l1 = v === 'off' ? false : { maxBytes: number('l1', v, { min: 1 }) }
+        break
+      }
+      case '--serializer':
+        args.serializer = value()
+        if (!['json', 'v8', 'custom'].includes(args.serializer)) usage(`--serializer is json, v8 or custom, got ${args.serializer}`)
+        break
+      case '--tags': {
+        const v = value()
+        if (v !== 'on' && v !== 'off') usage(`--tags is on or off, got ${v}`)
+        args.tags = v === 'on'
+        break
+      }
+      case '--no-faults':
+        args.faults = false
+        break
       case '--verbose':
         args.verbose = true
         break
@@ -85,6 +111,9 @@ function parseArgs(argv) {
         break
       case '--tls':
         args.tls = true
+        break
+      case '--mtls':
+        args.mtls = true
         break
       case '--help':
       case '-h':
@@ -95,7 +124,7 @@ function parseArgs(argv) {
     }
   }
   if (args.seed === null && args.seeds === null && args.minutes === null) args.minutes = 5
-  if (args.cluster && args.tls) usage('--cluster and --tls are separate modes')
+  if ([args.cluster, args.tls, args.mtls].filter(Boolean).length > 1) usage('--cluster, --tls and --mtls are separate modes')
   return args
 }
 
@@ -113,7 +142,7 @@ function printSummary() {
     }
   }
   const failing = [...new Set(runs.filter((h) => h.violations.length > 0).map((h) => h.seed))]
-  const noLoadTimeout = runs.some((h) => !h.loadTimeoutSupported)
+  const empty = runs.filter(testedNothing)
   console.log('')
   console.log(`soak summary${state.interrupted ? ' (interrupted)' : ''}`)
   console.log(`  runs:       ${runs.length} (${new Set(runs.map((h) => h.seed)).size} seeds) in ${minutes.toFixed(1)} min`)
@@ -129,7 +158,12 @@ function printSummary() {
   if (state.failed.length > 0) {
     console.log(`  incomplete: ${state.failed.length} run(s) could not complete: seeds ${state.failed.map((f) => f.seed).join(' ')} (first: ${state.failed[0].error.split('\n')[0]})`)
   }
-  if (noLoadTimeout) console.log('  note:       this build refuses the loadTimeout option; runs went without it')
+  const configs = countBy(runs, (h) => `${h.cfg.serializer}${h.cfg.tags ? '+tags' : ''}`)
+  const l1s = countBy(runs.flatMap((h) => h.config), (c) => (c.l1 === false ? 'off' : c.l1 && c.l1.maxBytes ? 'maxBytes' : 'lru'))
+  console.log(`  configs:    ${Object.entries(configs).map(([k, n]) => `${k} ${n}`).join(', ')}; workers' l1: ${Object.entries(l1s).map(([k, n]) => `${k} ${n}`).join(', ')}`)
+  const opKinds = countBy(runs.flatMap((h) => h.ops), (o) => o.op)
+  console.log(`  op kinds:   ${Object.entries(opKinds).map(([k, n]) => `${k} ${n}`).join(', ')}`)
+  if (empty.length > 0) console.log(`  empty:      ${empty.length} run(s) tested nothing (${empty.map((h) => `seed ${h.seed}: ${testedNothing(h)}`).join('; ')}): that fails the soak`)
   if (failing.length === 0) {
     console.log('  violations: none')
   } else {
@@ -138,8 +172,16 @@ function printSummary() {
       const list = [...seeds]
       console.log(`    ${kind} x${count} in seeds ${list.slice(0, 20).join(' ')}${list.length > 20 ? ` (+${list.length - 20})` : ''}`)
     }
-    console.log(`  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : state.tls ? ' --tls' : ''}`)
+    console.log(`  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : state.mtls ? ' --mtls' : state.tls ? ' --tls' : ''}`)
   }
+}
+
+/** Why a run proves nothing (no operation, no loader call, no fault), or '' if it tested something. */
+function testedNothing(h) {
+  if (h.ops.length === 0) return 'no operation ran'
+  if (h.loads.length === 0) return 'no loader was called'
+  if (h.faults.length === 0 && h.faultsAsked) return 'no fault was injected'
+  return ''
 }
 
 async function main() {
@@ -150,7 +192,8 @@ async function main() {
   if (args.out) fs.mkdirSync(args.out, { recursive: true })
   state.cluster = args.cluster
   state.tls = args.tls
-  const against = args.cluster ? ' against a Redis Cluster' : args.tls ? ' against a TLS-only redis-server' : ''
+  state.mtls = args.mtls
+  const against = args.cluster ? ' against a Redis Cluster' : args.mtls ? ' against a redis-server requiring client certificates (mutual TLS)' : args.tls ? ' against a TLS-only redis-server' : ''
   console.log(
     args.seed !== null
       ? `soak: replaying seed ${args.seed} ${args.repeat} time(s)${against}`
@@ -177,7 +220,18 @@ async function main() {
     const seed = args.seed !== null ? args.seed : (first + i) >>> 0
     let h
     try {
-      h = await runHistory({ seed, durationMs: args.duration, cluster: args.cluster ? await usableCluster() : null, tls: args.tls, log: args.verbose ? (line) => console.log(`  ${line}`) : () => {} })
+      h = await runHistory({
+        seed,
+        durationMs: args.duration,
+        cluster: args.cluster ? await usableCluster() : null,
+        tls: args.tls,
+        mtls: args.mtls,
+        l1: args.l1,
+        serializer: args.serializer,
+        tags: args.tags,
+        faults: args.faults,
+        log: args.verbose ? (line) => console.log(`  ${line}`) : () => {},
+      })
     } catch (err) {
       // Not a verdict on the cache (a Redis or cluster that would not start or heal): say so,
       // start afresh, go on.
@@ -189,6 +243,7 @@ async function main() {
     }
     state.runs.push(h)
     console.log(summarize(h))
+    if (testedNothing(h)) console.log(`seed ${seed}: this run tested nothing: ${testedNothing(h)}`)
     if (h.violations.length > 0) {
       console.log(formatViolations(h, { max: args.verbose ? 20 : 3, historyLines: args.verbose ? 80 : 40 }))
       if (args.out) {
@@ -200,7 +255,8 @@ async function main() {
   }
   if (cluster) await cluster.dispose()
   printSummary()
-  process.exitCode = state.runs.some((h) => h.violations.length > 0) || state.failed.length > 0 ? 1 : 0
+  const verdictFails = state.runs.length === 0 || state.runs.some((h) => h.violations.length > 0 || testedNothing(h)) || state.failed.length > 0
+  process.exitCode = verdictFails ? 1 : 0
 }
 
 main().catch((err) => {

@@ -136,6 +136,19 @@ fn envelope(ttl: f64) -> Envelope {
     Envelope::new(now_ms(), ttl, ttl * 10.0, 5.0, false)
 }
 
+/// Polls until `t` has a lock waiter registered: the event a test waits for before the holder
+/// writes, so the waiter is proven to wait (a fixed sleep loses that race on a loaded machine).
+async fn until_waiting(t: &RedisTier) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while t.waiting_keys() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no lock waiter registered within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A cold gate that must lead: (token, gate) for `write_back`.
 async fn lead(t: &RedisTier, key: &str, lock_ttl: u64) -> Gate {
     let gate = t.cold_gate(key, lock_ttl, false).await;
@@ -193,7 +206,7 @@ async fn one_leader_and_the_waiter_gets_its_value_from_the_bus() {
             (b.cold_gate("k", 10_000, false).await, started.elapsed())
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_waiting(&b).await;
     assert_eq!(
         write_back(&a, "k", &gate, r#"{"v":1}"#).await,
         WriteBack::Written
@@ -458,7 +471,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
         let b = b.clone();
         tokio::spawn(async move { b.cold_gate_observed("filled", 10_000, false, false).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_waiting(&b).await;
     assert_eq!(
         write_back(&a, "filled", &held, "1").await,
         WriteBack::Written

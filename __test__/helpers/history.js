@@ -34,6 +34,7 @@
 // interleaving: replay a failing seed a few times.
 
 const fs = require('node:fs')
+const v8 = require('node:v8')
 const os = require('node:os')
 const path = require('node:path')
 const { RedisServer, CacheWorker, waitFor, sleep } = require('./redis-server')
@@ -231,12 +232,13 @@ function serverBackend() {
 /**
  * The single-server mode over TLS: a private TLS-only redis-server with a throwaway CA, which the
  * caches trust (`tls.ca`), so their reads take the TLS read lane; the same faults, restarts on the
- * same port.
+ * same port. With `mtls` the server requires client certificates, which every cache presents
+ * (mutual TLS).
  */
-function tlsServerBackend() {
+function tlsServerBackend({ mtls = false } = {}) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-history-tls-'))
   const certs = makeCertificates(dir)
-  const node = new RedisNode('history-tls', { dir, tls: { certs, authClients: 'no' } })
+  const node = new RedisNode('history-tls', { dir, tls: { certs, authClients: mtls ? 'yes' : 'no' } })
   // What injectFaults drives: RedisServer's shape, restarting on the same port.
   const redis = {
     cmd: (...args) => node.cmd(...args),
@@ -249,13 +251,13 @@ function tlsServerBackend() {
     start: () => node.revive(),
   }
   return {
-    mode: 'tls',
+    mode: mtls ? 'mtls' : 'tls',
     async start() {
       await node.start()
     },
-    describe: () => `redis (TLS) :${node.port}`,
+    describe: () => `redis (${mtls ? 'mutual TLS' : 'TLS'}) :${node.port}`,
     keys: async (namespace, n) => ({ keys: Array.from({ length: n }, (_, i) => `k${i}`) }),
-    cacheRedis: () => ({ url: node.url, tls: { ca: certs.ca } }),
+    cacheRedis: () => ({ url: node.url, tls: mtls ? { ca: certs.ca, cert: certs.clientCert, key: certs.clientKey } : { ca: certs.ca } }),
     faults: ({ seed, until, faults }) => injectFaults({ redis, rand: makeRand(streamSeed(seed, 'faults')), until, faults }),
     async recover() {
       node.resume()
@@ -546,16 +548,25 @@ const DEFAULTS = {
   durationMs: 6_000,
   /** Each worker's ttl is drawn from this range; jitter stays at its default (0.1). */
   ttl: [300, 800],
-  hardTtl: 3_000,
+  // Well above the ttls: a stale entry lives long enough for the liveness check to see it not refreshed.
+  hardTtl: 10_000,
   lockTtl: 1_000,
   loadTimeout: 2_000,
   faults: true,
   /** The pub/sub bound of docs/CONTRACT.md ("Redis": 100 ms), with room for a loaded machine. */
   busBoundMs: 500,
+  /** Each worker's errorBackoff is drawn from [50, this] ms. */
+  maxErrorBackoff: 1_000,
+  /** Force a configuration instead of drawing it: l1 (false or { maxBytes }), serializer ('json' | 'v8' | 'custom'), tags (boolean). */
+  l1: undefined,
+  serializer: undefined,
+  tags: undefined,
   /** A started RedisCluster (helpers/redis-topology.js) to run against instead of a private redis-server. */
   cluster: null,
   /** Over TLS: a TLS-only server (the read lane speaks TLS); single-server mode only. */
   tls: false,
+  /** Over mutual TLS: as tls, and the server requires the client certificate every cache presents. */
+  mtls: false,
   /** Called with progress lines (the soak prints them with --verbose). */
   log: () => {},
 }
@@ -573,7 +584,7 @@ async function runHistory(options = {}) {
   const o = { ...DEFAULTS, ...options }
   const seed = o.seed >>> 0
   const rand = makeRand(streamSeed(seed, 'config'))
-  const backend = o.cluster ? clusterBackend(o.cluster) : o.tls ? tlsServerBackend() : serverBackend()
+  const backend = o.cluster ? clusterBackend(o.cluster) : o.tls || o.mtls ? tlsServerBackend({ mtls: Boolean(o.mtls) }) : serverBackend()
   const cfg = {
     maxLoadMs: 300,
     maxGapMs: 40,
@@ -583,12 +594,15 @@ async function runHistory(options = {}) {
     hangBound: o.loadTimeout + o.lockTtl + 4_000,
     // A write retried for this long without resolving, with the faults over long since, is lost.
     writeGiveUpMs: 20_000,
+    busBoundMs: o.busBoundMs,
+    maxErrorBackoff: o.maxErrorBackoff,
   }
   runCount++
   const namespace = backend.mode === 'cluster' ? `hist${seed}p${process.pid}c${runCount}` : `hist${seed}p${process.pid}`
   const h = {
     seed,
     mode: backend.mode,
+    faultsAsked: Boolean(o.faults),
     keys: [],
     namespace,
     cfg,
@@ -599,13 +613,13 @@ async function runHistory(options = {}) {
     loads: [],
     faults: [],
     finals: [],
+    warms: [],
     bumps: [],
     db: null,
     redisBefore: null,
     redisAfter: null,
     reports: [],
     workerErrors: [],
-    loadTimeoutSupported: true,
     violations: [],
     cluster: backend.mode === 'cluster' ? backend.info : undefined,
   }
@@ -616,9 +630,32 @@ async function runHistory(options = {}) {
     h.keys = keys
     const db = new Database(keys)
     h.bumps = db.bumps
+    // What the run draws besides the ttls (o.* forces one): the serializer and tags for the run
+    // (every worker must read the others' entries), l1 per worker (default, off, or a byte
+    // budget a few entries fill), negativeTtl and errorBackoff per worker (short, so a negative
+    // entry or a refresh backoff never outlives the settle before the final reads).
+    const serializer = o.serializer ?? rand.weighted({ json: 2, v8: 1, custom: 1 })
+    const tags = o.tags ?? rand.next() < 0.5
+    cfg.tags = tags
+    cfg.serializer = serializer
     for (let i = 0; i < o.workers; i++) {
       const name = `w${i}`
-      const cache = { redis: backend.cacheRedis(i), namespace, ttl: rand.int(o.ttl[0], o.ttl[1]), hardTtl: o.hardTtl, lockTtl: o.lockTtl, loadTimeout: o.loadTimeout }
+      const ttl = rand.int(o.ttl[0], o.ttl[1])
+      const l1Kind = rand.weighted({ default: 2, off: 1, bytes: 1 })
+      const maxBytes = rand.int(40, 200)
+      const l1 = o.l1 !== undefined ? o.l1 : l1Kind === 'off' ? false : l1Kind === 'bytes' ? { maxBytes } : undefined
+      const cache = {
+        redis: backend.cacheRedis(i),
+        namespace,
+        ttl,
+        hardTtl: o.hardTtl,
+        lockTtl: o.lockTtl,
+        loadTimeout: o.loadTimeout,
+        negativeTtl: rand.int(50, ttl),
+        errorBackoff: rand.int(50, o.maxErrorBackoff),
+        ...(l1 === undefined ? {} : { l1 }),
+        ...(serializer === 'json' ? {} : { serializer }),
+      }
       h.config.push({ name, ...cache })
       const w = new CacheWorker(name, { name, cache }, { script: WORKER_SCRIPT })
       workers.push(w)
@@ -657,7 +694,6 @@ async function runHistory(options = {}) {
       if (r.status === 'fulfilled') {
         h.ops.push(...r.value.ops)
         h.loads.push(...r.value.loads)
-        if (!r.value.loadTimeoutSupported) h.loadTimeoutSupported = false
       } else {
         h.workerErrors.push({ proc: workers[i].name, phase: 'run', message: r.reason.message, exit: workers[i].exitInfo })
       }
@@ -678,6 +714,16 @@ async function runHistory(options = {}) {
     h.db = Object.fromEntries(db.versions)
     h.checkedAt = Date.now()
 
+    // One read of every key in every worker, which refreshes what a silent change or a null
+    // load left stale; then those refreshes settle and their announcements pass. With l1: false
+    // (issue 22) a stale entry was served and never refreshed: the final reads below see that.
+    const warms = await Promise.allSettled(live.map((w) => w.request('warm', { keys, cfg }, { timeout: keys.length * cfg.hangBound + 5_000 })))
+    warms.forEach((r, i) => {
+      if (r.status === 'fulfilled') h.warms.push(...r.value.warms)
+      else h.workerErrors.push({ proc: live[i].name, phase: 'warm', message: r.reason.message })
+    })
+    await sleep(o.busBoundMs)
+    h.checkedAt = Date.now()
     h.redisBefore = await backend.envelopes(namespace, keys)
     const finals = await Promise.allSettled(live.map((w) => w.request('final', { keys, cfg }, { timeout: keys.length * cfg.hangBound + 5_000 })))
     finals.forEach((r, i) => {
@@ -717,7 +763,13 @@ function parseEnvelopes(keys, replies) {
     if (typeof raw === 'string') {
       try {
         const env = JSON.parse(raw)
-        v = env && env.value && Number.isInteger(env.value.v) ? env.value.v : 'bad'
+        // The value as the run's serializer wrote it (src/envelope.rs: 'v8' is base64 of node:v8
+        // bytes, 'custom' the custom serializer's text, see fixtures/history-worker.js).
+        let value = env && env.value
+        if (env && env.fmt === 'v8') value = v8.deserialize(Buffer.from(env.value, 'base64'))
+        else if (env && env.fmt === 'custom') value = String(env.value).startsWith('h1:') ? JSON.parse(env.value.slice(3)) : undefined
+        else if (env && env.fmt !== undefined) value = undefined
+        v = value === null ? 'null' : value && Number.isInteger(value.v) ? value.v : 'bad'
       } catch {
         v = 'bad'
       }
@@ -731,9 +783,14 @@ function parseEnvelopes(keys, replies) {
 
 // ---- the checks ------------------------------------------------------------------------------
 
-const READS = new Set(['getOrLoad', 'forceRefresh', 'abortable', 'slow', 'get'])
-const LOADING_READS = new Set(['getOrLoad', 'forceRefresh', 'abortable', 'slow', 'final-getOrLoad'])
-const WRITES = new Set(['set', 'delete', 'set-set'])
+const READS = new Set(['getOrLoad', 'forceRefresh', 'abortable', 'slow', 'failing', 'null-load', 'get'])
+const LOADING_READS = new Set(['getOrLoad', 'forceRefresh', 'abortable', 'slow', 'failing', 'null-load', 'final-warm', 'final-getOrLoad'])
+/** The writes that tell the cache (silent ones bump the database only: see 'not-refreshed'). */
+const WRITES = new Set(['set', 'delete', 'set-set', 'tag-delete', 'clear'])
+/** After a fault ends, how long reconnects, resubscription and backoffs may take before the bounds below apply again. */
+const RECOVERY_MS = 2_500
+/** The message of a loader the test makes fail on purpose ('failing' operations). */
+const PLANNED_FAILURE = /^planned loader failure/
 
 /**
  * The invariants. Returns [{ kind, key, at, message }]:
@@ -761,26 +818,33 @@ function checkHistory(h) {
   const add = (kind, key, at, message, from) => out.push({ kind, key, at, from, message })
   const db = new Database([])
   db.bumps = h.bumps
-  const all = [...h.ops, ...h.finals]
+  const all = [...h.ops, ...(h.warms ?? []), ...h.finals]
   const fmt = (t) => rel(h, t)
 
   for (const e of h.workerErrors) add('worker-failed', null, h.checkedAt ?? Date.now(), `${e.proc} ${e.phase}: ${e.message}${e.exit ? ` (exit ${JSON.stringify(e.exit)})` : ''}`)
 
   for (const op of all) {
     const where = `${op.proc} #${op.i} ${op.op}(${op.key}) started ${fmt(op.start)}`
+    if (op.op === 'silent') continue
     if (op.outcome === 'hung') {
       add('hung', op.key, op.start + h.cfg.hangBound, `${where} did not settle within ${h.cfg.hangBound} ms${op.lateEnd ? ` (settled ${op.lateEnd - op.start} ms after it started)` : ''}`)
       continue
     }
-    if (READS.has(op.op) || op.op === 'final-getOrLoad') {
+    if (READS.has(op.op) || op.op === 'final-getOrLoad' || op.op === 'final-warm') {
       if (op.outcome === 'err') {
         const aborted = op.op === 'abortable' && op.name === 'AbortError'
         const timedOut = op.code === 'ERR_LOAD_TIMEOUT' && (op.op === 'slow' || slowLoaderDuring(h, op))
-        if (!aborted && !timedOut) add('read-rejected', op.key, op.end, `${where} rejected: ${op.code ?? op.name}: ${op.message}`)
+        // Only the test's failing loaders produce this message: the failure of one this call
+        // ran or joined (no stale value to serve), or one kept for errorBackoff.
+        const planned = PLANNED_FAILURE.test(String(op.message)) && LOADING_READS.has(op.op)
+        if (!aborted && !timedOut && !planned) add('read-rejected', op.key, op.end, `${where} rejected: ${op.code ?? op.name}: ${op.message}`)
         continue
       }
       if (op.outcome !== 'ok') continue
-      if (op.v === 'bad') add('bad-value', op.key, op.end, `${where} returned ${op.bad}, which no loader or writer produced`)
+      if (op.v === 'null') {
+        // A negative entry: only from a loader that returned null (a 'null-load' of this key).
+        if (!h.loads.some((l) => l.key === op.key && l.outcome === 'null' && l.start <= op.end)) add('bad-value', op.key, op.end, `${where} returned null, and no loader of ${op.key} had returned null`)
+      } else if (op.v === 'bad') add('bad-value', op.key, op.end, `${where} returned ${op.bad}, which no loader or writer produced`)
       else if (op.v === 'undefined' && LOADING_READS.has(op.op)) add('bad-value', op.key, op.end, `${where} resolved with undefined; the loader never returns that`)
       else if (typeof op.v === 'number' && op.v > db.versionAt(op.key, op.end)) {
         add('bad-value', op.key, op.end, `${where} returned v${op.v} at ${fmt(op.end)}, when the database was at v${db.versionAt(op.key, op.end)}`)
@@ -806,6 +870,102 @@ function checkHistory(h) {
         `${r.proc} #${r.i} ${r.op}(${r.key}) started ${fmt(r.start)} returned v${r.v}, after the same process's ${w.op} #${w.i} of v${w.version} resolved at ${fmt(tw)}${suspects(h, r.key, r.v, tw).text}`,
         w.start,
       )
+    }
+  }
+
+  // Visibility across processes (docs/CONTRACT.md "Redis": other processes drop their copy
+  // within the bus bound while Redis is healthy): once a write of version V resolved and
+  // cfg.busBoundMs passed, a read started in another process returns V or newer. Not counted: a
+  // read within RECOVERY_MS of a fault (Redis was not healthy), and one that may have joined a
+  // load of its own process already running when the write resolved (as for read-your-writes).
+  for (const w of all) {
+    if (!WRITES.has(w.op) || w.outcome !== 'ok') continue
+    const tw = w.resolvedAt
+    for (const r of all) {
+      if (r.proc === w.proc || r.key !== w.key || !(READS.has(r.op) || r.op === 'final-getOrLoad')) continue
+      if (r.outcome !== 'ok' || typeof r.v !== 'number' || r.v >= w.version || r.start <= tw + h.cfg.busBoundMs) continue
+      if (faultDuring(h, w.start, r.start)) continue
+      if (LOADING_READS.has(r.op) && joinedEarlierLoad(h, all, r, tw)) continue
+      add(
+        'stale-in-other-process',
+        r.key,
+        r.end,
+        `${r.proc} #${r.i} ${r.op}(${r.key}) started ${fmt(r.start)} returned v${r.v}, ${r.start - tw} ms after ${w.proc}'s ${w.op} #${w.i} of v${w.version} resolved at ${fmt(tw)} (bus bound ${h.cfg.busBoundMs} ms, no fault in between)${suspects(h, r.key, r.v, tw).text}`,
+        w.start,
+      )
+    }
+  }
+
+  // Liveness: a change the cache was not told of ('silent') is in every process within a bound.
+  // By S = bump + maxLoadMs + ttl * (1 + jitter) every entry holding an older version is stale
+  // (a load that read it ended by then, and was fresh for at most ttl); the first getOrLoad in
+  // a process after S serves it stale and starts a refresh (or another process's refresh, under
+  // the lock, announces the new value); so from that read's end + maxLoadMs + busBoundMs + 1 s
+  // on, every read there returns the new version. Not counted: near a fault, or with a failing
+  // or slow loader of the key about (errorBackoff is shared; a timed-out refresh writes nothing).
+  for (const b of all) {
+    if (b.op !== 'silent' || b.outcome !== 'ok') continue
+    const tb = b.slotAt
+    for (const c of h.config ?? []) {
+      const staleBy = tb + h.cfg.maxLoadMs + Math.ceil(c.ttl * (1 + JITTER))
+      const reads = all.filter((r) => r.proc === c.name && r.key === b.key && r.outcome === 'ok').sort((x, y) => x.start - y.start)
+      const trigger = reads.find((r) => (r.op === 'getOrLoad' || r.op === 'final-warm' || r.op === 'final-getOrLoad') && r.start >= staleBy)
+      if (!trigger) continue
+      const bound = trigger.end + h.cfg.maxLoadMs + h.cfg.busBoundMs + 1_000
+      for (const r of reads) {
+        if (r.start <= bound || typeof r.v !== 'number' || r.v >= b.version || !(READS.has(r.op) || r.op === 'final-warm' || r.op === 'final-getOrLoad')) continue
+        if (faultDuring(h, tb, r.start) || troubledLoaderDuring(h, b.key, tb, r.start)) continue
+        add(
+          'not-refreshed',
+          r.key,
+          r.end,
+          `${r.proc} #${r.i} ${r.op}(${r.key}) started ${fmt(r.start)} returned v${r.v}; the database changed to v${b.version} at ${fmt(tb)} without telling the cache, ${r.proc}'s entries were stale by ${fmt(staleBy)} (ttl ${c.ttl}), its read #${trigger.i} at ${fmt(trigger.start)} found it so, and no refresh brought v${b.version} by ${fmt(bound)}`,
+          tb,
+        )
+        break // one per silent change and process
+      }
+    }
+  }
+
+  // Load counts: the lock and the bus make one load per key per expiry across processes. The run
+  // is cut, per key, into epochs: at every multiple of the shortest ttl (an expiry), at each
+  // invalidation of the key (delete, deleteByTag, a silent change; a failing or null load, which
+  // retries after errorBackoff / negativeTtl) and at every clear. An epoch in which some process
+  // read the key through a loader may cost one load, across all processes. Not counted: loads
+  // that forceRefresh, slow, abortable and final reads asked for (they load by design), and loads
+  // starting within RECOVERY_MS of a fault (without Redis each process loads for itself). Slack:
+  // 25% plus one per worker (a lock that expires costs one extra load; XFetch may refresh
+  // shortly before an expiry). Without the lock or the in-process coalescing a stale or cold key
+  // costs a load per process or per caller, 2x to 9x: far past it.
+  if (h.opsEndedAt && h.t0 !== null && h.t0 !== undefined && h.config && h.config.length) {
+    const byDesign = new Set(['forceRefresh', 'slow', 'abortable', 'final-warm', 'final-getOrLoad'])
+    const invalidating = new Set(['delete', 'tag-delete', 'silent', 'failing', 'null-load'])
+    const opOf = new Map(all.map((op) => [`${op.proc}#${op.i}`, op]))
+    const minTtl = Math.min(...h.config.map((c) => c.ttl))
+    for (const key of h.keys) {
+      const counted = h.loads.filter((l) => {
+        if (l.key !== key || l.start > h.opsEndedAt) return false
+        const op = opOf.get(`${l.proc}#${l.op}`)
+        if (op && byDesign.has(op.op)) return false
+        return !faultDuring(h, l.start, l.start)
+      }).length
+      const cuts = [h.t0]
+      for (let t = h.t0 + minTtl; t < h.opsEndedAt; t += minTtl) cuts.push(t)
+      for (const op of all) {
+        if ((op.key === key && invalidating.has(op.op)) || op.op === 'clear') cuts.push(op.op === 'silent' ? op.slotAt : (op.end ?? op.start))
+      }
+      cuts.sort((a, b) => a - b)
+      const reads = all.filter((op) => op.key === key && op.start >= h.t0 && op.start <= h.opsEndedAt && (op.op === 'getOrLoad' || op.op === 'failing' || op.op === 'null-load')).map((op) => op.start)
+      let epochs = 0
+      for (let i = 0; i < cuts.length; i++) {
+        const a = cuts[i]
+        const b = cuts[i + 1] ?? Infinity
+        if (reads.some((t) => t >= a && t < b)) epochs++
+      }
+      const allowed = Math.ceil(epochs * 1.25) + h.config.length
+      if (counted > allowed) {
+        add('excess-loads', key, h.opsEndedAt, `${counted} loader calls of ${key} outside fault windows, in ${epochs} epochs that needed at most one load each (expiries of the ${minTtl} ms ttl, invalidations, clears); at most ${allowed} allowed`)
+      }
     }
   }
 
@@ -855,6 +1015,17 @@ function suspects(h, key, v, since) {
     text: `. Loads that read v${v} and outlived it (v${v + 1} at ${rel(h, overtaken.t)}): ${list.join('; ')}`,
     from: Math.min(...found.map((l) => l.start)),
   }
+}
+
+/** A fault started before `to` and ended (plus RECOVERY_MS) after `from`. */
+function faultDuring(h, from, to) {
+  return h.faults.some((f) => f.start <= to && (f.end ?? Infinity) + RECOVERY_MS >= from)
+}
+
+/** A failing or slow loader of `key` (any process) ran around [from, to] (errorBackoff before it included). */
+function troubledLoaderDuring(h, key, from, to) {
+  const backoff = h.cfg.maxErrorBackoff ?? 5_000
+  return h.loads.some((l) => l.key === key && (l.slow || l.outcome === 'throws') && l.start <= to && (l.end ?? Infinity) + backoff + RECOVERY_MS >= from)
 }
 
 /** A loader slower than loadTimeout ran in op's process on op's key while op waited. */
@@ -945,7 +1116,7 @@ function historyOf(h, key, until, n = 40, from = null) {
 
 /** One violation, with the seed, how to replay it and the key's history. */
 function formatViolation(h, v, { historyLines = 40 } = {}) {
-  const special = h.mode === 'cluster' || h.mode === 'tls'
+  const special = h.mode === 'cluster' || h.mode === 'tls' || h.mode === 'mtls'
   const lines = [`[seed ${h.seed}${special ? ` ${h.mode}` : ''}] ${v.kind}: ${v.message}`, `  replay: npm run soak -- --seed ${h.seed}${special ? ` --${h.mode}` : ''}`]
   if (v.key) {
     lines.push(`  history of ${v.key} (ms from the run's start; db = the database; writers hold a per-key slot):`)
@@ -975,6 +1146,12 @@ function countBy(items, fn) {
   return out
 }
 
+/** The drawn configuration in one phrase: serializer, tags, each worker's l1. */
+function describeConfig(h) {
+  const l1 = h.config.map((c) => (c.l1 === false ? 'off' : c.l1 && c.l1.maxBytes ? `${c.l1.maxBytes}B` : 'lru')).join('/')
+  return `${h.cfg.serializer ?? 'json'}${h.cfg.tags ? '+tags' : ''} l1 ${l1}`
+}
+
 /** One line: operations, faults, loader calls, writes that needed retries, violations. */
 function summarize(h) {
   const ops = h.ops.length
@@ -993,9 +1170,9 @@ function summarize(h) {
       `${others ? `, ${others} more failover(s) from pauses` : ''}, ${moved}/${h.keys.length} keys changed master`
   }
   return (
-    `seed ${h.seed}${h.mode === 'cluster' || h.mode === 'tls' ? ` [${h.mode}]` : ''}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
+    `seed ${h.seed}${h.mode === 'cluster' || h.mode === 'tls' || h.mode === 'mtls' ? ` [${h.mode}]` : ''}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
     `${h.loads.length} loader calls, ${h.faults.length} faults (${Object.entries(faults).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'}), ` +
-    `redisErrors ${redisErrors}${cluster}, ${h.violations.length} violations${h.loadTimeoutSupported ? '' : ' [this build refuses loadTimeout: ran without it]'} ` +
+    `redisErrors ${redisErrors}${cluster}, config ${describeConfig(h)}, ${h.violations.length} violations ` +
     `(${((h.endedAt - h.startedAt) / 1000).toFixed(1)} s)`
   )
 }
