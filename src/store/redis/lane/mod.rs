@@ -1,0 +1,145 @@
+//! The read lane: a second connection to the one server (or the Sentinel primary), over TCP or
+//! TLS, which the hot read path (a `GET` of a key's envelope) takes instead of the command
+//! connection. The embedder drives its socket from its own event loop, so a read and its answer
+//! cross no thread: on the command connection each read goes JS thread → runtime worker →
+//! connection task → JS thread, and a profile put most of a sequential read's time in those
+//! wake-ups. Here lives what needs no event loop, in pure Rust that tests reach without Node:
+//! the framing of its replies (`resp`), how it connects and authenticates (`transport`, on the
+//! runtime, then handed over as a non-blocking socket), whether it may be used, and what a reply
+//! means (this file). The embedder's glue (libuv, in `src/node/lane.rs`) only moves bytes.
+//!
+//! The lane carries plain GETs only; everything else (a miss that must take the lock, an entry
+//! with tags, an error reply) is asked again on the command connection, which knows how to
+//! classify failures and wait. A reply that cannot be the read's (another key's entry, a reply
+//! no GET gives, anything out of protocol) closes the lane, and every read it still carried is
+//! asked again there. A lane that times out takes the tier down as the command connection
+//! would; one whose tier replaced its command connection since it opened is dropped too, so
+//! both always reach the same server. `STAMPEDE_CACHE_NO_LANE=1` turns it off for a process.
+
+mod resp;
+mod transport;
+
+use std::time::Duration;
+
+pub use resp::{frame, Reply};
+pub use transport::{Landing, LaneSocket, LaneTarget, Opened};
+
+use redis::RedisResult;
+
+use super::envelopes::{usable, Misdelivered};
+use super::{connection::timed_out, RedisTier, Remote};
+use crate::inbox::{tag_bucket, Stamp};
+use crate::key;
+use transport::refused;
+
+/// What a lane read found.
+#[derive(Debug, PartialEq)]
+pub enum LaneRead {
+    Found(Remote),
+    /// No entry this cache can use (none, another serializer's, expired, dead): a miss, as the
+    /// command connection's read would say.
+    Missing,
+    /// Ask again on the command connection: an entry with tags (their clocks are read there),
+    /// the bus down (the clear clock is read there), an error reply.
+    Ask,
+    /// The reply cannot be this read's: another key's entry, or a reply a GET never gives. The
+    /// lane is out of step with its requests: it is closed, and this read and every one after
+    /// it are asked again on the command connection.
+    Misaligned(&'static str),
+}
+
+impl RedisTier {
+    /// Whether reads may take the lane now: a plain-TCP server, Redis up, the bus up (an entry
+    /// without tags is then alive unless an announcement said otherwise), not closed.
+    pub fn lane_usable(&self) -> bool {
+        self.link.topology.lane_possible() && !self.closed() && self.bus_up() && self.redis_up()
+    }
+
+    /// How long a read on the lane may take: the command timeout.
+    pub fn lane_timeout(&self) -> Duration {
+        self.link.command_timeout
+    }
+
+    /// Whether a lane opened at `replacement` still reaches the command connection's server.
+    pub fn lane_current(&self, replacement: u64) -> bool {
+        self.link.replacements() == replacement
+    }
+
+    /// Opens a lane (on the runtime), within the connect timeout.
+    pub async fn open_lane(&self) -> RedisResult<LaneSocket> {
+        let replacement = self.link.replacements();
+        let opened = async {
+            let target = self
+                .link
+                .topology
+                .lane_target()
+                .await?
+                .ok_or_else(|| refused("the server is not reached over TCP".into()))?;
+            transport::connect(&target, replacement).await
+        };
+        tokio::time::timeout(self.link.connect_timeout, opened)
+            .await
+            .map_err(|_| timed_out("timed out connecting to Redis"))?
+    }
+
+    /// The request of a lane read of `key`, appended to `out`.
+    pub fn lane_request(&self, key: &str, out: &mut Vec<u8>) {
+        key::write_value_get(&self.namespace, key, out);
+    }
+
+    /// What the lane's reply to a read means. `stamp`: the key's invalidation stamp
+    /// when the read was asked for; `count`: a `get()`, counted as an l2Hit or a miss (an `Ask`
+    /// is counted where it is asked again).
+    pub fn lane_answer(&self, key: &str, stamp: Stamp, reply: Reply<'_>, count: bool) -> LaneRead {
+        let read = match reply {
+            Reply::Nil => LaneRead::Missing,
+            Reply::Error(_) => return LaneRead::Ask,
+            Reply::Other => {
+                self.stats.redis_errors.incr();
+                return LaneRead::Misaligned(
+                    "Redis answered a GET on the read lane with a reply a GET never gives",
+                );
+            }
+            Reply::Bulk(bytes) => match usable(bytes, self.serializer, &self.value_key(key)) {
+                Err(Misdelivered) => {
+                    self.stats.redis_errors.incr();
+                    return LaneRead::Misaligned(
+                        "Redis answered a GET on the read lane with another key's entry",
+                    );
+                }
+                Ok(None) => LaneRead::Missing,
+                Ok(Some(found)) => {
+                    let buckets: Vec<u16> = found.tags.iter().map(|t| tag_bucket(t)).collect();
+                    if self.inbox.dead(found.envelope.born, &buckets) {
+                        LaneRead::Missing
+                    } else if !found.tags.is_empty() || !self.bus_up() {
+                        return LaneRead::Ask;
+                    } else {
+                        LaneRead::Found(found.remote(stamp))
+                    }
+                }
+            },
+        };
+        if count {
+            match read {
+                LaneRead::Found(_) => self.stats.l2_hits.incr(),
+                _ => self.stats.misses.incr(),
+            }
+        }
+        read
+    }
+
+    /// A read on the lane outlived the command timeout: Redis is down, as the command
+    /// connection's timeout would say, until a probe answers (the reads it carried, asked again,
+    /// are then served without Redis at once).
+    pub fn lane_timed_out(&self, key: Option<&str>, why: String) {
+        self.went_down("get", key, why);
+    }
+
+    /// The lane's connection failed (closed, reset, out of protocol): reported, but Redis is not
+    /// taken down for it. The reads it carried are asked again on the command connection, whose
+    /// own failure, if Redis is gone, takes the tier down; a lane killed alone costs nothing.
+    pub fn lane_lost(&self, key: Option<&str>, why: String) {
+        self.report("get", key, why);
+    }
+}

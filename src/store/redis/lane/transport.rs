@@ -1,0 +1,324 @@
+//! How a read lane connects: the target (host, port, credentials, db, TLS) taken from the
+//! command connection's, the TCP or TLS connection, and the handshake (AUTH, SELECT, a name),
+//! all on the runtime; the socket is then handed to the embedder as non-blocking.
+
+use std::io;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::io::tcp::socket2;
+use redis::{ConnectionAddr, ConnectionInfo, RedisError, RedisResult};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::resp::{frame, Reply};
+
+/// Where a lane connects, and as whom (its `Debug` never shows the password).
+#[derive(Clone)]
+pub struct LaneTarget {
+    host: String,
+    port: u16,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+    /// Over TLS: the name the server's certificate must carry (and SNI), and the client
+    /// configuration (`with_tls`).
+    tls: Option<LaneTls>,
+}
+
+impl std::fmt::Debug for LaneTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaneTarget")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .field("tls", &self.tls.as_ref().map(|t| &t.name))
+            .finish()
+    }
+}
+
+#[derive(Clone)]
+struct LaneTls {
+    name: String,
+    config: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl LaneTarget {
+    /// TCP servers, plain or TLS with verification; Unix sockets and unverified TLS stay on the
+    /// command connection. A TLS target needs its configuration (`with_tls`) before it opens.
+    pub fn of(info: &ConnectionInfo) -> Option<LaneTarget> {
+        let (host, port, tls) = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => (host, port, None),
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                ..
+            } => (
+                host,
+                port,
+                Some(LaneTls {
+                    name: host.clone(),
+                    config: None,
+                }),
+            ),
+            _ => return None,
+        };
+        let s = info.redis_settings();
+        Some(LaneTarget {
+            host: host.clone(),
+            port: *port,
+            username: s.username().map(str::to_string),
+            password: s.password().map(str::to_string),
+            db: s.db(),
+            tls,
+        })
+    }
+
+    /// Whether the lane speaks TLS to this server.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The TLS target with its client configuration, connecting to `address` (the URL's host
+    /// when `tls.servername` named the certificate) and verifying the certificate's name.
+    pub fn with_tls(mut self, config: Arc<rustls::ClientConfig>, address: String) -> LaneTarget {
+        if let Some(tls) = &mut self.tls {
+            tls.config = Some(config);
+            self.host = address;
+        }
+        self
+    }
+
+    /// The commands that make a new connection ours: AUTH (ACL user or password), SELECT, and
+    /// a name operators see in CLIENT LIST (refused by some ACLs: then it stays unnamed). Each
+    /// with whether its refusal refuses the lane.
+    fn handshake(&self) -> Vec<(redis::Cmd, bool)> {
+        let mut out = Vec::new();
+        if let Some(password) = &self.password {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = &self.username {
+                auth.arg(user);
+            }
+            out.push((auth.arg(password).clone(), true));
+        }
+        if self.db != 0 {
+            out.push((redis::cmd("SELECT").arg(self.db).clone(), true));
+        }
+        out.push((
+            redis::cmd("CLIENT").arg("SETNAME").arg(LANE_NAME).clone(),
+            false,
+        ));
+        out
+    }
+}
+
+/// The lane's connection name (CLIENT LIST shows it).
+pub const LANE_NAME: &str = "stampede-cache:read-lane";
+
+/// An open lane's socket (non-blocking), its TLS session if it has one, and the tier's command
+/// connection count when it began to open.
+pub struct LaneSocket {
+    pub stream: TcpStream,
+    pub tls: Option<Box<rustls::ClientConnection>>,
+    pub opened_at_replacement: u64,
+}
+
+/// Where a lane opening on the runtime leaves its result for the embedder's thread.
+pub type Opened = Arc<std::sync::Mutex<Option<RedisResult<LaneSocket>>>>;
+
+/// The opening task's hold on `Opened`. Dropped without a result (the task panicked or was
+/// dropped), it leaves a failure, so the embedder retries later instead of waiting for ever.
+pub struct Landing {
+    result: Opened,
+    landed: bool,
+}
+
+impl Landing {
+    pub fn new(result: Opened) -> Landing {
+        Landing {
+            result,
+            landed: false,
+        }
+    }
+
+    pub fn land(mut self, opened: RedisResult<LaneSocket>) {
+        *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(opened);
+        self.landed = true;
+    }
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        if !self.landed {
+            *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(Err(RedisError::from(
+                io::Error::other("the read lane's opening ended without a result"),
+            )));
+        }
+    }
+}
+
+/// Sends the handshake's commands and reads their replies; a refusal of a required one refuses
+/// the lane.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    target: &LaneTarget,
+) -> RedisResult<()> {
+    let handshake = target.handshake();
+    let mut out = Vec::new();
+    for (cmd, _) in &handshake {
+        cmd.write_packed_command(&mut out);
+    }
+    stream.write_all(&out).await?;
+    stream.flush().await?;
+    let mut input = Vec::new();
+    let mut answered = 0;
+    while answered < handshake.len() {
+        let mut chunk = [0u8; 512];
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(refused("Redis closed the connection".into()));
+        }
+        input.extend_from_slice(&chunk[..n]);
+        while answered < handshake.len() {
+            let Some((reply, len)) =
+                frame(&input).map_err(|_| refused("Redis answered out of protocol".into()))?
+            else {
+                break;
+            };
+            if let (Reply::Error(e), true) = (reply, handshake[answered].1) {
+                return Err(refused(format!(
+                    "Redis refused the connection: {}",
+                    String::from_utf8_lossy(e)
+                )));
+            }
+            answered += 1;
+            input.drain(..len);
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn refused(what: String) -> RedisError {
+    RedisError::from(io::Error::new(io::ErrorKind::ConnectionRefused, what))
+}
+
+/// Connects to `target`, over TLS if it says so, and runs the handshake: the socket, ready for
+/// the embedder (non-blocking). `replacement`: the tier's command connection count when the
+/// opening began.
+pub async fn connect(target: &LaneTarget, replacement: u64) -> RedisResult<LaneSocket> {
+    let mut stream = tokio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
+    stream.set_nodelay(true)?;
+    // A replaced lane's unsent reads are discarded rather than delivered late.
+    socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO))?;
+    let (stream, tls) = match &target.tls {
+        None => {
+            handshake(&mut stream, target).await?;
+            (stream, None)
+        }
+        Some(LaneTls { name, config }) => {
+            let config = config
+                .clone()
+                .ok_or_else(|| refused("no TLS configuration for the lane".into()))?;
+            let name = ServerName::try_from(name.clone())
+                .map_err(|e| refused(format!("invalid TLS server name: {e}")))?;
+            let mut session = tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await?;
+            handshake(&mut session, target).await?;
+            // The session goes on by hand on the embedder's loop; whatever it has read and not
+            // yet delivered stays in it.
+            let (stream, session) = session.into_inner();
+            (stream, Some(Box::new(session)))
+        }
+    };
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(true)?;
+    Ok(LaneSocket {
+        stream,
+        tls,
+        opened_at_replacement: replacement,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_opening_that_ends_without_a_result_lands_a_failure() {
+        let result: Opened = Arc::new(std::sync::Mutex::new(None));
+        // The opening task panics: its landing is dropped while unwinding.
+        let landing = Landing::new(result.clone());
+        let task = std::thread::spawn(move || {
+            let _landing = landing;
+            panic!("the opening panicked (expected by this test)");
+        });
+        assert!(task.join().is_err());
+        let landed = result.lock().unwrap().take();
+        assert!(matches!(landed, Some(Err(e)) if e.to_string().contains("without a result")));
+
+        // A result that landed is the one read; dropping the landing after it does not write
+        // again (the embedder has taken the result by then).
+        Landing::new(result.clone()).land(Err(io::Error::other("refused").into()));
+        let landed = result.lock().unwrap().take();
+        assert!(matches!(landed, Some(Err(e)) if e.to_string().contains("refused")));
+        assert!(result.lock().unwrap().is_none());
+    }
+
+    /// More replies in one read than the handshake asked for (a misbehaving proxy, say): the
+    /// lane opens on the ones it asked for and never indexes past them.
+    #[tokio::test(flavor = "current_thread")]
+    async fn replies_past_the_handshake_do_not_break_it() {
+        let info: ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info("redis://127.0.0.1:6390").unwrap();
+        let target = LaneTarget::of(&info).unwrap();
+        assert_eq!(target.handshake().len(), 1, "CLIENT SETNAME only");
+        let (mut client, mut server) = tokio::io::duplex(4096);
+        server.write_all(b"+OK\r\n+OK\r\n+OK\r\n").await.unwrap();
+        assert!(handshake(&mut client, &target).await.is_ok());
+        let mut asked = vec![0u8; 64];
+        let n = server.read(&mut asked).await.unwrap();
+        assert!(asked[..n].starts_with(b"*3\r\n$6\r\nCLIENT"));
+    }
+
+    #[test]
+    fn the_handshake_authenticates_and_selects() {
+        let info: ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info("redis://app:secret@127.0.0.1:6390/3")
+                .unwrap();
+        let target = LaneTarget::of(&info).unwrap();
+        assert!(!format!("{target:?}").contains("secret"), "{target:?}");
+        let packed: Vec<(Vec<u8>, bool)> = target
+            .handshake()
+            .iter()
+            .map(|(c, required)| (c.get_packed_command(), *required))
+            .collect();
+        assert_eq!(
+            packed,
+            vec![
+                (
+                    b"*3\r\n$4\r\nAUTH\r\n$3\r\napp\r\n$6\r\nsecret\r\n".to_vec(),
+                    true
+                ),
+                (b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n".to_vec(), true),
+                (
+                    b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$24\r\nstampede-cache:read-lane\r\n"
+                        .to_vec(),
+                    false
+                ),
+            ]
+        );
+        let tls: ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info("rediss://127.0.0.1:6390").unwrap();
+        assert!(LaneTarget::of(&tls).unwrap().is_tls());
+        assert!(!target.is_tls());
+        let insecure: ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info("rediss://127.0.0.1:6390/#insecure")
+                .unwrap();
+        assert!(LaneTarget::of(&insecure).is_none());
+    }
+}
