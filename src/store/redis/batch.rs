@@ -54,9 +54,8 @@ fn look_of(reply: &Value) -> Option<Look> {
     })
 }
 
-/// The indexes of `keys` by the cluster slot of their Redis key (one group on a single node:
-/// grouping costs nothing there and keeps one code path). A pipeline must stay in one slot in
-/// a cluster: the redis crate routes it by its first key and the node refuses the others.
+/// The indexes of `keys` by the cluster slot of their Redis key. A pipeline must stay in one slot
+/// in a cluster: the redis crate routes it by its first key and the node refuses the others.
 fn by_slot<'k>(keys: impl Iterator<Item = &'k str>) -> Vec<Vec<usize>> {
     let mut groups: HashMap<Slot, usize> = HashMap::new();
     let mut out: Vec<Vec<usize>> = Vec::new();
@@ -71,6 +70,20 @@ fn by_slot<'k>(keys: impl Iterator<Item = &'k str>) -> Vec<Vec<usize>> {
 }
 
 impl RedisTier {
+    /// The pipelines a batch of Redis keys goes in: one on a single server (or a Sentinel's
+    /// primary), one per slot in a cluster.
+    fn groups<'k>(&self, keys: impl Iterator<Item = &'k str>) -> Vec<Vec<usize>> {
+        if self.link.topology.is_cluster() {
+            return by_slot(keys);
+        }
+        let all: Vec<usize> = (0..keys.count()).collect();
+        if all.is_empty() {
+            Vec::new()
+        } else {
+            vec![all]
+        }
+    }
+
     /// Sends `commands` (one per key of `keys`, `op` for reports) in one pipeline per slot, all
     /// at once; each key's reply, or `Unavailable` for every key of a pipeline that failed.
     async fn pipelined(
@@ -80,7 +93,7 @@ impl RedisTier {
         keys: &[&str],
         command: impl Fn(usize) -> redis::Cmd,
     ) -> Vec<Result<Value, Unavailable>> {
-        let groups = by_slot(redis_keys.iter().map(String::as_str));
+        let groups = self.groups(redis_keys.iter().map(String::as_str));
         let sent = groups.iter().map(|group| {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
@@ -118,26 +131,47 @@ impl RedisTier {
                 c
             })
             .await;
-        let judged = keys
-            .iter()
-            .zip(replies)
-            .map(|((key, stamp), reply)| async move {
-                let bytes = match reply {
-                    Err(Unavailable) => return Fetched::Unavailable,
-                    Ok(Value::BulkString(b)) => b,
-                    // Nil, or another type's error (WRONGTYPE): a miss, as for one key.
-                    Ok(_) => return Fetched::Missing,
-                };
-                let Some(found) = usable(&bytes, self.serializer) else {
-                    return Fetched::Missing;
-                };
-                match self.alive(key, found.envelope.born, &found.tags).await {
-                    Ok(true) => Fetched::Found(found.remote(*stamp)),
-                    Ok(false) => Fetched::Missing,
-                    Err(Unavailable) => Fetched::Unavailable,
+        // An untagged entry with the bus up needs no Redis read to know it is alive (see
+        // `alive`): judged here at once; the others (tagged, or the bus down) ask Redis.
+        let mut fetched: Vec<Fetched> = Vec::with_capacity(keys.len());
+        let mut asks = Vec::new();
+        for (i, ((key, stamp), reply)) in keys.iter().zip(replies).enumerate() {
+            let found = match reply {
+                Err(Unavailable) => {
+                    fetched.push(Fetched::Unavailable);
+                    continue;
                 }
-            });
-        let fetched = join_all(judged).await;
+                Ok(Value::BulkString(b)) => usable(&b, self.serializer),
+                // Nil, or another type's error (WRONGTYPE): a miss, as for one key.
+                Ok(_) => None,
+            };
+            match found {
+                None => fetched.push(Fetched::Missing),
+                Some(found) if found.tags.is_empty() && self.bus_up() => {
+                    fetched.push(if self.inbox.dead(found.envelope.born, &[]) {
+                        Fetched::Missing
+                    } else {
+                        Fetched::Found(found.remote(*stamp))
+                    });
+                }
+                Some(found) => {
+                    fetched.push(Fetched::Missing);
+                    asks.push((i, key.as_str(), *stamp, found));
+                }
+            }
+        }
+        let judged = asks.into_iter().map(|(i, key, stamp, found)| async move {
+            let alive = self.alive(key, found.envelope.born, &found.tags).await;
+            let f = match alive {
+                Ok(true) => Fetched::Found(found.remote(stamp)),
+                Ok(false) => Fetched::Missing,
+                Err(Unavailable) => Fetched::Unavailable,
+            };
+            (i, f)
+        });
+        for (i, f) in join_all(judged).await {
+            fetched[i] = f;
+        }
         if count {
             for f in &fetched {
                 match f {
@@ -198,7 +232,8 @@ impl RedisTier {
                 let refused: Vec<usize> = (0..replies.len())
                     .filter(|&j| no_script(&replies[j]))
                     .collect();
-                let loads = by_slot(refused.iter().map(|&j| vkeys[j].as_str()))
+                let loads = self
+                    .groups(refused.iter().map(|&j| vkeys[j].as_str()))
                     .into_iter()
                     .map(|group| {
                         let first = refused[group[0]];

@@ -243,6 +243,13 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// A Redis Cluster: a pipeline must stay within one slot there.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.kind, Kind::Cluster { .. })
+    }
+}
+
+impl Topology {
     pub fn new(config: &RedisConfig) -> Result<Topology, String> {
         // rustls needs a process-wide crypto provider; another library may have installed one.
         let _ = rustls::crypto::ring::default_provider().install_default();
