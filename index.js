@@ -572,7 +572,6 @@ class StampedeCache {
     const answers = []
     const at = new Array(rest.length)
     const cold = []
-    const releases = []
     for (let j = 0; j < rest.length; j++) {
       const k = encoded[j]
       const seen = indexOf.get(k)
@@ -599,13 +598,22 @@ class StampedeCache {
         continue
       }
       b.lead(k, keys[rest[j]])
+      const decided = () => this.#batchDecided(b, k)
       if (gated) {
-        // Answered once every cold key's gate has (#batchGates); read by #runFlight at once.
-        b.gates.set(k, new Promise((resolve) => releases.push(resolve)))
-        cold.push(k)
+        // The flight's promise now (callers join it); its gate answers with every cold key's
+        // (#batchGates), which serves what Redis has without running the flight at all.
+        const cold1 = { k, flight: m, resolve: null, reject: null }
+        const load = new Promise((resolve, reject) => {
+          cold1.resolve = resolve
+          cold1.reject = reject
+        })
+        this.#flights.set(m, load)
+        cold.push(cold1)
+        load.then(decided, decided)
+        answers.push(load)
+        continue
       }
       const load = this.#lead(k, m, this.#batchLoader(b, k), b.keyPolicy, force ? this.#currentValue(k) : undefined, b.purpose, waitUntil, tags, b)
-      const decided = () => this.#batchDecided(b, k)
       load.then(decided, decided)
       answers.push(load)
     }
@@ -623,7 +631,7 @@ class StampedeCache {
       b.gatesPassed = true
       b.passed()
     }
-    if (cold.length > 0) this.#batchGates(b, cold, releases)
+    if (cold.length > 0) this.#batchGates(b, cold, waitUntil, tags)
     const settled = Promise.allSettled(answers).then((results) => {
       if (b.error !== null) throw b.error
       for (let j = 0; j < rest.length; j++) {
@@ -648,28 +656,52 @@ class StampedeCache {
   }
 
   // The cold keys' gates, in one go (one pipelined read, then one pipelined lock bid, per Redis
-  // node): each key's answer goes to its flight. A key another process holds is decided (the
-  // batch does not wait for it) and then waits for that process's value alone, as getOrLoad does.
-  #batchGates(b, keys, releases) {
+  // node): a key Redis has is served at once; the others' flights run with their answers. A key
+  // another process holds is decided (the batch does not wait for it) and then waits for that
+  // process's value alone, as getOrLoad does. `cold`: { k, flight, resolve, reject }.
+  #batchGates(b, cold, waitUntil, tags) {
+    const run = (c, gate) => {
+      // Without a gate here, #runFlight asks for the key's own.
+      if (gate !== undefined) b.gates.set(c.k, gate)
+      this.#runFlight(c.k, c.flight, this.#batchLoader(b, c.k), b.keyPolicy, undefined, PURPOSE_COLD, waitUntil, tags, b).then(c.resolve, c.reject)
+    }
     const each = (answers) => {
       if (answers.some((a) => a.reported)) this.#drainRedisReports()
-      for (let i = 0; i < keys.length; i++) {
+      for (let i = 0; i < cold.length; i++) {
+        const c = cold[i]
         const a = answers[i]
         if (a.kind === GATE_WAIT) {
-          this.#batchDecided(b, keys[i])
-          releases[i](this.#gate(keys[i], PURPOSE_COLD, PURPOSE_COLD))
+          this.#batchDecided(b, c.k)
+          run(c, this.#gate(c.k, PURPOSE_COLD, PURPOSE_COLD))
           continue
         }
         if (a.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
-          lockChannel.publish({ cache: this, namespace: this.#namespace, key: keys[i], reason: REASONS[PURPOSE_COLD], outcome: LOCK_OUTCOMES[a.lock] })
+          lockChannel.publish({ cache: this, namespace: this.#namespace, key: c.k, reason: REASONS[PURPOSE_COLD], outcome: LOCK_OUTCOMES[a.lock] })
         }
-        releases[i](a)
+        if (a.kind !== GATE_FOUND || !this.#servedFromRedis(b, c, a)) run(c, a)
       }
     }
-    redisGateMany(this.#id, keys).then(each, () => {
+    redisGateMany(
+      this.#id,
+      cold.map((c) => c.k),
+    ).then(each, () => {
       // The binding could not ask (never expected): each key passes its own gate.
-      for (let i = 0; i < keys.length; i++) releases[i](this.#gate(keys[i], PURPOSE_COLD, PURPOSE_COLD))
+      for (const c of cold) run(c, undefined)
     })
+  }
+
+  // A cold key of a batch that Redis has: ends its flight with that value, as #runFlight does for
+  // one key (adopted, then its stale value refreshed with the batch's). False when this cache's
+  // serializer cannot read it: then the flight runs, and looks again past it.
+  #servedFromRedis(b, c, answer) {
+    const value = this.#decode(answer)
+    if (value === UNREADABLE) return false
+    this.#flights.delete(c.flight)
+    const refresh = this.#adoptDecoded(c.k, c.flight, true, answer, value)
+    if (hitChannel.hasSubscribers) this.#publishHit(c.k, 'redis', answer.state)
+    if (refresh) b.stale(c.k, value)
+    c.resolve(value)
+    return true
   }
 
   // A led key's loader: hands the key (and its ctx) to the batch's next loadMany call.
