@@ -3,7 +3,8 @@
 // Many keys at once (issue 24): getOrLoadMany side by side with what a user would do instead,
 // in one run, on one machine, against one private redis-server. Ratios, never absolute times.
 //
-//   node bench/batch.js [--quick] [--rounds 7] [--keys 1000] [--json out.json]
+//   node bench/batch.js [--quick] [--rounds 7] [--keys 1000] [--json out.json] [--docs]
+//   (--docs also renders the README's chart, docs/bench-batch.svg)
 //
 // 1. Warm in Redis, `l1: false` (a serverless instance): getOrLoadMany over 1,000 keys against one
 //    ioredis MGET of the same Redis keys plus JSON.parse of each reply; sequential batches, then 16
@@ -240,7 +241,50 @@ async function main() {
   }
   print(out)
   if (jsonOut) fs.writeFileSync(jsonOut, JSON.stringify(out, null, 1) + '\n')
+  if (flag('--docs')) {
+    const { render } = require('./lib/charts')
+    fs.writeFileSync(path.join(__dirname, '..', 'docs', 'bench-batch.svg'), await render(chartSpec(out)))
+    console.log('\nwrote docs/bench-batch.svg')
+  }
   return out
+}
+
+/** The README's chart: each warm case's throughput ratio, and the cold case's queries. */
+function chartSpec(o) {
+  const rows = [
+    { read: 'Redis, l1: false, sequential / MGET', ratio: o.redisSequential.ratio },
+    { read: 'Redis, l1: false, 16 in flight / MGET', ratio: o.redis16.ratio },
+    { read: 'in process / a loop of Map.get', ratio: o.inProcess.ratio },
+  ].map((r) => ({ ...r, faster: r.ratio >= 1 ? 'stampede-cache faster' : 'other faster' }))
+  const q = Object.fromEntries(o.cold.map((c) => [c.name, c.queries]))
+  const order = rows.map((r) => r.read)
+  const max = Math.max(1.25, ...rows.map((r) => r.ratio * 1.15))
+  const y = { field: 'read', type: 'nominal', sort: order, title: null, axis: { labelLimit: 420 } }
+  return {
+    title: {
+      text: `getOrLoadMany over ${o.keys.toLocaleString('en-US')} warm keys: batches/s against ioredis MGET + JSON.parse, and Map.get`,
+      subtitle: [
+        `median of ${o.rounds} interleaved rounds; right of the line = stampede-cache faster`,
+        `cold, ${o.keys.toLocaleString('en-US')} ids: database queries: stampede-cache ${q['stampede-cache']}, bentocache ${q.bentocache}, cache-manager ${q['cache-manager']} (one call per id)`,
+      ],
+    },
+    width: 520,
+    height: 120,
+    data: { values: rows },
+    layer: [
+      {
+        mark: { type: 'bar' },
+        encoding: {
+          y,
+          x: { field: 'ratio', type: 'quantitative', scale: { domain: [0, max] }, title: 'stampede-cache batches/s / other batches/s', axis: { format: '.1f' } },
+          color: { field: 'faster', type: 'nominal', scale: { domain: ['stampede-cache faster', 'other faster'], range: ['#4c78a8', '#e45756'] }, legend: null },
+        },
+      },
+      { mark: { type: 'text', align: 'left', dx: 3, fontSize: 10 }, encoding: { y, x: { field: 'ratio', type: 'quantitative' }, text: { field: 'ratio', type: 'quantitative', format: '.2f' } } },
+      { data: { values: [{ x: 1 }] }, mark: { type: 'rule', color: '#111', strokeDash: [4, 3] }, encoding: { x: { field: 'x', type: 'quantitative' } } },
+    ],
+    config: { font: 'Helvetica, Arial, sans-serif', view: { stroke: null } },
+  }
 }
 
 function print(o) {
@@ -270,4 +314,4 @@ if (require.main === module) {
   )
 }
 
-module.exports = { main }
+module.exports = { main, chartSpec }
