@@ -419,6 +419,7 @@ class Batch {
     this.passed = null
   }
 
+  // Registers a key this batch leads (`key`: as the caller gave it).
   lead(k, key) {
     this.rank.set(k, this.keyOf.size)
     this.keyOf.set(k, key)
