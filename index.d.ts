@@ -261,6 +261,18 @@ export interface LoaderContext<T> {
   skipCache(): void
 }
 
+/** What `getOrLoadMany`'s `loadMany` is given beside the keys; it applies to every key of that call. */
+export interface BatchContext {
+  /** The keys of this call as strings (array keys encoded), in the order `loadMany` got them. */
+  keys: string[]
+  /** Aborts when the cache is closed or the call times out (`loadTimeout`). */
+  signal: AbortSignal
+  /** Every key's ttl (and hardTtl), as `LoaderContext.setTtl`. */
+  setTtl(ttl: number, hardTtl?: number): void
+  /** Adds tags to every key's result, as `LoaderContext.setTags`. */
+  setTags(tags: string[]): void
+}
+
 export interface GetOrLoadOptions {
   ttl?: number | undefined
   hardTtl?: number | undefined
@@ -363,6 +375,22 @@ export class StampedeCache<S extends SerializerOption = 'json'> {
     loader: (ctx: LoaderContext<Stored<Stale, S>>) => T | PromiseLike<T>,
     options?: GetOrLoadOptions,
   ): Promise<Stored<T, S>>
+  /**
+   * Many keys at once, DataLoader's way: `loadMany` gets the keys that must be loaded (the
+   * misses, each once, in the order of `keys`, as given) and returns an array of the same length
+   * and order: a value, `null`/`undefined` for a not-found (cached for `negativeTtl`), or an
+   * `Error` that fails that key alone. Resolves with an array aligned with `keys`: each value as
+   * `getOrLoad` would type it, or the `Error` of a key that failed. Rejects only for bad
+   * arguments (`ERR_INVALID_KEY`, `ERR_INVALID_ARGUMENT`: more than 10,000 keys, a `loadMany`
+   * that is not a function, a result of the wrong length), `ERR_CLOSED`, or the caller's signal.
+   */
+  getOrLoadMany<K extends Key, T>(
+    keys: readonly K[],
+    loadMany: (missing: K[], ctx: BatchContext) => readonly (T | Error)[] | PromiseLike<readonly (T | Error)[]>,
+    options?: GetOrLoadOptions,
+  ): Promise<(Stored<Exclude<T, Error>, S> | Error)[]>
+  /** Fresh or stale values aligned with `keys` (`undefined` where none); never loads. */
+  getMany<T = unknown>(keys: readonly Key[]): Promise<(Stored<T, S> | undefined)[]>
   /** A fresh or stale value; never loads. `T` is the type of the value that was stored. */
   get<T = unknown>(key: Key): Promise<Stored<T, S> | undefined>
   set<T>(key: Key, value: T, options?: SetOptions): Promise<void>
@@ -418,7 +446,10 @@ export type LoadReason = 'cold' | 'refresh' | 'force'
  * `error` (with `error`) when it failed or ran past `loadTimeout`. `result` is the loader's value.
  */
 export interface LoadContext extends CacheEvent {
+  /** The key loaded (for a `getOrLoadMany` call, the first of `keys`). */
   key: string
+  /** A `getOrLoadMany` call's `loadMany`: every key it was given (one trace for the call). */
+  keys?: string[]
   reason: LoadReason
   result?: unknown
   error?: unknown
@@ -462,7 +493,10 @@ export interface InvalidateEvent extends CacheEvent {
 
 /** `stampede-cache:load-timeout`: a loader ran past `timeout` ms; its callers reject with ERR_LOAD_TIMEOUT. */
 export interface LoadTimeoutEvent extends CacheEvent {
+  /** The key (for a `getOrLoadMany` call, the first of `keys`). */
   key: string
+  /** A `getOrLoadMany` call's `loadMany`: every key it was given. */
+  keys?: string[]
   reason: LoadReason
   timeout: number
 }

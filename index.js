@@ -117,6 +117,7 @@ const engine = {
 const { peek, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
 const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
+const { redisGateMany, redisFetchMany, noteBatchCall, beginBatchRefresh, GATE_WAIT } = native
 
 // The promises of the flights in progress, by flight id. Each sits in a holder that `delete`
 // empties: a V8 Map kept deleted values reachable until it next rehashed, so a promise resolved
@@ -205,6 +206,10 @@ const { GATE_FOUND, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, U
 // How a value is written in the Redis envelope.
 const { FMT_JSON, FMT_V8, FMT_TEXT, FMT_BYTES } = native
 const noop = () => {}
+/** What a call without options means (see #callOptions). */
+const NO_OPTIONS = Object.freeze({ policy: null, signal: undefined, waitUntil: undefined, force: false, tags: null })
+/** Keys a getMany or getOrLoadMany call takes at most. */
+const MAX_BATCH_KEYS = 10_000
 // Tags per entry, and per deleteByTag call, at most.
 const MAX_TAGS = 64
 const MAX_TAG_BYTES = 1024
@@ -379,6 +384,72 @@ function withSignal(promise, signal) {
   })
 }
 
+// One loadMany call's worth of keys: a getOrLoadMany call's cold keys, or the refresh of its stale
+// keys. Each key it leads is an ordinary flight (its gate, fencing, write-back and end are
+// getOrLoad's) whose loader, once the key has passed its gate, hands the key to the batch
+// (#batchLoader). Once every led key has either asked or is decided otherwise (served from Redis,
+// waiting for another process's lock, failed), the keys that asked go to one loadMany call (a
+// round): so a batch never waits for keys someone else loads, and overlapping batches never wait
+// for each other. A key that asks later (the lock holder it waited for failed, or its lock
+// expired, and this process took over) goes to a later round.
+class Batch {
+  constructor(loadMany, purpose, keyPolicy, timeout) {
+    this.loadMany = loadMany
+    /** PURPOSE_COLD, PURPOSE_FORCE or PURPOSE_REFRESH. */
+    this.purpose = purpose
+    /** Each key's flight's policy: the call's, with no loadTimeout (the loadMany call is timed). */
+    this.keyPolicy = keyPolicy
+    /** ms the loadMany call may run (Infinity: none). */
+    this.timeout = timeout
+    /** The key as the caller gave it (what loadMany gets), by encoded key, in the order of `keys`. */
+    this.keyOf = new Map()
+    /** Each key's position in keyOf: loadMany gets its keys in that order, whichever asked first. */
+    this.rank = new Map()
+    /** Led keys that have neither asked nor been decided otherwise yet. */
+    this.undecided = new Set()
+    /** Every led key is decided: rounds fire as keys ask. */
+    this.gatesPassed = false
+    /** The keys waiting for the next loadMany call: { k, ctx, resolve, reject }. */
+    this.round = []
+    this.roundScheduled = false
+    /** With Redis, a cold key's gate answer (all passed in one go, #batchGates), by key. */
+    this.gates = null
+    /** Stale values found in Redis for cold keys, refreshed with the call's stale keys. */
+    this.staleFound = []
+    /** Takes stale entries found after the refresh batch started. */
+    this.refreshLate = noop
+    /** A loadMany result of the wrong length: the call rejects with it. */
+    this.error = null
+    /** Called once every led key is decided (a cold batch starts its stale keys' refresh). */
+    this.passed = null
+  }
+
+  // Registers a key this batch leads (`key`: as the caller gave it).
+  lead(k, key) {
+    this.rank.set(k, this.keyOf.size)
+    this.keyOf.set(k, key)
+    this.undecided.add(k)
+  }
+
+  // A cold key's flight found a stale value in Redis (served; refreshed in the background).
+  // `seen`: that value's freshUntil, the basis of its refresh.
+  stale(k, value, seen) {
+    const entry = { k, key: this.keyOf.get(k), value, seen }
+    if (this.staleFound !== null) this.staleFound.push(entry)
+    else this.refreshLate([entry])
+  }
+}
+
+// Checks a getMany/getOrLoadMany `keys` argument (each key is checked by encodeKey).
+function checkBatchKeys(keys) {
+  if (!Array.isArray(keys)) throw invalidArgument(`keys must be an array, got ${keys === null ? 'null' : typeof keys}`)
+  if (keys.length > MAX_BATCH_KEYS) throw invalidArgument(`at most ${MAX_BATCH_KEYS} keys a call, got ${keys.length}`)
+}
+
+function isClosedError(err) {
+  return err instanceof StampedeCacheError && err.code === 'ERR_CLOSED'
+}
+
 class StampedeCache {
   /** Engine id in this thread's engine table. */
   #id
@@ -450,6 +521,369 @@ class StampedeCache {
     return this.#getOrLoadSlow(key, loader, options)
   }
 
+  /**
+   * Many keys at once (README, "Many keys at once"): every key answered as getOrLoad would answer
+   * it alone, and the keys this call must load, each once, in one `loadMany(keys, ctx)` call
+   * (DataLoader's convention: an array of the same length; an Error at a position fails that key).
+   */
+  getOrLoadMany(keys, loadMany, options) {
+    try {
+      return this.#startGetOrLoadMany(keys, loadMany, options)
+    } catch (err) {
+      return Promise.reject(err)
+    }
+  }
+
+  #startGetOrLoadMany(keys, loadMany, options) {
+    if (this.#closed) throw closedError()
+    checkBatchKeys(keys)
+    if (typeof loadMany !== 'function') {
+      throw invalidArgument(`loadMany must be a function, got ${loadMany === null ? 'null' : typeof loadMany}`)
+    }
+    const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : this.#callOptions(options)
+    const n = keys.length
+    const out = new Array(n)
+    // Hits first, on getOrLoad's hot path (a string key, no options); the other positions below.
+    let rest = null
+    let stale = null
+    if (options === undefined) {
+      for (let i = 0; i < n; i++) {
+        const key = keys[i]
+        const r = typeof key === 'string' ? peek(this.#id, key) : -1
+        if (r < 0) {
+          ;(rest ??= []).push(i)
+          continue
+        }
+        const value = this.#values[r >> HIT_SLOT_SHIFT]
+        out[i] = value
+        if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
+        if (r & HIT_REFRESH) (stale ??= []).push({ k: key, key, value })
+      }
+      if (rest === null) {
+        if (stale !== null) this.#refreshMany(stale, loadMany, policy, waitUntil, tags)
+        return Promise.resolve(out)
+      }
+    } else {
+      rest = Array.from({ length: n }, (_, i) => i)
+    }
+    // Every key is checked before anything is looked up or loaded.
+    const encoded = new Array(rest.length)
+    for (let j = 0; j < rest.length; j++) encoded[j] = engine.encodeKey(keys[rest[j]])
+    if (signal?.aborted) throw abortError(signal)
+    this.#watchInvalidations()
+    const b = this.#newBatch(loadMany, policy, force ? PURPOSE_FORCE : PURPOSE_COLD)
+    const gated = this.#redis && !force
+    if (gated) b.gates = new Map()
+    // Each distinct key once: `answers[u]` is its value or its flight's promise; `at[j]` says which.
+    const indexOf = new Map()
+    const answers = []
+    const at = new Array(rest.length)
+    const cold = []
+    for (let j = 0; j < rest.length; j++) {
+      const k = encoded[j]
+      const seen = indexOf.get(k)
+      if (seen !== undefined) {
+        at[j] = seen
+        continue
+      }
+      at[j] = answers.length
+      indexOf.set(k, answers.length)
+      const looked = engine.lookup(this.#id, k, policy, force)
+      const kind = looked % STEP_KINDS
+      const m = Math.floor(looked / STEP_KINDS)
+      if (kind === STEP_SERVE) {
+        const value = this.#values[m >> HIT_SLOT_SHIFT]
+        if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(m))
+        if (m & HIT_REFRESH) (stale ??= []).push({ k, key: keys[rest[j]], value })
+        answers.push(value)
+        continue
+      }
+      if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+      if (kind !== STEP_LEAD) {
+        if (coalesceChannel.hasSubscribers) coalesceChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+        answers.push(this.#flights.get(m))
+        continue
+      }
+      b.lead(k, keys[rest[j]])
+      const decided = () => this.#batchDecided(b, k)
+      if (gated) {
+        // The flight's promise now (callers join it); its gate answers with every cold key's
+        // (#batchGates), which serves what Redis has without running the flight at all.
+        const cold1 = { k, flight: m, resolve: null, reject: null }
+        const load = new Promise((resolve, reject) => {
+          cold1.resolve = resolve
+          cold1.reject = reject
+        })
+        this.#flights.set(m, load)
+        cold.push(cold1)
+        load.then(decided, decided)
+        answers.push(load)
+        continue
+      }
+      const load = this.#lead(k, m, this.#batchLoader(b, k), b.keyPolicy, force ? this.#currentValue(k) : undefined, b.purpose, waitUntil, tags, b)
+      load.then(decided, decided)
+      answers.push(load)
+    }
+    // Once the flights are registered: a subscriber that calls the cache joins them.
+    this.#publishInvalidations()
+    // The call's stale keys, and those its cold keys found stale in Redis, in one refresh.
+    b.refreshLate = (entries) => this.#refreshMany(entries, loadMany, policy, waitUntil, tags)
+    b.passed = () => {
+      const found = b.staleFound
+      b.staleFound = null
+      const entries = stale === null ? found : found.length === 0 ? stale : [...stale, ...found]
+      if (entries.length > 0) b.refreshLate(entries)
+    }
+    if (b.undecided.size === 0) {
+      b.gatesPassed = true
+      b.passed()
+    }
+    if (cold.length > 0) this.#batchGates(b, cold, waitUntil, tags)
+    const settled = Promise.allSettled(answers).then((results) => {
+      if (b.error !== null) throw b.error
+      for (let j = 0; j < rest.length; j++) {
+        const r = results[at[j]]
+        if (r.status === 'fulfilled') {
+          out[rest[j]] = r.value
+        } else {
+          if (isClosedError(r.reason)) throw r.reason
+          out[rest[j]] = r.reason
+        }
+      }
+      return out
+    })
+    return signal ? withSignal(settled, signal) : settled
+  }
+
+  #newBatch(loadMany, policy, purpose) {
+    const keyPolicy = [...(policy ?? defaultPolicy(this.#id))]
+    const timeout = keyPolicy[POLICY_LOAD_TIMEOUT]
+    keyPolicy[POLICY_LOAD_TIMEOUT] = Infinity
+    return new Batch(loadMany, purpose, keyPolicy, timeout)
+  }
+
+  // The cold keys' gates, in one go (one pipelined read, then one pipelined lock bid, per Redis
+  // node): a key Redis has is served at once; the others' flights run with their answers. A key
+  // another process holds is decided (the batch does not wait for it) and then waits for that
+  // process's value alone, as getOrLoad does. `cold`: { k, flight, resolve, reject }.
+  #batchGates(b, cold, waitUntil, tags) {
+    const run = (c, gate) => {
+      // Without a gate here, #runFlight asks for the key's own.
+      if (gate !== undefined) b.gates.set(c.k, gate)
+      this.#runFlight(c.k, c.flight, this.#batchLoader(b, c.k), b.keyPolicy, undefined, PURPOSE_COLD, waitUntil, tags, b).then(c.resolve, c.reject)
+    }
+    const each = (answers) => {
+      if (answers.some((a) => a.reported)) this.#drainRedisReports()
+      for (let i = 0; i < cold.length; i++) {
+        const c = cold[i]
+        const a = answers[i]
+        if (a.kind === GATE_WAIT) {
+          this.#batchDecided(b, c.k)
+          run(c, this.#gate(c.k, PURPOSE_COLD, PURPOSE_COLD))
+          continue
+        }
+        if (a.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
+          lockChannel.publish({ cache: this, namespace: this.#namespace, key: c.k, reason: REASONS[PURPOSE_COLD], outcome: LOCK_OUTCOMES[a.lock] })
+        }
+        if (a.kind !== GATE_FOUND || !this.#servedFromRedis(b, c, a)) run(c, a)
+      }
+    }
+    redisGateMany(
+      this.#id,
+      cold.map((c) => c.k),
+    ).then(each, () => {
+      // The binding could not ask (never expected): each key passes its own gate.
+      for (const c of cold) run(c, undefined)
+    })
+  }
+
+  // A cold key of a batch that Redis has: ends its flight with that value, as #runFlight does for
+  // one key (adopted, then its stale value refreshed with the batch's). False when this cache's
+  // serializer cannot read it: then the flight runs, and looks again past it.
+  #servedFromRedis(b, c, answer) {
+    const value = this.#decode(answer)
+    if (value === UNREADABLE) return false
+    this.#flights.delete(c.flight)
+    const refresh = this.#adoptDecoded(c.k, c.flight, true, answer, value, b.keyPolicy)
+    if (hitChannel.hasSubscribers) this.#publishHit(c.k, 'redis', answer.state)
+    if (refresh) b.stale(c.k, value, answer.freshUntil)
+    c.resolve(value)
+    return true
+  }
+
+  // A led key's loader: hands the key (and its ctx) to the batch's next loadMany call.
+  #batchLoader(b, k) {
+    return (ctx) =>
+      new Promise((resolve, reject) => {
+        b.round.push({ k, ctx, resolve, reject })
+        this.#batchDecided(b, k)
+      })
+  }
+
+  // Key `k` of batch `b` has asked or is decided otherwise; the first loadMany call goes once
+  // every led key is, later ones in the next microtask after a late key asks.
+  #batchDecided(b, k) {
+    if (!b.undecided.delete(k)) {
+      if (b.gatesPassed && b.round.length > 0 && !b.roundScheduled) {
+        b.roundScheduled = true
+        queueMicrotask(() => {
+          b.roundScheduled = false
+          this.#fireRound(b)
+        })
+      }
+      return
+    }
+    if (b.undecided.size > 0) return
+    b.gatesPassed = true
+    if (b.passed !== null) b.passed()
+    this.#fireRound(b)
+  }
+
+  #fireRound(b) {
+    const entries = b.round
+    if (entries.length === 0) return
+    b.round = []
+    // Keys ask as their gates answer (with Redis, in any order).
+    entries.sort((x, y) => b.rank.get(x.k) - b.rank.get(y.k))
+    this.#callLoadMany(b, entries)
+  }
+
+  // One loadMany call for `entries`, timed by loadTimeout; settles each key's loader with its
+  // result: a value (null/undefined: not found), or its Error.
+  #callLoadMany(b, entries) {
+    const keys = entries.map((e) => b.keyOf.get(e.k))
+    const names = entries.map((e) => e.k)
+    noteBatchCall(this.#id, b.purpose === PURPOSE_REFRESH)
+    const control = new AbortController()
+    this.#loads.add(control)
+    let timer
+    let settled = false
+    const settle = (each) => {
+      if (settled) return
+      settled = true
+      clearTimeout(timer)
+      this.#loads.delete(control)
+      for (let i = 0; i < entries.length; i++) each(entries[i], i)
+    }
+    const failAll = (err) => settle((e) => e.reject(err))
+    if (b.timeout !== Infinity) {
+      timer = setTimeout(() => {
+        const err = new StampedeCacheError('ERR_LOAD_TIMEOUT', `loadMany of ${keys.length} keys ran longer than loadTimeout (${b.timeout} ms)`)
+        if (loadTimeoutChannel.hasSubscribers) {
+          loadTimeoutChannel.publish({ cache: this, namespace: this.#namespace, key: names[0], keys: names, reason: REASONS[b.purpose], timeout: b.timeout })
+        }
+        control.abort(err)
+        failAll(err)
+      }, b.timeout)
+      // An idle cache never keeps the process alive; a loadMany that does work keeps it alive itself.
+      timer.unref()
+    }
+    const ctx = {
+      keys: names,
+      signal: control.signal,
+      // Every key of this call gets the ttl and tags; the first key's ctx checks them.
+      setTtl(ttl, hardTtl) {
+        for (const e of entries) e.ctx.setTtl(ttl, hardTtl)
+      },
+      setTags(tags) {
+        for (const e of entries) e.ctx.setTags(tags)
+      },
+    }
+    const call = () => b.loadMany(keys, ctx)
+    const started = loadTraced()
+      ? () => loadChannel.tracePromise(async () => call(), { cache: this, namespace: this.#namespace, key: names[0], keys: names, reason: REASONS[b.purpose] })
+      : call
+    Promise.resolve()
+      .then(started)
+      .then((results) => {
+        if (!Array.isArray(results) || results.length !== keys.length) {
+          const got = Array.isArray(results) ? `an array of ${results.length}` : results === null ? 'null' : typeof results
+          const err = invalidArgument(`loadMany must return an array of ${keys.length} results, one per key it was given, got ${got}`)
+          b.error ??= err
+          failAll(err)
+          return
+        }
+        settle((e, i) => {
+          const r = results[i]
+          if (r instanceof Error) e.reject(r)
+          else e.resolve(r)
+        })
+      }, failAll)
+  }
+
+  // Refreshes stale keys ({ k, key, value }) in the background in one loadMany call, as #refresh
+  // refreshes one: handed to waitUntil at once; failures reported per key.
+  #refreshMany(entries, loadMany, policy, waitUntil, tags) {
+    const b = this.#newBatch(loadMany, policy, PURPOSE_REFRESH)
+    const loads = []
+    for (const { k, key, value, seen = -1 } of entries) {
+      // The batch is one query: the bound on refreshes running holds its first key only.
+      const flight = beginBatchRefresh(this.#id, k, loads.length === 0, seen)
+      if (flight < 0) continue
+      b.lead(k, key)
+      const load = this.#lead(k, flight, this.#batchLoader(b, k), b.keyPolicy, value, PURPOSE_REFRESH, undefined, tags, b)
+      const decided = () => this.#batchDecided(b, k)
+      load.then(decided, decided)
+      loads.push(load.then(noop, (err) => this.#report(err, 'refresh', k)))
+    }
+    if (loads.length === 0) return
+    const done = Promise.all(loads).then(noop)
+    this.#background.add(done)
+    done.then(() => this.#background.delete(done))
+    const hook = waitUntil ?? requestScope.getStore() ?? this.#waitUntil
+    if (hook !== undefined) {
+      try {
+        hook(done)
+      } catch (err) {
+        this.#report(err, 'waitUntil', undefined)
+      }
+    }
+  }
+
+  /** Many keys at once, as `get` reads one: fresh or stale values (undefined where none); never loads. */
+  async getMany(keys) {
+    if (this.#closed) throw closedError()
+    checkBatchKeys(keys)
+    const n = keys.length
+    const encoded = new Array(n)
+    for (let i = 0; i < n; i++) encoded[i] = engine.encodeKey(keys[i])
+    const out = new Array(n).fill(undefined)
+    this.#watchInvalidations()
+    // Positions of the keys the in-process tier does not have, by key (each asked of Redis once).
+    const missed = new Map()
+    for (let i = 0; i < n; i++) {
+      const k = encoded[i]
+      const positions = missed.get(k)
+      if (positions !== undefined) {
+        positions.push(i)
+        continue
+      }
+      const hit = engine.getEntry(this.#id, k)
+      if (hit >= 0) {
+        if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(hit))
+        out[i] = this.#values[hit >> HIT_SLOT_SHIFT]
+        continue
+      }
+      if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+      missed.set(k, [i])
+    }
+    this.#publishInvalidations()
+    if (missed.size === 0 || !this.#redis) return out
+    const asked = [...missed.keys()]
+    const answers = await redisFetchMany(this.#id, asked)
+    if (answers.some((a) => a.reported)) this.#drainRedisReports()
+    for (let u = 0; u < asked.length; u++) {
+      const answer = answers[u]
+      if (answer.kind !== GATE_FOUND) continue
+      const value = this.#decode(answer)
+      if (value === UNREADABLE) continue
+      this.#adoptDecoded(asked[u], -1, false, answer, value)
+      if (hitChannel.hasSubscribers) this.#publishHit(asked[u], 'redis', answer.state)
+      for (const i of missed.get(asked[u])) out[i] = value
+    }
+    return out
+  }
+
   // The flight's own promise when this call leads or joins one (no async wrapper around it: two
   // microtask turns less per read), else a promise of the value or of the error.
   #getOrLoadSlow(key, loader, options) {
@@ -462,23 +896,7 @@ class StampedeCache {
 
   #startGetOrLoad(key, loader, options) {
     if (this.#closed) throw closedError()
-    let policy = null
-    let signal
-    let waitUntil
-    let force = false
-    let tags = null
-    if (options !== undefined) {
-      if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
-      policy = engine.resolvePolicy(this.#id, options, false)
-      ;({ signal, waitUntil } = options)
-      if (options.tags !== undefined) tags = tagsOption(options.tags)
-      if (signal !== undefined && !isAbortSignal(signal)) throw invalidOption('signal', 'must be an AbortSignal')
-      if (waitUntil !== undefined && typeof waitUntil !== 'function') throw invalidOption('waitUntil', 'must be a function')
-      if (options.forceRefresh !== undefined && typeof options.forceRefresh !== 'boolean') {
-        throw invalidOption('forceRefresh', 'must be a boolean')
-      }
-      force = options.forceRefresh === true
-    }
+    const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : this.#callOptions(options)
     const k = engine.encodeKey(key)
     if (signal?.aborted) throw abortError(signal)
     this.#watchInvalidations()
@@ -508,14 +926,29 @@ class StampedeCache {
     return signal ? withSignal(load, signal) : load
   }
 
+  // A getOrLoad or getOrLoadMany call's options, checked.
+  #callOptions(options) {
+    if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
+    const policy = engine.resolvePolicy(this.#id, options, false)
+    const { signal, waitUntil } = options
+    const tags = options.tags === undefined ? null : tagsOption(options.tags)
+    if (signal !== undefined && !isAbortSignal(signal)) throw invalidOption('signal', 'must be an AbortSignal')
+    if (waitUntil !== undefined && typeof waitUntil !== 'function') throw invalidOption('waitUntil', 'must be a function')
+    if (options.forceRefresh !== undefined && typeof options.forceRefresh !== 'boolean') {
+      throw invalidOption('forceRefresh', 'must be a boolean')
+    }
+    return { policy, signal, waitUntil, force: options.forceRefresh === true, tags }
+  }
+
   // The value of a live entry, for ctx.stale when forceRefresh replaces it (no stats counted).
   #currentValue(k) {
     const slot = native.currentSlot(this.#id, k)
     return slot >= 0 ? this.#values[slot] : undefined
   }
 
-  #lead(k, flight, loader, policy, stale, purpose, waitUntil, tags) {
-    const load = this.#runFlight(k, flight, loader, policy, stale, purpose, waitUntil, tags)
+  // `batch`: the getOrLoadMany call whose loadMany loads this key (see #batchOf), else undefined.
+  #lead(k, flight, loader, policy, stale, purpose, waitUntil, tags, batch) {
+    const load = this.#runFlight(k, flight, loader, policy, stale, purpose, waitUntil, tags, batch)
     this.#flights.set(flight, load)
     return load
   }
@@ -523,12 +956,14 @@ class StampedeCache {
   // One flight: ask Redis first (if configured), then call the loader if still needed. Its
   // first await comes before the loader runs, so the flight is registered by then (#lead): a
   // loader that reads the same key joins its own flight instead of finding an unknown one.
-  async #runFlight(k, flight, loader, policy, stale, purpose, waitUntil, tags) {
+  async #runFlight(k, flight, loader, policy, stale, purpose, waitUntil, tags, batch) {
     let gate = null
     if (!this.#redis) {
       await undefined
     } else {
-      gate = await this.#gate(k, purpose, purpose)
+      // A batch's cold keys passed their gates together (#batchGates).
+      const first = batch?.gates?.get(k)
+      gate = first === undefined ? await this.#gate(k, purpose, purpose) : await first
       // A value this cache's serializer cannot read (another custom serializer, corrupt data)
       // is a miss: look again, taking the lock past it. A few times at most, then load without
       // Redis (nothing is written there).
@@ -542,7 +977,11 @@ class StampedeCache {
           if (purpose === PURPOSE_COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', gate.state)
           // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
           // Its basis is the copy Redis answered (the in-process tier may keep none of it).
-          if (refresh) this.#refresh(k, loader, policy, waitUntil, value, tags, gate.freshUntil)
+          if (refresh) {
+            // A batch refreshes all its stale keys in one loadMany call.
+            if (batch !== undefined) batch.stale(k, value, gate.freshUntil)
+            else this.#refresh(k, loader, policy, waitUntil, value, tags, gate.freshUntil)
+          }
           return value
         }
         if (tries >= 2) {
@@ -567,7 +1006,7 @@ class StampedeCache {
       }
     }
     if (gate?.token) this.#held.set(flight, [k, gate.token])
-    return this.#runLoader(k, flight, loader, policy, stale, purpose, gate, tags)
+    return this.#runLoader(k, flight, loader, policy, stale, purpose, gate, tags, batch)
   }
 
   // Asks Redis before a load (`ask`: the gate's purpose); publishes the lock outcome under the
@@ -637,15 +1076,16 @@ class StampedeCache {
     return slot
   }
 
-  async #runLoader(k, flight, loader, policy, stale, purpose, gate, tags) {
+  async #runLoader(k, flight, loader, policy, stale, purpose, gate, tags, batch) {
     const token = gate?.token ?? null
-    noteLoaderCall(this.#id, k, flight)
+    // A batch's keys are counted (and traced) once per loadMany call instead (#fireBatch).
+    if (batch === undefined) noteLoaderCall(this.#id, k, flight)
     const started = performance.now()
     // What the loader says about its result (ctx.setTtl, setTags, skipCache).
     const result = { policy, tags: null, skip: false, done: false }
     let value
     try {
-      if (loadTraced()) {
+      if (batch === undefined && loadTraced()) {
         const context = { cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose] }
         value = await loadChannel.tracePromise(this.#callLoader, context, this, k, loader, stale, policy, purpose, result)
       } else {

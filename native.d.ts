@@ -21,23 +21,25 @@ export declare function abandon(id: number, key: string, flight: number): void
 
 /**
  * Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
- * `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found,
- * or of a fresh one an XFetch draw at `beta` (-1: the constructor's) picks (a refresh found
- * refreshed elsewhere, and `get`, start none).
+ * `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found
+ * (a refresh found refreshed elsewhere, and `get`, start none).
  *
  * Answers `slot * 2 + refresh`: the slot for the value (`NO_SLOT` when the tier keeps nothing,
  * `WRITTEN_NOWHERE` when superseded, expired or dead; read it back with `>> 1`), and whether
  * the caller, served a stale value, should start its refresh (`& 1`). A number, not an object:
  * an object's property names are interned on every call.
  */
-export declare function adopt(id: number, key: string, flight: number, cold: boolean, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number, beta: number): number
+export declare function adopt(id: number, key: string, flight: number, cold: boolean, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number): number
 
 /**
- * Registers the background refresh a hit asked for: its flight id, or -1 if one already runs.
- * `seen`: the fresh-until of the copy the caller was served from Redis (-1: it was served
- * from the in-process tier), the copy the refresh replaces.
+ * Registers the background refresh of one stale key of a batch (`beginRefresh` for a
+ * `getOrLoadMany` call): its flight id, or -1 if one already runs or (`first`: no key of the batch
+ * has a flight yet) the bound on refreshes running is reached.
  */
-export declare function beginRefresh(id: number, key: string, seen: number): number
+export declare function beginBatchRefresh(id: number, key: string, first: boolean): number
+
+/** Registers the background refresh a hit asked for: its flight id, or -1 if one already runs. */
+export declare function beginRefresh(id: number, key: string): number
 
 /**
  * `clear()`: applied here at once (every entry dropped, every running load superseded), then
@@ -157,6 +159,12 @@ export declare const GATE_SKIP: number
 export declare const GATE_UNAVAILABLE: number
 
 /**
+ * `redisGateMany`: another process holds the key's lock (or the batch's look found a value only
+ * the single-key gate can judge): ask `redisGate` for this key alone, which waits for it.
+ */
+export declare const GATE_WAIT: number
+
+/**
  * A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or `MISS`.
  * With Redis, a miss here is counted by the Redis read that follows.
  */
@@ -225,6 +233,13 @@ export declare const NO_SLOT: number
  */
 export declare const NOT_SENT: number
 
+/**
+ * A `loadMany` call is about to run: `loads` counts it once, however many keys it loads (its
+ * keys' flights skip `noteLoaderCall`); `refresh`: a background refresh batch, counted once in
+ * `refreshes` too.
+ */
+export declare function noteBatchCall(id: number, refresh: boolean): void
+
 /** The loader of `flight` is about to run. */
 export declare function noteLoaderCall(id: number, key: string, flight: number): void
 
@@ -281,11 +296,25 @@ export declare function redisFailed(id: number, key: string, token: string | und
 export declare function redisFetch(id: number, key: string, count: boolean): unknown[] | Promise<unknown[]>
 
 /**
+ * Reads many keys from Redis (for `getMany`), as `redisFetch` reads one with `count`: found /
+ * missing / unavailable per key, each counted as an l2Hit or a miss.
+ */
+export declare function redisFetchMany(id: number, keys: Array<string>): Promise<unknown[]>
+
+/**
  * Asks Redis before a load (`purpose`: a `PURPOSE_*` code; anything unknown is a cold load):
  * found / lead / skip / closed. A cold load takes the value an announcement carried, answered
  * at once (not a promise), or else reads on the read lane when it can.
  */
 export declare function redisGate(id: number, key: string, purpose: number): unknown[] | Promise<unknown[]>
+
+/**
+ * The cold gates of the keys a batch leads, in one go: per key, `GATE_FOUND` (Redis has it),
+ * `GATE_LEAD` (call the loader, holding the lock if a token is set), `GATE_WAIT` (another
+ * process holds the lock: ask `redisGate` for this key alone, which waits for its value) or
+ * `GATE_CLOSED`. The GETs go in one pipeline per cluster slot, then the lock bids likewise.
+ */
+export declare function redisGateMany(id: number, keys: Array<string>): Promise<unknown[]>
 
 export interface RedisReport {
   op: string
@@ -299,12 +328,6 @@ export interface RedisReport {
  * `UNAVAILABLE` when Redis could not take the change.
  */
 export declare function redisWrite(id: number, key: string, valueJson: string | undefined | null, delete: boolean, fmt: number): Promise<number>
-
-/**
- * The facade, on a host whose event loop is not genuinely libuv's (Bun, Deno), turns the read
- * lane off for the process: every read takes the command connection, with every guarantee.
- */
-export declare function refuseReadLane(): void
 
 /**
  * Validates a call's options (`getOrLoad` or `set`) and returns the policy its entry is written
@@ -368,11 +391,7 @@ export declare const STEP_SERVE: number
  */
 export declare function takeInvalidations(id: number): Array<string | undefined | null>
 
-/**
- * Redis failures waiting for `onError` (already rate-limited). Their messages are the redis
- * crate's and the TLS library's words, which quote no password today; `scrub` keeps it so
- * whatever a later version of them says.
- */
+/** Redis failures waiting for `onError` (already rate-limited). */
 export declare function takeRedisReports(id: number): Array<RedisReport>
 
 /**

@@ -36,6 +36,7 @@ const EXPECTED_OUTPUT = {
   'tags.mjs': [/^Ada L\. Grace$/, /^0$/],
   'max-bytes.mjs': [/^2 true$/],
   'serializers.mjs': [/^true 10n$/, /^1970-01-02T00:00:00\.000Z$/],
+  'batch.mjs': [/^\[\{"id":"u1"\},\{"id":"u2"\},null,\{"id":"u1"\}\] 1$/, /^u4$/],
 }
 
 // Code blocks whose language is code; shell commands and sample output are not run.

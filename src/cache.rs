@@ -417,6 +417,26 @@ impl<C: Clock> Cache<C> {
         Some(id)
     }
 
+    /// `begin_refresh` for a key of a batch refresh (`getOrLoadMany`: one `loadMany` call for all
+    /// its stale keys). The bound on refreshes running is about queries in flight, and a batch is
+    /// one: only its `first` key is held to it, the others join that call.
+    pub fn begin_batch_refresh(
+        &mut self,
+        key: &str,
+        first: bool,
+        seen: Option<f64>,
+    ) -> Option<FlightId> {
+        if self.closed || (first && self.refreshing.len() >= self.options.max_refreshes) {
+            return None;
+        }
+        let basis = seen.or_else(|| self.fresh_until(key)).unwrap_or(0.0);
+        let stamp = self.inbox.stamp(key).0;
+        let born = self.inbox.clock();
+        let id = self.flights.lead(key, FlightKind::Refresh, stamp, born)?;
+        self.refreshing.insert(id, basis);
+        Some(id)
+    }
+
     /// The loader is about to run for flight `id` (not every flight calls it: another process
     /// may have the value). Counts `loads`, and `refreshes` for a background refresh.
     pub fn note_loader_call(&mut self, key: &str, id: FlightId) {

@@ -127,6 +127,10 @@ pub const GATE_UNAVAILABLE: u32 = 4;
 /// The cache closed meanwhile: no loader runs.
 #[napi]
 pub const GATE_CLOSED: u32 = 5;
+/// `redisGateMany`: another process holds the key's lock (or the batch's look found a value only
+/// the single-key gate can judge): ask `redisGate` for this key alone, which waits for it.
+#[napi]
+pub const GATE_WAIT: u32 = 6;
 
 /// What became of a bid for the Redis lock (`RedisAnswer.lock`, see `LockOutcome`): no bid.
 #[napi]

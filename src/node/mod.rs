@@ -44,6 +44,7 @@
 
 use crate::error::{Error as CoreError, ErrorCode};
 
+mod batch;
 mod codes;
 mod engines;
 mod hot_path;

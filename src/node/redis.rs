@@ -152,7 +152,7 @@ impl ToNapiValue for RedisAnswer {
 }
 
 impl RedisAnswer {
-    fn kind(kind: u32, stamp: Option<Stamp>) -> Self {
+    pub(super) fn kind(kind: u32, stamp: Option<Stamp>) -> Self {
         RedisAnswer {
             kind,
             token: None,
@@ -175,14 +175,14 @@ impl RedisAnswer {
     }
 
     /// The same answer, saying whether `tier` has failures waiting for `onError`.
-    fn reporting(self, tier: &RedisTier) -> Self {
+    pub(super) fn reporting(self, tier: &RedisTier) -> Self {
         RedisAnswer {
             reported: tier.reports_waiting(),
             ..self
         }
     }
 
-    fn found(r: Remote) -> Self {
+    pub(super) fn found(r: Remote) -> Self {
         let e = r.envelope;
         RedisAnswer {
             json: r.value_json,
@@ -282,8 +282,13 @@ async fn gate(
     } else {
         gate
     };
-    let lock = lock_code(lock);
-    let answer = match gate {
+    Ok(answer_of(gate, lock_code(lock), stamp).reporting(&tier))
+}
+
+/// The answer for what a gate decided (`lock`: a `LOCK_*` code; `stamp`: the key's stamp taken
+/// before Redis was asked).
+pub(super) fn answer_of(gate: Gate, lock: u32, stamp: Option<Stamp>) -> RedisAnswer {
+    match gate {
         Gate::Found(r) => RedisAnswer {
             lock,
             ..RedisAnswer::found(r)
@@ -308,8 +313,7 @@ async fn gate(
             ..RedisAnswer::kind(GATE_SKIP, stamp)
         },
         Gate::Closed => RedisAnswer::kind(GATE_CLOSED, stamp),
-    };
-    Ok(answer.reporting(&tier))
+    }
 }
 
 /// Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. `count`
@@ -799,7 +803,7 @@ pub fn clear_entries(env: &Env, id: u32) -> Result<PromiseRaw<'_, i32>, JsErr> {
 /// The envelope another process's announcement carried for `key` (see
 /// `store/redis/carried.rs`), as a found answer, if nothing was heard of the key since: the read
 /// needs no Redis round trip. `count` (for `get`): counted as an l2Hit.
-fn carried(id: u32, key: &str, count: bool) -> Option<RedisAnswer> {
+pub(super) fn carried(id: u32, key: &str, count: bool) -> Option<RedisAnswer> {
     let e = engine(id)?;
     let (tier, stamp) = {
         let e = e.borrow();

@@ -16,6 +16,7 @@
 //! `envelopes` (reads and fenced writes), `lane` (the read lane the embedder's event loop drives), `tags` (deleteByTag, clear, and whether an entry read
 //! is still alive), `scripts/*.lua` (each names its KEYS/ARGV).
 
+mod batch;
 mod bus;
 mod carried;
 mod connection;
@@ -41,6 +42,7 @@ use crate::inbox::{Inbox, Stamp};
 use crate::key;
 use crate::stats::Stats;
 
+pub use batch::FirstLook;
 pub use bus::{channel, Waiters};
 pub use connection::{classify, Fault};
 pub use envelopes::{Fetched, WriteBack};

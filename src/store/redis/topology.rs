@@ -288,6 +288,11 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// A Redis Cluster: a pipeline must stay within one slot there.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.kind, Kind::Cluster { .. })
+    }
+
     /// The topology `config` describes, or why it cannot be used: a message that quotes no
     /// password (`RedisConfig::scrub` over what the redis crate says) and no TLS material.
     pub fn new(config: &RedisConfig) -> Result<Topology, String> {

@@ -1,0 +1,524 @@
+'use strict'
+// Many keys at once (docs/CONTRACT.md and API.md, "Many keys at once"): getOrLoadMany and getMany.
+//
+// Every claim is counted, not timed: loadMany calls and the ids they were given, per process
+// and across processes; Redis commands as Redis counts them (INFO commandstats). The only time
+// bounds are "did not deadlock" bounds far above the loads' own durations and far below lockTtl.
+
+const { test, after } = require('node:test')
+const assert = require('node:assert/strict')
+const { StampedeCache } = require('..')
+const { sleep, assertNoLeaks, rejectsWithCode } = require('./fixtures/helpers')
+const net = require('node:net')
+const { once } = require('node:events')
+const { setupRedis, barrier, killAllSync, waitFor } = require('./helpers/redis-server')
+
+const TEST_TIMEOUT = 60_000
+after(() => killAllSync())
+
+const ids = (n, prefix = 'id') => Array.from({ length: n }, (_, i) => `${prefix}${i}`)
+
+/** A loadMany that records each call's keys and answers `value(key)` after `ms`. */
+function recorder({ ms = 0, value = (k) => ({ k }) } = {}) {
+  const calls = []
+  const loadMany = async (keys, ctx) => {
+    calls.push({ keys: [...keys], ctx, startedAt: Date.now() })
+    if (ms) await sleep(ms)
+    return keys.map(value)
+  }
+  return { calls, loadMany }
+}
+
+/**
+ * The commands clients sent while `fn` ran, by name, as Redis's MONITOR shows them (commands a
+ * script runs are shown as the script's, "lua", and not counted: INFO commandstats counts both).
+ */
+async function clientCommands(redis, fn) {
+  const socket = net.connect({ host: '127.0.0.1', port: redis.port })
+  await once(socket, 'connect')
+  const counts = {}
+  let buf = ''
+  let monitoring = false
+  let marked = false
+  const marker = `marker-${process.pid}-${Date.now()}`
+  socket.setEncoding('utf8')
+  socket.on('data', (chunk) => {
+    buf += chunk
+    for (let i = buf.indexOf('\r\n'); i >= 0; i = buf.indexOf('\r\n')) {
+      const line = buf.slice(0, i)
+      buf = buf.slice(i + 2)
+      if (line === '+OK') monitoring = true
+      if (line.includes(marker)) marked = true
+      const m = line.match(/^\+[\d.]+ \[\d+ ([^\]]+)\] "([^"]+)"/)
+      if (m && m[1] !== 'lua' && !marked) counts[m[2].toLowerCase()] = (counts[m[2].toLowerCase()] ?? 0) + 1
+    }
+  })
+  socket.write('MONITOR\r\n')
+  await waitFor(() => monitoring, { what: 'MONITOR to start' })
+  try {
+    await fn()
+    // MONITOR shows commands in the order Redis ran them: once the marker shows, all of fn's have.
+    await redis.cmd('ECHO', marker)
+    await waitFor(() => marked, { what: 'the MONITOR marker' })
+  } finally {
+    socket.destroy()
+  }
+  return counts
+}
+
+const pick = (counts, names) => Object.fromEntries(names.map((n) => [n, counts[n] ?? 0]))
+
+// ---- in process ---------------------------------------------------------------------------
+
+test('1,000 cold ids: one loadMany call with all of them, in order; then all hits and no call', async () => {
+  const cache = new StampedeCache()
+  const { calls, loadMany } = recorder()
+  const keys = ids(1_000)
+  const values = await cache.getOrLoadMany(keys, loadMany)
+  assert.equal(calls.length, 1)
+  assert.deepEqual(calls[0].keys, keys)
+  assert.deepEqual(values, keys.map((k) => ({ k })))
+  assert.deepEqual(await cache.getOrLoadMany(keys, loadMany), values)
+  assert.equal(calls.length, 1, 'warm: nothing loaded')
+  const s = cache.stats()
+  assert.deepEqual([s.loads, s.misses, s.hits], [1, 1_000, 1_000], 'loads counts loadMany calls; misses and hits per key')
+  await assertNoLeaks(cache, 1_000)
+  await cache.close()
+})
+
+test('only the misses are loaded, in the order of keys; duplicates once, answered at every position', async () => {
+  const cache = new StampedeCache()
+  await cache.set('b', 'B')
+  await cache.set(['arr', 1], 'ARR')
+  const { calls, loadMany } = recorder({ value: (k) => `v:${Array.isArray(k) ? k.join('/') : k}` })
+  const keys = ['c', 'b', 'a', 'c', ['arr', 1], ['arr', 2], 'a']
+  const values = await cache.getOrLoadMany(keys, loadMany)
+  assert.equal(calls.length, 1)
+  assert.deepEqual(calls[0].keys, ['c', 'a', ['arr', 2]], 'each missing key once, as given, first position first')
+  assert.deepEqual(values, ['v:c', 'B', 'v:a', 'v:c', 'ARR', 'v:arr/2', 'v:a'])
+  assert.equal(calls[0].ctx.keys.length, 3, 'ctx.keys: the encoded keys')
+  assert.deepEqual(await cache.getOrLoadMany([], loadMany), [], 'empty keys: []')
+  assert.equal(calls.length, 1, 'without calling loadMany')
+  await cache.close()
+})
+
+test('per-key results: an Error fails its key alone (not cached, joined callers reject); null is cached for negativeTtl', async () => {
+  const cache = new StampedeCache({ negativeTtl: 60_000 })
+  const boom = new Error('db: no row lock')
+  let release
+  const gate = new Promise((r) => (release = r))
+  let loads = 0
+  const first = cache.getOrLoadMany(['ok', 'bad', 'none', 'undef'], async () => {
+    loads++
+    await gate
+    return [1, boom, null, undefined]
+  })
+  // A getOrLoad of a key the batch is loading joins it and rejects with that key's Error.
+  const joined = cache.getOrLoad('bad', () => 'must not load')
+  release()
+  assert.deepEqual(await first, [1, boom, null, undefined])
+  await assert.rejects(joined, (err) => err === boom)
+  const { calls, loadMany } = recorder({ value: () => 'again' })
+  assert.deepEqual(await cache.getOrLoadMany(['ok', 'bad', 'none', 'undef'], loadMany), [1, 'again', null, undefined])
+  assert.deepEqual(calls.map((c) => c.keys), [['bad']], 'only the failed key is loaded again: null and undefined were cached')
+  assert.equal(loads, 1)
+  await cache.close()
+})
+
+test('loadMany throwing fails every key it was asked for; the call still resolves, per position', async () => {
+  const cache = new StampedeCache()
+  await cache.set('warm', 'W')
+  const err = new Error('db down')
+  const out = await cache.getOrLoadMany(['x', 'warm', 'y'], () => {
+    throw err
+  })
+  assert.deepEqual(out, [err, 'W', err])
+  const rejected = await cache.getOrLoadMany(['x'], async () => Promise.reject(err))
+  assert.deepEqual(rejected, [err])
+  assert.equal(cache.stats().loads, 2)
+  await assertNoLeaks(cache)
+  await cache.close()
+})
+
+test('a result of the wrong length rejects the call and every caller joined on its keys with ERR_INVALID_ARGUMENT; nothing cached', async () => {
+  const cache = new StampedeCache()
+  let release
+  const gate = new Promise((r) => (release = r))
+  const batch = cache.getOrLoadMany(['p', 'q', 'r'], async () => {
+    await gate
+    return ['only', 'two']
+  })
+  const joined = cache.getOrLoad('q', () => 'must not load')
+  release()
+  await rejectsWithCode(() => batch, 'ERR_INVALID_ARGUMENT')
+  await rejectsWithCode(() => joined, 'ERR_INVALID_ARGUMENT')
+  await rejectsWithCode(() => cache.getOrLoadMany(['s'], () => 'not an array'),
+    'ERR_INVALID_ARGUMENT',
+  )
+  for (const k of ['p', 'q', 'r', 's']) assert.equal(await cache.get(k), undefined, `${k} not cached`)
+  await assertNoLeaks(cache, 0)
+  await cache.close()
+})
+
+test('bad input: codes, and nothing loads', async () => {
+  const cache = new StampedeCache()
+  let called = 0
+  const loadMany = (keys) => {
+    called++
+    return keys.map(() => 1)
+  }
+  await rejectsWithCode(() => cache.getOrLoadMany(['a', '', 'b'], loadMany), 'ERR_INVALID_KEY')
+  await rejectsWithCode(() => cache.getOrLoadMany(['a', { no: 1 }], loadMany), 'ERR_INVALID_KEY')
+  await rejectsWithCode(() => cache.getOrLoadMany(['a', 'x'.repeat(2_000)], loadMany), 'ERR_INVALID_KEY')
+  await rejectsWithCode(() => cache.getOrLoadMany('a', loadMany), 'ERR_INVALID_ARGUMENT')
+  await rejectsWithCode(() => cache.getOrLoadMany(ids(10_001), loadMany), 'ERR_INVALID_ARGUMENT')
+  await rejectsWithCode(() => cache.getOrLoadMany(['a'], 'nope'), 'ERR_INVALID_ARGUMENT')
+  await rejectsWithCode(() => cache.getOrLoadMany(['a'], loadMany, { ttl: -1 }), 'ERR_INVALID_OPTION')
+  await rejectsWithCode(() => cache.getMany(['a', 7]), 'ERR_INVALID_KEY')
+  await rejectsWithCode(() => cache.getMany(ids(10_001)), 'ERR_INVALID_ARGUMENT')
+  assert.equal(called, 0)
+  assert.equal((await cache.getOrLoadMany(ids(10_000), loadMany)).length, 10_000, '10,000 keys is allowed')
+  assert.equal(called, 1)
+  assert.equal(cache._debugCounts().engineFlights, 0, 'no flight was left by a rejected call')
+  await cache.close()
+  await rejectsWithCode(() => cache.getOrLoadMany(['a'], loadMany), 'ERR_CLOSED')
+  await rejectsWithCode(() => cache.getMany(['a']), 'ERR_CLOSED')
+})
+
+test('a key already loading (getOrLoad, or another batch) is joined, both ways', async () => {
+  const cache = new StampedeCache()
+  let releaseSingle
+  const single = cache.getOrLoad('a', () => new Promise((r) => (releaseSingle = () => r('from getOrLoad'))))
+  const { calls, loadMany } = recorder({ ms: 20 })
+  const batch = cache.getOrLoadMany(['a', 'b'], loadMany)
+  await sleep(50)
+  assert.deepEqual(calls.map((c) => c.keys), [['b']], 'the batch did not wait for the key getOrLoad loads')
+  releaseSingle()
+  assert.deepEqual(await batch, ['from getOrLoad', { k: 'b' }])
+  assert.equal(await single, 'from getOrLoad')
+
+  let releaseBatch
+  const slow = cache.getOrLoadMany(['c', 'd'], (keys) => new Promise((r) => (releaseBatch = () => r(keys.map((k) => `batch:${k}`)))))
+  let loaderCalled = false
+  const joined = cache.getOrLoad('d', () => {
+    loaderCalled = true
+    return 'single'
+  })
+  await sleep(10)
+  releaseBatch()
+  assert.deepEqual(await slow, ['batch:c', 'batch:d'])
+  assert.equal(await joined, 'batch:d')
+  assert.equal(loaderCalled, false)
+  await assertNoLeaks(cache)
+  await cache.close()
+})
+
+/** 10 batches of 300 ids each, windows over 1,000 ids, started at once. */
+async function overlapping(cache, { prefix, ms = 40 }) {
+  const all = ids(1_000, prefix)
+  const loadedTimes = new Map()
+  const durations = []
+  const loadMany = async (keys) => {
+    const t0 = Date.now()
+    for (const k of keys) loadedTimes.set(k, (loadedTimes.get(k) ?? 0) + 1)
+    await sleep(ms)
+    durations.push(Date.now() - t0)
+    return keys.map((k) => `v:${k}`)
+  }
+  const waits = []
+  const batches = Array.from({ length: 10 }, (_, b) => {
+    const start = (b * 97) % 1_000
+    const keys = Array.from({ length: 300 }, (_, i) => all[(start + i) % 1_000])
+    const t0 = Date.now()
+    return cache.getOrLoadMany(keys, loadMany).then((values) => {
+      waits.push(Date.now() - t0)
+      assert.deepEqual(values, keys.map((k) => `v:${k}`))
+    })
+  })
+  await Promise.all(batches)
+  return { loadedTimes, durations, waits, all }
+}
+
+test('10 concurrent overlapping batches over 1,000 ids: every id loaded exactly once, none deadlocks', { timeout: TEST_TIMEOUT }, async () => {
+  const cache = new StampedeCache()
+  const { loadedTimes, durations, waits, all } = await overlapping(cache, { prefix: 'ov' })
+  const touched = all.filter((k) => loadedTimes.has(k))
+  assert.ok(touched.length > 900, 'the windows cover the ids')
+  assert.ok([...loadedTimes.values()].every((n) => n === 1), 'no id was loaded twice')
+  assert.ok(durations.length <= 10, 'at most one loadMany call per batch')
+  const slowest = Math.max(...durations)
+  // A batch waits for its own loadMany and the overlapping ones it joined, which all started at once.
+  for (const w of waits) assert.ok(w < slowest + 2_000, `a batch waited ${w} ms (slowest loadMany ${slowest} ms)`)
+  await assertNoLeaks(cache)
+  await cache.close()
+})
+
+test('stale keys are served at once and refreshed in one background loadMany call, handed to waitUntil', async () => {
+  const handed = []
+  const cache = new StampedeCache({ ttl: 30, hardTtl: 60_000, jitter: 0, beta: 0, waitUntil: (p) => handed.push(p) })
+  const keys = ids(5, 'st')
+  let round = 0
+  const calls = []
+  const loadMany = (ks, ctx) => {
+    calls.push({ keys: [...ks], ctx })
+    round++
+    return ks.map((k) => `${k}@${round}`)
+  }
+  assert.deepEqual(await cache.getOrLoadMany(keys, loadMany), keys.map((k) => `${k}@1`))
+  await sleep(60)
+  // One more key, cold, in the same call: loaded with the cold call, not with the refresh.
+  const out = await cache.getOrLoadMany([...keys, 'fresh-one'], loadMany)
+  assert.deepEqual(out.slice(0, 5), keys.map((k) => `${k}@1`), 'stale values served at once')
+  assert.equal(handed.length, 1, 'one background promise, handed to waitUntil before the call resolved')
+  await cache.settle()
+  assert.deepEqual(calls.map((c) => c.keys), [keys, ['fresh-one'], keys], 'the stale keys refreshed in one call')
+  assert.equal(calls[2].ctx.signal.aborted, false)
+  assert.deepEqual(await cache.getOrLoadMany(keys, loadMany), keys.map((k) => `${k}@3`))
+  const s = cache.stats()
+  assert.equal(s.staleHits, 5)
+  assert.equal(s.loads, 3)
+  assert.equal(s.refreshes, 1)
+  await assertNoLeaks(cache)
+  await cache.close()
+})
+
+test('a failed background refresh keeps serving the stale values (stale-if-error) and reports per key', async () => {
+  const errors = []
+  const cache = new StampedeCache({ ttl: 30, hardTtl: 60_000, jitter: 0, beta: 0, errorBackoff: 60_000, onError: (e, info) => errors.push(info) })
+  const keys = ['e1', 'e2']
+  await cache.getOrLoadMany(keys, (ks) => ks.map((k) => `${k}:v1`))
+  await sleep(60)
+  let refreshCalls = 0
+  const failing = (ks) => {
+    refreshCalls++
+    return ks.map((k) => (k === 'e1' ? new Error('upstream 503') : `${k}:v2`))
+  }
+  assert.deepEqual(await cache.getOrLoadMany(keys, failing), ['e1:v1', 'e2:v1'])
+  await cache.settle()
+  assert.equal(refreshCalls, 1)
+  assert.deepEqual(errors.map((e) => [e.op, e.key]), [['refresh', 'e1']])
+  assert.deepEqual(await cache.getOrLoadMany(keys, failing), ['e1:v1', 'e2:v2'], 'e1 stays stale; e2 refreshed')
+  await cache.settle()
+  assert.equal(refreshCalls, 1, 'e1 is in errorBackoff; e2 is fresh: nothing refreshed')
+  assert.equal(cache.stats().refreshErrors, 1)
+  await cache.close()
+})
+
+test('loadTimeout bounds the loadMany call: its keys fail with ERR_LOAD_TIMEOUT, ctx.signal aborts, the keys are free, a late result is not cached', async () => {
+  const cache = new StampedeCache({ loadTimeout: 100 })
+  let ctxSeen
+  let finish
+  const out = await cache.getOrLoadMany(['t1', 't2'], (keys, ctx) => {
+    ctxSeen = ctx
+    // A real loadMany does I/O, which keeps the process alive (the timeout's timer does not).
+    return new Promise((r) => {
+      const io = setTimeout(() => r(keys.map(() => 'late')), 30_000)
+      finish = () => {
+        clearTimeout(io)
+        r(keys.map(() => 'late'))
+      }
+    })
+  })
+  assert.equal(out.length, 2)
+  for (const e of out) assert.equal(e.code, 'ERR_LOAD_TIMEOUT')
+  assert.equal(ctxSeen.signal.aborted, true)
+  finish()
+  await sleep(10)
+  assert.equal(await cache.get('t1'), undefined, 'the late result is not cached')
+  const again = await cache.getOrLoadMany(['t1', 't2'], (keys) => keys.map((k) => `${k}:ok`), { loadTimeout: 5_000 })
+  assert.deepEqual(again, ['t1:ok', 't2:ok'], 'the keys were free: the next call led a new load')
+  await assertNoLeaks(cache)
+  await cache.close()
+})
+
+test('ctx.setTtl and ctx.setTags apply to every key of the call; options.tags too', async () => {
+  const cache = new StampedeCache({ ttl: 60_000 })
+  await cache.getOrLoadMany(
+    ['g1', 'g2'],
+    (keys, ctx) => {
+      ctx.setTtl(30, 60_000)
+      ctx.setTags(['group'])
+      return keys.map((k) => k)
+    },
+    { tags: ['call'] },
+  )
+  const info = await cache.inspect('g1')
+  assert.ok(info.freshUntil - Date.now() <= 40, 'setTtl applied')
+  await cache.deleteByTag('group')
+  assert.deepEqual(await cache.getMany(['g1', 'g2']), [undefined, undefined], 'setTags applied to every key')
+  await cache.getOrLoadMany(['g3'], (keys) => keys, { tags: ['call'] })
+  await cache.deleteByTag('call')
+  assert.equal(await cache.get('g3'), undefined, 'options.tags applied')
+  // An invalid ttl throws from ctx.setTtl inside loadMany: that fails the keys, not the process.
+  const bad = await cache.getOrLoadMany(['g4'], (keys, ctx) => {
+    ctx.setTtl(-5)
+    return keys
+  })
+  assert.equal(bad[0].code, 'ERR_INVALID_ARGUMENT')
+  await cache.close()
+})
+
+test('getMany: fresh or stale values, undefined where none; never loads; duplicates answered', async () => {
+  const cache = new StampedeCache({ ttl: 20, hardTtl: 60_000, jitter: 0 })
+  await cache.set('m1', { a: 1 })
+  await cache.set(['m', 2], null)
+  await sleep(40)
+  assert.deepEqual(await cache.getMany(['m1', 'nope', ['m', 2], 'm1']), [{ a: 1 }, undefined, null, { a: 1 }])
+  assert.deepEqual(await cache.getMany([]), [])
+  assert.equal(cache.stats().loads, 0)
+  await cache.close()
+})
+
+test('a caller signal rejects that call with AbortError; the load goes on and fills the cache', async () => {
+  const cache = new StampedeCache()
+  const ac = new AbortController()
+  const { calls, loadMany } = recorder({ ms: 50 })
+  const p = cache.getOrLoadMany(['s1'], loadMany, { signal: ac.signal })
+  ac.abort()
+  await assert.rejects(p, { name: 'AbortError' })
+  await cache.settle()
+  await sleep(80)
+  assert.deepEqual(await cache.get('s1'), { k: 's1' })
+  assert.equal(calls.length, 1)
+  await cache.close()
+})
+
+// ---- with Redis -------------------------------------------------------------------------------
+
+test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false) reads them all in one pipelined round, loading none', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { redis, base } = await setupRedis(t, { prefix: 'batch' })
+  const a = new StampedeCache(base)
+  t.after(() => a.close())
+  const keys = ids(1_000, 'r')
+  // Connected (and the bus subscribed), and the scripts loaded in Redis, before counting.
+  await a.getOrLoadMany(['warmup'], (ks) => ks)
+  const { calls, loadMany } = recorder()
+  let values
+  const cold = pick(
+    await clientCommands(redis, async () => {
+      values = await a.getOrLoadMany(keys, loadMany)
+    }),
+    ['get', 'mget', 'evalsha', 'eval', 'hget'],
+  )
+  assert.equal(calls.length, 1)
+  assert.deepEqual(values, keys.map((k) => ({ k })))
+  // One GET per key (one pipeline), one lock bid per key (one pipeline), one fenced write-back per
+  // key, and one read of the namespace clock for the whole batch.
+  assert.deepEqual(cold, { get: 1_000, mget: 0, evalsha: 2_000, eval: 0, hget: 1 })
+
+  // Built after the writes, so it heard none of their announcements (a value one carries is read
+  // without asking Redis at all).
+  const b = new StampedeCache({ ...base, l1: false })
+  t.after(() => b.close())
+  await b.get('warmup')
+  const s0 = b.stats()
+  const { calls: none, loadMany: mustNotLoad } = recorder()
+  const warm = pick(
+    await clientCommands(redis, async () => {
+      assert.deepEqual(await b.getOrLoadMany(keys, mustNotLoad), values)
+    }),
+    ['get', 'mget', 'evalsha', 'eval', 'hget'],
+  )
+  assert.equal(none.length, 0)
+  assert.deepEqual(warm, { get: 1_000, mget: 0, evalsha: 0, eval: 0, hget: 0 }, 'warm: one GET per key, nothing else')
+  const s = b.stats()
+  assert.deepEqual([s.l2Hits - s0.l2Hits, s.misses - s0.misses, s.loads], [1_000, 0, 0], 'l2Hits per key')
+  assert.deepEqual(await b.getMany(['r1', 'nope', 'r999']), [{ k: 'r1' }, undefined, { k: 'r999' }])
+  await assertNoLeaks(a)
+  await assertNoLeaks(b)
+})
+
+test('Redis: overlapping batches in one process, and a getOrLoad joined across', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { base } = await setupRedis(t, { prefix: 'batch' })
+  const cache = new StampedeCache({ ...base, lockTtl: 10_000 })
+  t.after(() => cache.close())
+  const { loadedTimes, durations, waits } = await overlapping(cache, { prefix: 'rov' })
+  assert.ok([...loadedTimes.values()].every((n) => n === 1), 'no id was loaded twice')
+  const slowest = Math.max(...durations)
+  for (const w of waits) assert.ok(w < slowest + 2_000, `a batch waited ${w} ms (slowest loadMany ${slowest} ms, lockTtl 10 s)`)
+  await assertNoLeaks(cache)
+})
+
+test('Redis: 4 processes at once on the same 1,000 ids: each id loaded once across them, at most one loadMany call per process', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { ws, stored } = await setupRedis(t, { workers: 4, prefix: 'batch', options: { lockTtl: 10_000 } })
+  const body = `
+    // Each process asks in its own order, so their lock bids interleave in Redis.
+    const keys = Array.from({ length: 1000 }, (_, i) => 'mp' + ((i + args.shift) % 1000))
+    const calls = []
+    const t0 = Date.now()
+    const values = await cache.getOrLoadMany(keys, async (ks) => {
+      calls.push([...ks])
+      await tools.sleep(150)
+      return ks.map((k) => ({ k, by: process.pid }))
+    })
+    return { calls, keys, values, waited: Date.now() - t0, stats: cache.stats() }
+  `
+  // Connected, and the bus subscribed, before the race.
+  await Promise.all(ws.map((w) => w.request('run', { body: "await cache.get('warmup')" })))
+  const results = await barrier(ws, 'run', (w, i) => ({ body, args: { shift: i * 250 } }))
+  const loaded = results.flatMap((r) => r.calls.flat())
+  t.diagnostic(`ids loaded per process: ${results.map((r) => r.calls.flat().length).join(', ')}`)
+  assert.equal(loaded.length, 1_000, `ids passed to loadMany across the processes: ${loaded.length}`)
+  assert.equal(new Set(loaded).size, 1_000)
+  for (const r of results) assert.ok(r.calls.length <= 1, `a process called loadMany ${r.calls.length} times`)
+  // Every process sees the one value each id was loaded with.
+  const byKey = new Map()
+  for (const r of results) {
+    r.values.forEach((v, i) => {
+      assert.equal(v.k, r.keys[i])
+      const seen = byKey.get(v.k)
+      if (seen === undefined) byKey.set(v.k, v.by)
+      else assert.equal(v.by, seen, `${v.k}: two processes saw different loads`)
+    })
+  }
+  assert.deepEqual((await stored('mp7')).value, { k: 'mp7', by: byKey.get('mp7') })
+  for (const r of results) assert.ok(r.waited < 10_000, `a process waited ${r.waited} ms: as long as a lock`)
+})
+
+test('Redis: stale keys refreshed in one background loadMany call; only one process refreshes', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { base } = await setupRedis(t, { prefix: 'batch' })
+  const a = new StampedeCache({ ...base, ttl: 50, hardTtl: 60_000, beta: 0 })
+  t.after(() => a.close())
+  const keys = ids(20, 'rs')
+  let round = 0
+  const calls = []
+  const loadMany = (ks) => {
+    calls.push([...ks])
+    round++
+    return ks.map((k) => `${k}@${round}`)
+  }
+  await a.getOrLoadMany(keys, loadMany)
+  await sleep(80)
+  assert.deepEqual(await a.getOrLoadMany(keys, loadMany), keys.map((k) => `${k}@1`))
+  await a.settle()
+  assert.deepEqual(calls, [keys, keys])
+  // A fresh instance finds the refreshed values in Redis.
+  const b = new StampedeCache({ ...base, ttl: 50, hardTtl: 60_000, beta: 0 })
+  t.after(() => b.close())
+  assert.deepEqual(await b.getMany(keys), keys.map((k) => `${k}@2`))
+  await assertNoLeaks(a)
+})
+
+test('Redis Cluster: a batch over every master (one pipeline per slot) loads once, and reads back from every node', { timeout: 120_000 }, async (t) => {
+  const { RedisCluster, killTopologySync } = require('./helpers/redis-topology')
+  t.after(() => killTopologySync())
+  const cluster = new RedisCluster({ masters: 3, replicasPerMaster: 0 })
+  t.after(() => cluster.dispose())
+  await cluster.start()
+  const options = { redis: { cluster: cluster.seedUrls }, namespace: `batchcl${process.pid}`, jitter: 0 }
+  const a = new StampedeCache(options)
+  t.after(() => a.close())
+  const keys = ids(300, 'cl')
+  const { calls, loadMany } = recorder()
+  const values = await a.getOrLoadMany(keys, loadMany)
+  assert.equal(calls.length, 1)
+  assert.deepEqual(values, keys.map((k) => ({ k })))
+  assert.equal(a.stats().redisErrors, 0, 'no pipeline crossed a slot')
+  const b = new StampedeCache({ ...options, l1: false })
+  t.after(() => b.close())
+  const { calls: none, loadMany: mustNotLoad } = recorder()
+  assert.deepEqual(await b.getOrLoadMany(keys, mustNotLoad), values)
+  assert.equal(none.length, 0, 'every key found in the cluster')
+  assert.deepEqual(await b.getMany(['cl0', 'nope', 'cl299']), [{ k: 'cl0' }, undefined, { k: 'cl299' }])
+  assert.equal(b.stats().redisErrors, 0)
+})

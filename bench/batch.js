@@ -1,0 +1,317 @@
+#!/usr/bin/env node
+'use strict'
+// Many keys at once (issue 24): getOrLoadMany side by side with what a user would do instead,
+// in one run, on one machine, against one private redis-server. Ratios, never absolute times.
+//
+//   node bench/batch.js [--quick] [--rounds 7] [--keys 1000] [--json out.json] [--docs]
+//   (--docs also renders the README's chart, docs/bench-batch.svg)
+//
+// 1. Warm in Redis, `l1: false` (a serverless instance): getOrLoadMany over 1,000 keys against one
+//    ioredis MGET of the same Redis keys plus JSON.parse of each reply; sequential batches, then 16
+//    batches in flight. Rounds interleave the two sides; the ratio is the median of the rounds'.
+// 2. Warm in process: getOrLoadMany against a loop of Map.get over the same keys.
+// 3. Cold, 1,000 ids, one process: stampede-cache's loadMany calls and ids, against bentocache
+//    getOrSet and cache-manager wrap, one call per id (what their APIs offer), each in front of the
+//    same simulated database: a query takes 20 ms, at most 10 run at once (a connection pool).
+// 4. Redis commands per batch, as clients sent them (MONITOR), warm and cold.
+const path = require('node:path')
+const net = require('node:net')
+const { once } = require('node:events')
+const fs = require('node:fs')
+const { startRedis } = require('./redis-lib')
+const { StampedeCache } = require('..')
+
+const args = process.argv.slice(2)
+const flag = (name) => args.includes(name)
+const option = (name, fallback) => {
+  const i = args.indexOf(name)
+  return i >= 0 ? Number(args[i + 1]) : fallback
+}
+const QUICK = flag('--quick')
+const ROUNDS = option('--rounds', QUICK ? 3 : 7)
+const N = option('--keys', 1_000)
+const jsonOut = (() => {
+  const i = args.indexOf('--json')
+  return i >= 0 ? args[i + 1] : null
+})()
+
+const keys = Array.from({ length: N }, (_, i) => `user:${i}`)
+const userOf = (k) => {
+  const id = Number(k.slice(5))
+  return { id, name: `User ${id}`, email: `user${id}@example.com`, plan: id % 3 === 0 ? 'pro' : 'free', tags: ['a', 'b'] }
+}
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]
+const mustNotLoad = () => {
+  throw new Error('a warm batch called loadMany')
+}
+
+/** Runs `batch()` `count` times with `inFlight` at once; ms taken. */
+async function timed(batch, count, inFlight) {
+  const t0 = performance.now()
+  let next = 0
+  const lane = async () => {
+    while (next < count) {
+      next++
+      await batch()
+    }
+  }
+  await Promise.all(Array.from({ length: inFlight }, lane))
+  return performance.now() - t0
+}
+
+/** Interleaved rounds of two sides; each round's ratio is `other ms / ours ms` (throughput ratio). */
+async function sideBySide(ours, other, count, inFlight) {
+  await timed(ours, Math.max(5, count / 10), inFlight)
+  await timed(other, Math.max(5, count / 10), inFlight)
+  const ratios = []
+  const oursMs = []
+  const otherMs = []
+  for (let r = 0; r < ROUNDS; r++) {
+    const a = await timed(ours, count, inFlight)
+    const b = await timed(other, count, inFlight)
+    oursMs.push(a)
+    otherMs.push(b)
+    ratios.push(b / a)
+  }
+  return {
+    ratio: median(ratios),
+    oursBatchesPerSec: (count * 1000) / median(oursMs),
+    otherBatchesPerSec: (count * 1000) / median(otherMs),
+  }
+}
+
+/**
+ * The commands clients sent while `fn` ran, by name, as MONITOR shows them (the commands a script
+ * runs are shown as the script's and not counted; INFO commandstats would count them too).
+ */
+async function clientCommands(redis, fn) {
+  const socket = net.connect({ host: '127.0.0.1', port: redis.port })
+  await once(socket, 'connect')
+  socket.setEncoding('utf8')
+  const counts = {}
+  const marker = `marker-${process.pid}-${Date.now()}`
+  let buf = ''
+  let monitoring = false
+  let marked = false
+  socket.on('data', (chunk) => {
+    buf += chunk
+    for (let i = buf.indexOf('\r\n'); i >= 0; i = buf.indexOf('\r\n')) {
+      const line = buf.slice(0, i)
+      buf = buf.slice(i + 2)
+      if (line === '+OK') monitoring = true
+      if (line.includes(marker)) marked = true
+      const m = line.match(/^\+[\d.]+ \[\d+ ([^\]]+)\] "([^"]+)"/)
+      if (m && m[1] !== 'lua' && !marked) {
+        const name = m[2].toLowerCase()
+        if (name !== 'ping') counts[name] = (counts[name] ?? 0) + 1
+      }
+    }
+  })
+  socket.write('MONITOR\r\n')
+  const until = async (cond) => {
+    for (const deadline = Date.now() + 10_000; !cond(); ) {
+      if (Date.now() > deadline) throw new Error('MONITOR did not answer')
+      await new Promise((r) => setTimeout(r, 5))
+    }
+  }
+  await until(() => monitoring)
+  await fn()
+  await redis.command('ECHO', marker)
+  await until(() => marked)
+  socket.destroy()
+  return counts
+}
+
+/** A database whose queries take 20 ms, at most 10 at once; counts queries and ids asked. */
+function database() {
+  const db = { queries: 0, ids: 0, running: 0, waiting: [] }
+  const slot = () => (db.running < 10 ? (db.running++, Promise.resolve()) : new Promise((r) => db.waiting.push(r)))
+  const release = () => {
+    const next = db.waiting.shift()
+    if (next) next()
+    else db.running--
+  }
+  db.query = async (ids) => {
+    db.queries++
+    db.ids += ids.length
+    await slot()
+    await new Promise((r) => setTimeout(r, 20))
+    release()
+    return ids.map(userOf)
+  }
+  return db
+}
+
+async function cold(name, redisUrl, namespace) {
+  const db = database()
+  const t0 = performance.now()
+  let close
+  if (name === 'stampede-cache') {
+    const cache = new StampedeCache({ redis: redisUrl, namespace })
+    await cache.get('__warm__')
+    const t = performance.now()
+    await cache.getOrLoadMany(keys, (ids) => db.query(ids))
+    const ms = performance.now() - t
+    await cache.close()
+    return { name, queries: db.queries, ids: db.ids, ms, call: 'getOrLoadMany(ids, loadMany)' }
+  }
+  if (name === 'bentocache') {
+    const { BentoCache, bentostore } = await import('bentocache')
+    const { memoryDriver } = await import('bentocache/drivers/memory')
+    const { redisDriver } = await import('bentocache/drivers/redis')
+    const u = new URL(redisUrl)
+    const bento = new BentoCache({
+      default: 'cache',
+      stores: { cache: bentostore().useL1Layer(memoryDriver({ maxItems: 10_000 })).useL2Layer(redisDriver({ connection: { host: u.hostname, port: Number(u.port) }, prefix: namespace })) },
+    })
+    await bento.get({ key: '__warm__' })
+    const t = performance.now()
+    await Promise.all(keys.map((key) => bento.getOrSet({ key, factory: async () => (await db.query([key]))[0], ttl: 60_000 })))
+    const ms = performance.now() - t
+    close = () => bento.disconnect()
+    await close()
+    return { name, queries: db.queries, ids: db.ids, ms, call: 'getOrSet({ key, factory }) per id' }
+  }
+  if (name === 'cache-manager') {
+    const { createCache } = require('./node_modules/cache-manager')
+    const { Keyv } = require('./node_modules/keyv')
+    const { createKeyv } = require('./node_modules/@keyv/redis')
+    const l2 = createKeyv(redisUrl, { namespace })
+    const cache = createCache({ stores: [new Keyv(), l2], ttl: 60_000 })
+    await l2.get('__warm__')
+    const t = performance.now()
+    await Promise.all(keys.map((key) => cache.wrap(key, async () => (await db.query([key]))[0])))
+    const ms = performance.now() - t
+    await cache.disconnect()
+    return { name, queries: db.queries, ids: db.ids, ms, call: 'wrap(key, fn) per id' }
+  }
+  void t0
+  throw new Error(name)
+}
+
+async function main() {
+  const redis = await startRedis()
+  const out = { keys: N, rounds: ROUNDS, quick: QUICK, node: process.version, at: new Date().toISOString() }
+  try {
+    const Redis = require(path.join(__dirname, 'node_modules', 'ioredis'))
+    const namespace = 'bb'
+    const writer = new StampedeCache({ redis: redis.url, namespace, ttl: 600_000 })
+    // Connected, and the scripts loaded in Redis, before counting.
+    await writer.getOrLoadMany(['__warm__'], (ids) => ids)
+    out.coldCommands = await clientCommands(redis, () => writer.getOrLoadMany(keys, (ids) => ids.map(userOf)))
+
+    // Built after the writes: it heard none of their announcements, so every key is read from Redis.
+    const reader = new StampedeCache({ redis: redis.url, namespace, ttl: 600_000, l1: false })
+    await reader.get('__warm__')
+    let check
+    out.warmCommands = await clientCommands(redis, async () => {
+      check = await reader.getOrLoadMany(keys, mustNotLoad)
+    })
+    if (check.some((v, i) => v.id !== i)) throw new Error('warm batch answered wrong values')
+
+    const io = new Redis(redis.url)
+    const vkeys = keys.map((k) => `${namespace}:v:{${k}}`)
+    const ours = () => reader.getOrLoadMany(keys, mustNotLoad)
+    const mget = async () => (await io.mget(vkeys)).map((s) => JSON.parse(s))
+    const count = QUICK ? 40 : 200
+    out.redisSequential = await sideBySide(ours, mget, count, 1)
+    out.redis16 = await sideBySide(ours, mget, count, 16)
+    io.disconnect()
+    await reader.close()
+    await writer.close()
+
+    const local = new StampedeCache()
+    await local.getOrLoadMany(keys, (ids) => ids.map(userOf))
+    const map = new Map(keys.map((k) => [k, userOf(k)]))
+    const mapLoop = async () => {
+      const r = new Array(keys.length)
+      for (let i = 0; i < keys.length; i++) r[i] = map.get(keys[i])
+      return r
+    }
+    out.inProcess = await sideBySide(() => local.getOrLoadMany(keys, mustNotLoad), mapLoop, QUICK ? 500 : 3_000, 1)
+    await local.close()
+
+    out.cold = []
+    for (const name of ['stampede-cache', 'bentocache', 'cache-manager']) {
+      await redis.flushAll()
+      out.cold.push(await cold(name, redis.url, `cold${name.replace(/[^a-z]/g, '')}`))
+    }
+  } finally {
+    redis.stop()
+  }
+  print(out)
+  if (jsonOut) fs.writeFileSync(jsonOut, JSON.stringify(out, null, 1) + '\n')
+  if (flag('--docs')) {
+    const { render } = require('./lib/charts')
+    fs.writeFileSync(path.join(__dirname, '..', 'docs', 'bench-batch.svg'), await render(chartSpec(out)))
+    console.log('\nwrote docs/bench-batch.svg')
+  }
+  return out
+}
+
+/** The README's chart: each warm case's throughput ratio, and the cold case's queries. */
+function chartSpec(o) {
+  const rows = [
+    { read: 'Redis, l1: false, sequential / MGET', ratio: o.redisSequential.ratio },
+    { read: 'Redis, l1: false, 16 in flight / MGET', ratio: o.redis16.ratio },
+    { read: 'in process / a loop of Map.get', ratio: o.inProcess.ratio },
+  ].map((r) => ({ ...r, faster: r.ratio >= 1 ? 'stampede-cache faster' : 'other faster' }))
+  const q = Object.fromEntries(o.cold.map((c) => [c.name, c.queries]))
+  const order = rows.map((r) => r.read)
+  const max = Math.max(1.25, ...rows.map((r) => r.ratio * 1.15))
+  const y = { field: 'read', type: 'nominal', sort: order, title: null, axis: { labelLimit: 420 } }
+  return {
+    title: {
+      text: `getOrLoadMany over ${o.keys.toLocaleString('en-US')} warm keys: batches/s against ioredis MGET + JSON.parse, and Map.get`,
+      subtitle: [
+        `median of ${o.rounds} interleaved rounds; right of the line = stampede-cache faster`,
+        `cold, ${o.keys.toLocaleString('en-US')} ids: database queries: stampede-cache ${q['stampede-cache']}, bentocache ${q.bentocache}, cache-manager ${q['cache-manager']} (one call per id)`,
+      ],
+    },
+    width: 520,
+    height: 120,
+    data: { values: rows },
+    layer: [
+      {
+        mark: { type: 'bar' },
+        encoding: {
+          y,
+          x: { field: 'ratio', type: 'quantitative', scale: { domain: [0, max] }, title: 'stampede-cache batches/s / other batches/s', axis: { format: '.1f' } },
+          color: { field: 'faster', type: 'nominal', scale: { domain: ['stampede-cache faster', 'other faster'], range: ['#4c78a8', '#e45756'] }, legend: null },
+        },
+      },
+      { mark: { type: 'text', align: 'left', dx: 3, fontSize: 10 }, encoding: { y, x: { field: 'ratio', type: 'quantitative' }, text: { field: 'ratio', type: 'quantitative', format: '.2f' } } },
+      { data: { values: [{ x: 1 }] }, mark: { type: 'rule', color: '#111', strokeDash: [4, 3] }, encoding: { x: { field: 'x', type: 'quantitative' } } },
+    ],
+    config: { font: 'Helvetica, Arial, sans-serif', view: { stroke: null } },
+  }
+}
+
+function print(o) {
+  const x = (r) => `${r.toFixed(2)}x`
+  const n = (v) => Math.round(v).toLocaleString('en-US')
+  console.log(`\nMany keys at once, ${o.keys} keys a batch, median of ${o.rounds} rounds (Node ${o.node})\n`)
+  console.log('| case | stampede-cache batches/s | other batches/s | ratio (ours/other) |')
+  console.log('|---|---:|---:|---:|')
+  console.log(`| warm in Redis, l1: false, sequential, vs ioredis MGET + JSON.parse | ${n(o.redisSequential.oursBatchesPerSec)} | ${n(o.redisSequential.otherBatchesPerSec)} | ${x(o.redisSequential.ratio)} |`)
+  console.log(`| warm in Redis, l1: false, 16 in flight, vs ioredis MGET + JSON.parse | ${n(o.redis16.oursBatchesPerSec)} | ${n(o.redis16.otherBatchesPerSec)} | ${x(o.redis16.ratio)} |`)
+  console.log(`| warm in process, vs a loop of Map.get | ${n(o.inProcess.oursBatchesPerSec)} | ${n(o.inProcess.otherBatchesPerSec)} | ${x(o.inProcess.ratio)} |`)
+  console.log('\n| cold, 1 process | call | database queries | ids asked | ms |')
+  console.log('|---|---|---:|---:|---:|')
+  for (const c of o.cold) console.log(`| ${c.name} | \`${c.call}\` | ${n(c.queries)} | ${n(c.ids)} | ${n(c.ms)} |`)
+  const fmt = (c) => Object.entries(c).map(([k, v]) => `${k} ${v}`).join(', ')
+  console.log(`\nRedis commands for a cold batch of ${o.keys}: ${fmt(o.coldCommands)}`)
+  console.log(`Redis commands for a warm batch of ${o.keys} (l1: false): ${fmt(o.warmCommands)}`)
+}
+
+if (require.main === module) {
+  main().then(
+    () => process.exit(0),
+    (err) => {
+      console.error(err)
+      process.exit(1)
+    },
+  )
+}
+
+module.exports = { main, chartSpec }

@@ -1,0 +1,347 @@
+//! Many keys at once (`getMany`, `getOrLoadMany`): the reads and the lock bids of a batch go in
+//! one pipeline per cluster slot (one in all on a single node), all sent at once, so a batch of
+//! any size costs about one round trip for its GETs and one for its locks, where one key at a
+//! time cost one (or two) per key. Each pipelined command is the one the single-key path sends
+//! (`GET`, then `cold_gate.lua` for the keys the GET did not answer), so Lua scripts still touch
+//! only the keys they declare, and every reply is read as the single-key path reads it.
+//!
+//! A batch never waits for a lock another process holds: such a key comes back as
+//! [`FirstLook::Wait`], and its caller then waits for it alone (`cold_gate_observed`, notified
+//! by the bus) while the keys this process won are loaded at once.
+
+use std::collections::HashMap;
+
+use futures_util::future::join_all;
+use redis::cluster_routing::Slot;
+use redis::Value;
+
+use super::envelopes::{usable, Fetched, Misdelivered, GENERATION_TTL};
+use super::lock::{new_token, Fence, Gate, LockOutcome};
+use super::{RedisTier, Unavailable};
+use crate::inbox::Stamp;
+
+/// What a batch's first look at one key found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FirstLook {
+    /// Redis had it, or the lock is ours (or Redis could not be asked: an unfenced lead), as
+    /// the single-key gate answers.
+    Done(Gate, LockOutcome),
+    /// Another process holds the key's lock, or the look found a value only the single-key gate
+    /// can judge: ask again for this key alone (that gate waits for the holder).
+    Wait,
+}
+
+/// The reply of `cold_gate.lua` (see the script): `{value or false, fence, state, ms left}`.
+enum Look {
+    Value,
+    Locked(String),
+    Held,
+}
+
+fn look_of(reply: &Value) -> Option<Look> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let generation = match items.get(1) {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        _ => String::new(),
+    };
+    Some(match items.get(2) {
+        Some(Value::Int(0)) => Look::Value,
+        Some(Value::Int(1)) => Look::Locked(generation),
+        _ => Look::Held,
+    })
+}
+
+/// The indexes of `keys` by the cluster slot of their Redis key. A pipeline must stay in one slot
+/// in a cluster: the redis crate routes it by its first key and the node refuses the others.
+fn by_slot<'k>(keys: impl Iterator<Item = &'k str>) -> Vec<Vec<usize>> {
+    let mut groups: HashMap<Slot, usize> = HashMap::new();
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for (i, k) in keys.enumerate() {
+        let g = *groups.entry(Slot::for_key(k)).or_insert_with(|| {
+            out.push(Vec::new());
+            out.len() - 1
+        });
+        out[g].push(i);
+    }
+    out
+}
+
+impl RedisTier {
+    /// The pipelines a batch of Redis keys goes in: one on a single server (or a Sentinel's
+    /// primary), one per slot in a cluster.
+    fn groups<'k>(&self, keys: impl Iterator<Item = &'k str>) -> Vec<Vec<usize>> {
+        if self.link.topology.is_cluster() {
+            return by_slot(keys);
+        }
+        let all: Vec<usize> = (0..keys.count()).collect();
+        if all.is_empty() {
+            Vec::new()
+        } else {
+            vec![all]
+        }
+    }
+
+    /// Sends `commands` (one per key of `keys`, `op` for reports) in one pipeline per slot, all
+    /// at once; each key's reply, or `Unavailable` for every key of a pipeline that failed.
+    async fn pipelined(
+        &self,
+        op: &'static str,
+        redis_keys: &[String],
+        keys: &[&str],
+        command: impl Fn(usize) -> redis::Cmd,
+    ) -> Vec<Result<Value, Unavailable>> {
+        let groups = self.groups(redis_keys.iter().map(String::as_str));
+        let sent = groups.iter().map(|group| {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for &i in group {
+                pipe.add_command(command(i));
+            }
+            let first = keys[group[0]];
+            async move {
+                self.run(op, first, |mut c| async move {
+                    pipe.query_async::<Vec<Value>>(&mut c).await
+                })
+                .await
+            }
+        });
+        let mut out: Vec<Result<Value, Unavailable>> = vec![Err(Unavailable); keys.len()];
+        for (group, replies) in groups.iter().zip(join_all(sent).await) {
+            if let Ok(replies) = replies {
+                for (&i, reply) in group.iter().zip(replies) {
+                    out[i] = Ok(reply);
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads many keys' envelopes, as `fetch` reads one: each with the stamp its caller took
+    /// (see `fetch`). `count`: reads for `getMany`, each counted as an l2Hit or a miss.
+    pub async fn fetch_many(&self, keys: &[(String, Stamp)], count: bool) -> Vec<Fetched> {
+        let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+        let vkeys: Vec<String> = names.iter().map(|k| self.value_key(k)).collect();
+        let replies = self
+            .pipelined("get", &vkeys, &names, |i| {
+                let mut c = redis::cmd("GET");
+                c.arg(&vkeys[i]);
+                c
+            })
+            .await;
+        // An untagged entry with the bus up needs no Redis read to know it is alive (see
+        // `alive`): judged here at once; the others (tagged, or the bus down) ask Redis.
+        let mut fetched: Vec<Fetched> = Vec::with_capacity(keys.len());
+        let mut asks = Vec::new();
+        for (i, ((key, stamp), reply)) in keys.iter().zip(replies).enumerate() {
+            let found = match reply {
+                Err(Unavailable) => {
+                    fetched.push(Fetched::Unavailable);
+                    continue;
+                }
+                Ok(Value::BulkString(b)) => match usable(&b, self.serializer, &vkeys[i]) {
+                    Ok(found) => found,
+                    Err(Misdelivered) => {
+                        // The pipeline's replies are out of step: none of them is trusted.
+                        self.misdelivered("get", key);
+                        return vec![Fetched::Unavailable; keys.len()];
+                    }
+                },
+                // Nil, or another type's error (WRONGTYPE): a miss, as for one key.
+                Ok(_) => None,
+            };
+            match found {
+                None => fetched.push(Fetched::Missing),
+                Some(found) if found.tags.is_empty() && self.bus_up() => {
+                    fetched.push(if self.inbox.dead(found.envelope.born, &[]) {
+                        Fetched::Missing
+                    } else {
+                        Fetched::Found(found.remote(*stamp))
+                    });
+                }
+                Some(found) => {
+                    fetched.push(Fetched::Missing);
+                    asks.push((i, key.as_str(), *stamp, found));
+                }
+            }
+        }
+        let judged = asks.into_iter().map(|(i, key, stamp, found)| async move {
+            let alive = self.alive(key, found.envelope.born, &found.tags).await;
+            let f = match alive {
+                Ok(true) => Fetched::Found(found.remote(stamp)),
+                Ok(false) => Fetched::Missing,
+                Err(Unavailable) => Fetched::Unavailable,
+            };
+            (i, f)
+        });
+        for (i, f) in join_all(judged).await {
+            fetched[i] = f;
+        }
+        if count {
+            for f in &fetched {
+                match f {
+                    Fetched::Found(_) => self.stats.l2_hits.incr(),
+                    _ => self.stats.misses.incr(),
+                }
+            }
+        }
+        fetched
+    }
+
+    /// The cold gates of many keys at once: one pipelined GET of them all, then one pipelined
+    /// lock bid (`cold_gate.lua`) for those the GET did not answer. A key whose lock another
+    /// process holds is [`FirstLook::Wait`]: never waited for here.
+    pub async fn cold_gate_many(
+        &self,
+        keys: &[(String, Stamp)],
+        lock_ttl_ms: u64,
+    ) -> Vec<FirstLook> {
+        let fetched = self.fetch_many(keys, false).await;
+        let mut out: Vec<Option<FirstLook>> = vec![None; keys.len()];
+        let mut bids: Vec<usize> = Vec::new();
+        for (i, f) in fetched.into_iter().enumerate() {
+            match f {
+                Fetched::Found(r) => {
+                    out[i] = Some(FirstLook::Done(Gate::Found(r), LockOutcome::None))
+                }
+                Fetched::Unavailable => {
+                    out[i] = Some(FirstLook::Done(unfenced(), LockOutcome::None))
+                }
+                Fetched::Missing => bids.push(i),
+            }
+        }
+        if !bids.is_empty() {
+            let names: Vec<&str> = bids.iter().map(|&i| keys[i].0.as_str()).collect();
+            let stamps: Vec<Stamp> = bids.iter().map(|&i| self.inbox.stamp(&keys[i].0)).collect();
+            let tokens: Vec<String> = bids.iter().map(|_| new_token()).collect();
+            let vkeys: Vec<String> = names.iter().map(|k| self.value_key(k)).collect();
+            let hash = self.scripts.cold_gate.get_hash().to_string();
+            let bid = |i: usize| {
+                let mut c = redis::cmd("EVALSHA");
+                c.arg(&hash)
+                    .arg(3)
+                    .arg(&vkeys[i])
+                    .arg(self.lock_key(names[i]))
+                    .arg(self.generation_key(names[i]))
+                    .arg(&tokens[i])
+                    .arg(lock_ttl_ms.max(1))
+                    .arg("0")
+                    .arg(new_token())
+                    .arg(GENERATION_TTL.as_millis() as u64);
+                c
+            };
+            let mut replies = self.pipelined("lock", &vkeys, &names, bid).await;
+            if replies.iter().any(no_script) {
+                // The script is not loaded on some node (a restart, a new node): load it there
+                // through one key of each such slot, and send again only the bids it refused.
+                let refused: Vec<usize> = (0..replies.len())
+                    .filter(|&j| no_script(&replies[j]))
+                    .collect();
+                let loads = self
+                    .groups(refused.iter().map(|&j| vkeys[j].as_str()))
+                    .into_iter()
+                    .map(|group| {
+                        let first = refused[group[0]];
+                        let name = names[first];
+                        async move {
+                            self.run("lock", name, |mut c| async move {
+                                self.scripts
+                                    .cold_gate
+                                    .prepare_invoke()
+                                    .load_async(&mut c)
+                                    .await
+                            })
+                            .await
+                        }
+                    });
+                join_all(loads).await;
+                let again_v: Vec<String> = refused.iter().map(|&j| vkeys[j].clone()).collect();
+                let again_n: Vec<&str> = refused.iter().map(|&j| names[j]).collect();
+                let again = self
+                    .pipelined("lock", &again_v, &again_n, |x| bid(refused[x]))
+                    .await;
+                for (&j, reply) in refused.iter().zip(again) {
+                    replies[j] = reply;
+                }
+            }
+            // Born at the namespace clock Redis has now: one read for every key won (the
+            // single-key gate reads it once per key).
+            let mut born: Option<Option<u64>> = None;
+            for (j, reply) in replies.into_iter().enumerate() {
+                let i = bids[j];
+                let look = match reply {
+                    Err(Unavailable) => {
+                        out[i] = Some(FirstLook::Done(unfenced(), LockOutcome::None));
+                        continue;
+                    }
+                    Ok(Value::ServerError(e)) => {
+                        self.stats.redis_errors.incr();
+                        self.report(
+                            "lock",
+                            Some(names[j]),
+                            format!("Redis lock failed: {}", e.code()),
+                        );
+                        out[i] = Some(FirstLook::Done(unfenced(), LockOutcome::None));
+                        continue;
+                    }
+                    Ok(v) => look_of(&v),
+                };
+                out[i] = Some(match look {
+                    Some(Look::Locked(generation)) => {
+                        self.stats.lock_wins.incr();
+                        if born.is_none() {
+                            born = Some(self.clock_now(names[j]).await);
+                        }
+                        FirstLook::Done(
+                            Gate::Lead {
+                                token: Some(tokens[j].clone()),
+                                fence: Some(Fence {
+                                    state: generation,
+                                    read_at_ms: self.fence_time(),
+                                }),
+                                stamp: Some(stamps[j]),
+                                born: born.flatten(),
+                                tags: Vec::new(),
+                            },
+                            LockOutcome::Won,
+                        )
+                    }
+                    // A value written since the GET, or a lock held elsewhere: the single-key
+                    // gate judges the value (or waits for the holder).
+                    Some(Look::Value) | Some(Look::Held) | None => FirstLook::Wait,
+                });
+            }
+        }
+        out.into_iter()
+            .map(|l| l.unwrap_or(FirstLook::Wait))
+            .collect()
+    }
+}
+
+fn unfenced() -> Gate {
+    Gate::Lead {
+        token: None,
+        fence: None,
+        stamp: None,
+        born: None,
+        tags: Vec::new(),
+    }
+}
+
+fn no_script(reply: &Result<Value, Unavailable>) -> bool {
+    matches!(reply, Ok(Value::ServerError(e)) if e.code() == "NOSCRIPT")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::by_slot;
+
+    #[test]
+    fn keys_of_one_hash_tag_share_a_group_and_order_is_kept() {
+        let keys = ["sc:v:{a}", "sc:lock:{a}", "sc:v:{b}", "sc:v:{a}"];
+        let groups = by_slot(keys.iter().copied());
+        assert_eq!(groups, vec![vec![0, 1, 3], vec![2]]);
+    }
+}
