@@ -21,25 +21,31 @@ export declare function abandon(id: number, key: string, flight: number): void
 
 /**
  * Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
- * `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found
- * (a refresh found refreshed elsewhere, and `get`, start none).
+ * `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found,
+ * or of a fresh one an XFetch draw at `beta` (-1: the constructor's) picks (a refresh found
+ * refreshed elsewhere, and `get`, start none).
  *
  * Answers `slot * 2 + refresh`: the slot for the value (`NO_SLOT` when the tier keeps nothing,
  * `WRITTEN_NOWHERE` when superseded, expired or dead; read it back with `>> 1`), and whether
  * the caller, served a stale value, should start its refresh (`& 1`). A number, not an object:
  * an object's property names are interned on every call.
  */
-export declare function adopt(id: number, key: string, flight: number, cold: boolean, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number): number
+export declare function adopt(id: number, key: string, flight: number, cold: boolean, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number, beta: number): number
 
 /**
  * Registers the background refresh of one stale key of a batch (`beginRefresh` for a
  * `getOrLoadMany` call): its flight id, or -1 if one already runs or (`first`: no key of the batch
- * has a flight yet) the bound on refreshes running is reached.
+ * has a flight yet) the bound on refreshes running is reached. `seen`: the fresh-until of the
+ * copy the caller was served from Redis (-1: from the in-process tier), the refresh's basis.
  */
-export declare function beginBatchRefresh(id: number, key: string, first: boolean): number
+export declare function beginBatchRefresh(id: number, key: string, first: boolean, seen: number): number
 
-/** Registers the background refresh a hit asked for: its flight id, or -1 if one already runs. */
-export declare function beginRefresh(id: number, key: string): number
+/**
+ * Registers the background refresh a hit asked for: its flight id, or -1 if one already runs.
+ * `seen`: the fresh-until of the copy the caller was served from Redis (-1: it was served
+ * from the in-process tier), the copy the refresh replaces.
+ */
+export declare function beginRefresh(id: number, key: string, seen: number): number
 
 /**
  * `clear()`: applied here at once (every entry dropped, every running load superseded), then
@@ -330,6 +336,12 @@ export interface RedisReport {
 export declare function redisWrite(id: number, key: string, valueJson: string | undefined | null, delete: boolean, fmt: number): Promise<number>
 
 /**
+ * The facade, on a host whose event loop is not genuinely libuv's (Bun, Deno), turns the read
+ * lane off for the process: every read takes the command connection, with every guarantee.
+ */
+export declare function refuseReadLane(): void
+
+/**
  * Validates a call's options (`getOrLoad` or `set`) and returns the policy its entry is written
  * with (see `policy_vec`).
  */
@@ -391,7 +403,11 @@ export declare const STEP_SERVE: number
  */
 export declare function takeInvalidations(id: number): Array<string | undefined | null>
 
-/** Redis failures waiting for `onError` (already rate-limited). */
+/**
+ * Redis failures waiting for `onError` (already rate-limited). Their messages are the redis
+ * crate's and the TLS library's words, which quote no password today; `scrub` keeps it so
+ * whatever a later version of them says.
+ */
 export declare function takeRedisReports(id: number): Array<RedisReport>
 
 /**
