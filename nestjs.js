@@ -138,9 +138,9 @@ const CACHE_MODULE_OPTIONS = 'STAMPEDE_CACHE_MODULE_OPTIONS'
 class Cache {}
 
 // cache-manager 7 (Keyv) keeps an entry without a ttl (or with ttl 0) until it is deleted. A
-// StampedeCache entry always has a hardTtl: "no expiry" is this long. ttl() answers undefined for
-// such entries, as cache-manager does.
-const FOREVER = 10 * 365 * 24 * 3600 * 1000
+// StampedeCache entry always has a ttl, of at most a year: "no expiry" is a year. ttl() answers
+// undefined for such entries, as cache-manager does.
+const FOREVER = 365 * 24 * 3600 * 1000
 
 // cache-manager's own store options: meaningless over a StampedeCache. Each names what to use.
 const STORE_OPTIONS = {

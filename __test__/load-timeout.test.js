@@ -148,10 +148,13 @@ describe('getOrLoad 9: loadTimeout Infinity means no timeout', () => {
   })
 })
 
-test('a finite loadTimeout above what a timer holds (2^31 - 1 ms) does not time out at once', async () => {
-  // setTimeout clamps a delay past 2^31 - 1 ms to 1 ms: such a loadTimeout must mean "a very long
-  // time" (or be refused naming its maximum), never "1 ms".
+test('loadTimeout past what a timer holds (2^31 - 1 ms) is refused naming its maximum; at it, no load times out at once', async () => {
+  // setTimeout clamps a delay past 2^31 - 1 ms to 1 ms: such a loadTimeout must never mean "1 ms".
   for (const loadTimeout of [2 ** 31, 1e300]) {
+    const err = throwsWithCode(() => new StampedeCache({ loadTimeout }), 'ERR_INVALID_OPTION', 'loadTimeout', `loadTimeout ${loadTimeout}`)
+    assert.match(err.message, /2147483647/, err.message)
+  }
+  for (const loadTimeout of [2 ** 31 - 1]) {
     const cache = new StampedeCache({ ttl: 60_000, jitter: 0, loadTimeout })
     try {
       const hung = hangingLoader()
