@@ -74,10 +74,17 @@ for (const [label, tier] of TIERS) {
   })
 
   test(`${label}: XFetch refreshes a fresh entry early, in the background`, { timeout: TEST_TIMEOUT }, async (t) => {
-    // A huge beta makes every draw refresh (now - computeMs * beta * ln(u) >= freshUntil).
-    const { a, b } = await pair(t, tier, { ttl: 60_000, beta: 1e9 })
-    const first = counting()
-    assert.equal(await a.getOrLoad('k', first), 'v1')
+    // The largest beta and a 20 ms load make a draw refresh with probability 0.997
+    // (now - computeMs * beta * ln(u) >= freshUntil); no stale window (hardTtl == ttl), so
+    // XFetch is drawn at all.
+    const { a, b } = await pair(t, tier, { ttl: 60_000, hardTtl: 60_000, beta: 1e6 })
+    assert.equal(
+      await a.getOrLoad('k', async () => {
+        await sleep(20)
+        return 'v1'
+      }),
+      'v1',
+    )
     const load = counting((n) => `early${n}`)
     // A fresh value from Redis, then (in-process tier) one from B's own copy: a draw either way.
     assert.equal(await b.getOrLoad('k', load), 'v1', 'the fresh value at once')
