@@ -42,6 +42,9 @@
 //! 5. **Errors cross as `napi::Error` whose status is the stable `ERR_*` code** (`js_err`); the
 //!    facade rewraps them as `StampedeCacheError`s. Loader errors never cross.
 
+// Every unsafe block here says why it is sound: checked, not only by habit.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use crate::error::{Error as CoreError, ErrorCode};
 
 mod batch;

@@ -108,7 +108,10 @@ impl ToNapiValue for RedisAnswer {
             Some(j) => hot_path::js_string(env, j)?,
             // SAFETY (this and the conversions below): the caller's (napi-rs calls this on the
             // JS thread with its environment, in a handle scope).
-            None => unsafe { ToNapiValue::to_napi_value(env, Null)? },
+            None => {
+                // SAFETY: as above.
+                unsafe { ToNapiValue::to_napi_value(env, Null)? }
+            }
         };
         // The trailing five only when one is set (a lead, a lock outcome, tags): the facade's
         // defaults stand for them otherwise.
@@ -118,6 +121,8 @@ impl ToNapiValue for RedisAnswer {
             || a.fence.is_some()
             || a.fenced_at != -1.0;
         let mut args = [ptr::null_mut(); 18];
+        // SAFETY: the conversions run on the JS thread with its environment, in napi-rs's
+        // handle scope (see above); each writes a fresh value.
         let given = unsafe {
             args[..13].copy_from_slice(&[
                 ToNapiValue::to_napi_value(env, a.kind)?,

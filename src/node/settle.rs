@@ -103,9 +103,9 @@ impl Local {
         });
         let name = "stampede-cache:redis";
         let mut js_name = ptr::null_mut();
-        // SAFETY: `env` is the current JS thread's environment (we are in a napi call); the
-        // string is valid UTF-8 of the length given.
         check(
+            // SAFETY: `env` is the current JS thread's environment (we are in a napi call);
+            // the string is valid UTF-8 of the length given.
             unsafe {
                 sys::napi_create_string_utf8(
                     env,
@@ -143,8 +143,8 @@ impl Local {
             check(status, "napi_create_threadsafe_function")?;
         }
         // Idle until a promise is in flight.
-        // SAFETY: on the JS thread that made it.
         check(
+            // SAFETY: on the JS thread that made it.
             unsafe { sys::napi_unref_threadsafe_function(env, tsfn) },
             "napi_unref_threadsafe_function",
         )?;
@@ -204,8 +204,8 @@ pub fn promise(env: sys::napi_env) -> napi::Result<(Promised, sys::napi_value)> 
         let local = local.as_mut().expect("made above");
         let mut deferred = ptr::null_mut();
         let mut promise = ptr::null_mut();
-        // SAFETY: on the JS thread, inside a napi call (or handle scope) on `env`.
         check(
+            // SAFETY: on the JS thread, inside a napi call (or handle scope) on `env`.
             unsafe { sys::napi_create_promise(env, &mut deferred, &mut promise) },
             "napi_create_promise",
         )?;
@@ -269,6 +269,7 @@ fn settle_deferred(
         Ok(value) => unsafe {
             sys::napi_resolve_deferred(env, deferred, value);
         },
+        // SAFETY: as for resolving: this environment's deferred, settled once.
         Err(e) => unsafe {
             let reason = JsError::from(e).into_value(env);
             sys::napi_reject_deferred(env, deferred, reason);
