@@ -83,9 +83,7 @@ function nativeBindingError(cause) {
         `to your dependencies), or ${fromSource}. Supported platforms: ${supported}.`
     }
   } else {
-    message =
-      `${PACKAGE}: no prebuilt native binary for ${here}. Supported platforms: ${supported}. ` +
-      `On this platform, ${fromSource}.`
+    message = `${PACKAGE}: no prebuilt native binary for ${here}. Supported platforms: ${supported}. ` + `On this platform, ${fromSource}.`
   }
   const err = new Error(message, { cause })
   err.code = 'ERR_NATIVE_BINDING'

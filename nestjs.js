@@ -149,7 +149,7 @@ const STORE_OPTIONS = {
   nonBlocking: 'there is one store (Redis answers or the in-process tier does), so there is nothing to race',
   refreshAllStores: 'there is one store; a refresh replaces the entry in every tier and every instance',
   cacheId: 'coalescing is per key and namespace: use `namespace` to separate caches',
-  hardTtl: 'in CacheModule, `ttl` is an entry\'s whole life (as in cache-manager); use `refreshThreshold` for stale-while-revalidate',
+  hardTtl: "in CacheModule, `ttl` is an entry's whole life (as in cache-manager); use `refreshThreshold` for stale-while-revalidate",
 }
 const ASYNC_KEYS = ['imports', 'inject', 'useFactory', 'useClass', 'useExisting', 'isGlobal', 'extraProviders']
 
@@ -453,7 +453,8 @@ class CacheModule {
     }
     const { useFactory, useClass, useExisting, inject = [], imports = [], extraProviders = [] } = options
     const ways = ['useFactory', 'useClass', 'useExisting'].filter((k) => options[k] !== undefined)
-    if (ways.length !== 1) throw invalid(`${where}: give exactly one of \`useFactory\`, \`useClass\`, \`useExisting\`${ways.length ? `, not ${ways.join(' and ')}` : ''}`)
+    if (ways.length !== 1)
+      throw invalid(`${where}: give exactly one of \`useFactory\`, \`useClass\`, \`useExisting\`${ways.length ? `, not ${ways.join(' and ')}` : ''}`)
     if (useFactory !== undefined && typeof useFactory !== 'function') throw invalid(`${where}: \`useFactory\` must be a function`)
     if (useClass !== undefined && typeof useClass !== 'function') throw invalid(`${where}: \`useClass\` must be a class`)
     if (!Array.isArray(inject)) throw invalid(`${where}: \`inject\` must be an array`)
@@ -474,7 +475,10 @@ class CacheModule {
     if (useFactory) {
       optionProviders = [{ provide: CACHE_MODULE_OPTIONS, useFactory: async (...deps) => checked(await useFactory(...deps)), inject }]
     } else if (useClass) {
-      optionProviders = [{ provide: useClass, useClass }, { provide: CACHE_MODULE_OPTIONS, useFactory: fromFactory, inject: [useClass] }]
+      optionProviders = [
+        { provide: useClass, useClass },
+        { provide: CACHE_MODULE_OPTIONS, useFactory: fromFactory, inject: [useClass] },
+      ]
     } else {
       optionProviders = [{ provide: CACHE_MODULE_OPTIONS, useFactory: fromFactory, inject: [useExisting] }]
     }
@@ -549,12 +553,13 @@ class CacheInterceptor {
 
   async intercept(context, next) {
     const key = await this.trackBy(context)
-    const ttlValueOrFactory =
-      this.reflector.get(CACHE_TTL_METADATA, context.getHandler()) ?? this.reflector.get(CACHE_TTL_METADATA, context.getClass()) ?? null
+    const ttlValueOrFactory = this.reflector.get(CACHE_TTL_METADATA, context.getHandler()) ?? this.reflector.get(CACHE_TTL_METADATA, context.getClass()) ?? null
     if (!key) return next.handle()
     const internals = managers.get(this.cacheManager)
     if (internals === undefined) {
-      throw new TypeError("CacheInterceptor from 'stampede-cache/nestjs' needs CACHE_MANAGER from its CacheModule (import CacheModule from 'stampede-cache/nestjs' too)")
+      throw new TypeError(
+        "CacheInterceptor from 'stampede-cache/nestjs' needs CACHE_MANAGER from its CacheModule (import CacheModule from 'stampede-cache/nestjs' too)",
+      )
     }
     const { of, from, lastValueFrom, StreamableFile, Logger } = interceptorDeps()
     const ttl = typeof ttlValueOrFactory === 'function' ? await ttlValueOrFactory(context) : ttlValueOrFactory

@@ -140,11 +140,7 @@ function createStore(options, kind, where) {
     if (lead) leading.delete(id)
     const allTags = [...new Set([...tags, ...(lead?.softTags ?? [])].filter((t) => typeof t === 'string' && t.length > 0))]
     const storable =
-      record !== undefined &&
-      Number.isFinite(ttl) &&
-      ttl >= 1 &&
-      allTags.length <= MAX_TAGS &&
-      allTags.every((t) => Buffer.byteLength(t) <= MAX_TAG_BYTES)
+      record !== undefined && Number.isFinite(ttl) && ttl >= 1 && allTags.length <= MAX_TAGS && allTags.every((t) => Buffer.byteLength(t) <= MAX_TAG_BYTES)
     if (lead) {
       if (storable) {
         lead.ctx.setTtl(ttl, ttl)
@@ -184,7 +180,9 @@ function createStore(options, kind, where) {
   }
 
   async function invalidate(tags) {
-    const list = [...new Set((Array.isArray(tags) ? tags : [tags]).filter((t) => typeof t === 'string' && t.length > 0 && Buffer.byteLength(t) <= MAX_TAG_BYTES))]
+    const list = [
+      ...new Set((Array.isArray(tags) ? tags : [tags]).filter((t) => typeof t === 'string' && t.length > 0 && Buffer.byteLength(t) <= MAX_TAG_BYTES)),
+    ]
     if (list.length === 0) return
     await bounded(cache.deleteByTag(list), 'next:revalidateTag')
   }
@@ -262,7 +260,8 @@ function createUseCacheHandler(options) {
         const lifetime = Math.min(entry.revalidate, entry.expire) * 1000
         // At most a year, as ISR entries: every entry of these handlers lives a year at the most.
         const ttl = Math.min(Math.floor(entry.timestamp + lifetime - Date.now()), ONE_YEAR_MS)
-        const record = lifetime > 0 ? { value, tags, stale: entry.stale, timestamp: entry.timestamp, expire: entry.expire, revalidate: entry.revalidate } : undefined
+        const record =
+          lifetime > 0 ? { value, tags, stale: entry.stale, timestamp: entry.timestamp, expire: entry.expire, revalidate: entry.revalidate } : undefined
         await store.store(key, record, ttl, tags)
       })
     },

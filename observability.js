@@ -15,7 +15,20 @@ const LOCK = 'stampede-cache:lock'
 const INVALIDATE = 'stampede-cache:invalidate'
 
 /** The stats() counters the exporters publish (the rest are sizes, not counts). */
-const COUNTERS = ['hits', 'staleHits', 'negativeHits', 'misses', 'l2Hits', 'loads', 'coalesced', 'refreshes', 'refreshErrors', 'lockWins', 'lockWaits', 'redisErrors']
+const COUNTERS = [
+  'hits',
+  'staleHits',
+  'negativeHits',
+  'misses',
+  'l2Hits',
+  'loads',
+  'coalesced',
+  'refreshes',
+  'refreshErrors',
+  'lockWins',
+  'lockWaits',
+  'redisErrors',
+]
 
 function checkCache(cache, fn) {
   if (!(cache instanceof StampedeCache)) {

@@ -77,7 +77,10 @@ test('1,000 cold ids: one loadMany call with all of them, in order; then all hit
   const values = await cache.getOrLoadMany(keys, loadMany)
   assert.equal(calls.length, 1)
   assert.deepEqual(calls[0].keys, keys)
-  assert.deepEqual(values, keys.map((k) => ({ k })))
+  assert.deepEqual(
+    values,
+    keys.map((k) => ({ k })),
+  )
   assert.deepEqual(await cache.getOrLoadMany(keys, loadMany), values)
   assert.equal(calls.length, 1, 'warm: nothing loaded')
   const s = cache.stats()
@@ -120,7 +123,11 @@ test('per-key results: an Error fails its key alone (not cached, joined callers 
   await assert.rejects(joined, (err) => err === boom)
   const { calls, loadMany } = recorder({ value: () => 'again' })
   assert.deepEqual(await cache.getOrLoadMany(['ok', 'bad', 'none', 'undef'], loadMany), [1, 'again', null, undefined])
-  assert.deepEqual(calls.map((c) => c.keys), [['bad']], 'only the failed key is loaded again: null and undefined were cached')
+  assert.deepEqual(
+    calls.map((c) => c.keys),
+    [['bad']],
+    'only the failed key is loaded again: null and undefined were cached',
+  )
   assert.equal(loads, 1)
   await cache.close()
 })
@@ -152,9 +159,7 @@ test('a result of the wrong length rejects the call and every caller joined on i
   release()
   await rejectsWithCode(() => batch, 'ERR_INVALID_ARGUMENT')
   await rejectsWithCode(() => joined, 'ERR_INVALID_ARGUMENT')
-  await rejectsWithCode(() => cache.getOrLoadMany(['s'], () => 'not an array'),
-    'ERR_INVALID_ARGUMENT',
-  )
+  await rejectsWithCode(() => cache.getOrLoadMany(['s'], () => 'not an array'), 'ERR_INVALID_ARGUMENT')
   for (const k of ['p', 'q', 'r', 's']) assert.equal(await cache.get(k), undefined, `${k} not cached`)
   await assertNoLeaks(cache, 0)
   await cache.close()
@@ -192,7 +197,11 @@ test('a key already loading (getOrLoad, or another batch) is joined, both ways',
   const { calls, loadMany } = recorder({ ms: 20 })
   const batch = cache.getOrLoadMany(['a', 'b'], loadMany)
   await sleep(50)
-  assert.deepEqual(calls.map((c) => c.keys), [['b']], 'the batch did not wait for the key getOrLoad loads')
+  assert.deepEqual(
+    calls.map((c) => c.keys),
+    [['b']],
+    'the batch did not wait for the key getOrLoad loads',
+  )
   releaseSingle()
   assert.deepEqual(await batch, ['from getOrLoad', { k: 'b' }])
   assert.equal(await single, 'from getOrLoad')
@@ -232,7 +241,10 @@ async function overlapping(cache, { prefix, ms = 40 }) {
     const t0 = Date.now()
     return cache.getOrLoadMany(keys, loadMany).then((values) => {
       waits.push(Date.now() - t0)
-      assert.deepEqual(values, keys.map((k) => `v:${k}`))
+      assert.deepEqual(
+        values,
+        keys.map((k) => `v:${k}`),
+      )
     })
   })
   await Promise.all(batches)
@@ -244,7 +256,10 @@ test('10 concurrent overlapping batches over 1,000 ids: every id loaded exactly 
   const { loadedTimes, durations, waits, all } = await overlapping(cache, { prefix: 'ov' })
   const touched = all.filter((k) => loadedTimes.has(k))
   assert.ok(touched.length > 900, 'the windows cover the ids')
-  assert.ok([...loadedTimes.values()].every((n) => n === 1), 'no id was loaded twice')
+  assert.ok(
+    [...loadedTimes.values()].every((n) => n === 1),
+    'no id was loaded twice',
+  )
   assert.ok(durations.length <= 10, 'at most one loadMany call per batch')
   const slowest = Math.max(...durations)
   // A batch waits for its own loadMany and the overlapping ones it joined, which all started at once.
@@ -264,16 +279,30 @@ test('stale keys are served at once and refreshed in one background loadMany cal
     round++
     return ks.map((k) => `${k}@${round}`)
   }
-  assert.deepEqual(await cache.getOrLoadMany(keys, loadMany), keys.map((k) => `${k}@1`))
+  assert.deepEqual(
+    await cache.getOrLoadMany(keys, loadMany),
+    keys.map((k) => `${k}@1`),
+  )
   await sleep(60)
   // One more key, cold, in the same call: loaded with the cold call, not with the refresh.
   const out = await cache.getOrLoadMany([...keys, 'fresh-one'], loadMany)
-  assert.deepEqual(out.slice(0, 5), keys.map((k) => `${k}@1`), 'stale values served at once')
+  assert.deepEqual(
+    out.slice(0, 5),
+    keys.map((k) => `${k}@1`),
+    'stale values served at once',
+  )
   assert.equal(handed.length, 1, 'one background promise, handed to waitUntil before the call resolved')
   await cache.settle()
-  assert.deepEqual(calls.map((c) => c.keys), [keys, ['fresh-one'], keys], 'the stale keys refreshed in one call')
+  assert.deepEqual(
+    calls.map((c) => c.keys),
+    [keys, ['fresh-one'], keys],
+    'the stale keys refreshed in one call',
+  )
   assert.equal(calls[2].ctx.signal.aborted, false)
-  assert.deepEqual(await cache.getOrLoadMany(keys, loadMany), keys.map((k) => `${k}@3`))
+  assert.deepEqual(
+    await cache.getOrLoadMany(keys, loadMany),
+    keys.map((k) => `${k}@3`),
+  )
   const s = cache.stats()
   assert.equal(s.staleHits, 5)
   assert.equal(s.loads, 3)
@@ -296,7 +325,10 @@ test('a failed background refresh keeps serving the stale values (stale-if-error
   assert.deepEqual(await cache.getOrLoadMany(keys, failing), ['e1:v1', 'e2:v1'])
   await cache.settle()
   assert.equal(refreshCalls, 1)
-  assert.deepEqual(errors.map((e) => [e.op, e.key]), [['refresh', 'e1']])
+  assert.deepEqual(
+    errors.map((e) => [e.op, e.key]),
+    [['refresh', 'e1']],
+  )
   assert.deepEqual(await cache.getOrLoadMany(keys, failing), ['e1:v1', 'e2:v2'], 'e1 stays stale; e2 refreshed')
   await cache.settle()
   assert.equal(refreshCalls, 1, 'e1 is in errorBackoff; e2 is fresh: nothing refreshed')
@@ -385,7 +417,9 @@ test('a caller signal rejects that call with AbortError; the load goes on and fi
 
 // ---- with Redis -------------------------------------------------------------------------------
 
-test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false) reads them all in one pipelined round, loading none', { timeout: TEST_TIMEOUT }, async (t) => {
+test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false) reads them all in one pipelined round, loading none', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const { redis, base } = await setupRedis(t, { prefix: 'batch' })
   const a = new StampedeCache(base)
   t.after(() => a.close())
@@ -401,7 +435,10 @@ test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false
     ['get', 'mget', 'evalsha', 'eval', 'hget'],
   )
   assert.equal(calls.length, 1)
-  assert.deepEqual(values, keys.map((k) => ({ k })))
+  assert.deepEqual(
+    values,
+    keys.map((k) => ({ k })),
+  )
   // One GET per key (one pipeline), one lock bid per key (one pipeline), one fenced write-back per
   // key, and one read of the namespace clock for the whole batch.
   assert.deepEqual(cold, { get: 1_000, mget: 0, evalsha: 2_000, eval: 0, hget: 1 })
@@ -433,13 +470,18 @@ test('Redis: overlapping batches in one process, and a getOrLoad joined across',
   const cache = new StampedeCache({ ...base, lockTtl: 10_000 })
   t.after(() => cache.close())
   const { loadedTimes, durations, waits } = await overlapping(cache, { prefix: 'rov' })
-  assert.ok([...loadedTimes.values()].every((n) => n === 1), 'no id was loaded twice')
+  assert.ok(
+    [...loadedTimes.values()].every((n) => n === 1),
+    'no id was loaded twice',
+  )
   const slowest = Math.max(...durations)
   for (const w of waits) assert.ok(w < slowest + 2_000, `a batch waited ${w} ms (slowest loadMany ${slowest} ms, lockTtl 10 s)`)
   await assertNoLeaks(cache)
 })
 
-test('Redis: 4 processes at once on the same 1,000 ids: each id loaded once across them, at most one loadMany call per process', { timeout: TEST_TIMEOUT }, async (t) => {
+test('Redis: 4 processes at once on the same 1,000 ids: each id loaded once across them, at most one loadMany call per process', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const { ws, stored } = await setupRedis(t, { workers: 4, prefix: 'batch', options: { lockTtl: 10_000 } })
   const body = `
     // Each process asks in its own order, so their lock bids interleave in Redis.
@@ -489,13 +531,19 @@ test('Redis: stale keys refreshed in one background loadMany call; only one proc
   }
   await a.getOrLoadMany(keys, loadMany)
   await sleep(80)
-  assert.deepEqual(await a.getOrLoadMany(keys, loadMany), keys.map((k) => `${k}@1`))
+  assert.deepEqual(
+    await a.getOrLoadMany(keys, loadMany),
+    keys.map((k) => `${k}@1`),
+  )
   await a.settle()
   assert.deepEqual(calls, [keys, keys])
   // A fresh instance finds the refreshed values in Redis.
   const b = new StampedeCache({ ...base, ttl: 50, hardTtl: 60_000, beta: 0 })
   t.after(() => b.close())
-  assert.deepEqual(await b.getMany(keys), keys.map((k) => `${k}@2`))
+  assert.deepEqual(
+    await b.getMany(keys),
+    keys.map((k) => `${k}@2`),
+  )
   await assertNoLeaks(a)
 })
 
@@ -512,7 +560,10 @@ test('Redis Cluster: a batch over every master (one pipeline per slot) loads onc
   const { calls, loadMany } = recorder()
   const values = await a.getOrLoadMany(keys, loadMany)
   assert.equal(calls.length, 1)
-  assert.deepEqual(values, keys.map((k) => ({ k })))
+  assert.deepEqual(
+    values,
+    keys.map((k) => ({ k })),
+  )
   assert.equal(a.stats().redisErrors, 0, 'no pipeline crossed a slot')
   const b = new StampedeCache({ ...options, l1: false })
   t.after(() => b.close())

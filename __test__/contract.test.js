@@ -11,17 +11,7 @@ const path = require('node:path')
 const { spawnSync } = require('node:child_process')
 const { getEventListeners } = require('node:events')
 const { StampedeCache, StampedeCacheError } = require('..')
-const {
-  sleep,
-  tick,
-  deferred,
-  settledWithin,
-  within,
-  rejectsWithCode,
-  throwsWithCode,
-  assertNoLeaks,
-  assertNothingInFlight,
-} = require('./fixtures/helpers')
+const { sleep, tick, deferred, settledWithin, within, rejectsWithCode, throwsWithCode, assertNoLeaks, assertNothingInFlight } = require('./fixtures/helpers')
 const { eventually } = require('./helpers/eventually')
 
 const STATS_KEYS = [
@@ -348,10 +338,12 @@ describe('2. a stale entry is served at once and refreshed once in the backgroun
       await cache.getOrLoad('k', () => 1)
       await sleep(150)
       let inThen
-      const p = cache.getOrLoad('k', () => 2, { waitUntil: (x) => fromCall.push(x) }).then((v) => {
-        inThen = fromCall.length
-        return v
-      })
+      const p = cache
+        .getOrLoad('k', () => 2, { waitUntil: (x) => fromCall.push(x) })
+        .then((v) => {
+          inThen = fromCall.length
+          return v
+        })
       assert.equal(fromCall.length, 1)
       assert.equal(await p, 1)
       assert.equal(inThen, 1)
@@ -553,11 +545,15 @@ describe('4. null/undefined results are cached for negativeTtl and returned as i
       assert.equal(await cache.inspect('k'), undefined)
       assert.equal(cache.stats().negativeHits, 0)
       // Concurrent callers still share the one load.
-      const vs = await Promise.all(Array.from({ length: 20 }, () => cache.getOrLoad('k2', async () => {
-        calls++
-        await sleep(10)
-        return undefined
-      })))
+      const vs = await Promise.all(
+        Array.from({ length: 20 }, () =>
+          cache.getOrLoad('k2', async () => {
+            calls++
+            await sleep(10)
+            return undefined
+          }),
+        ),
+      )
       assert.ok(vs.every((v) => v === undefined))
       assert.equal(calls, 4)
       await assertNoLeaks(cache, 0)
@@ -619,15 +615,24 @@ describe('5. loader errors: shared by waiters, never cached; failed refreshes ba
       assert.equal(await cache.getOrLoad('async', async () => 'a'), 'a')
       assert.equal(await cache.getOrLoad('thenable', () => ({ then: (res) => setTimeout(() => res('t'), 5) })), 't')
       const syncErr = new Error('sync throw')
-      await assert.rejects(cache.getOrLoad('throws', () => {
-        throw syncErr
-      }), (e) => e === syncErr)
+      await assert.rejects(
+        cache.getOrLoad('throws', () => {
+          throw syncErr
+        }),
+        (e) => e === syncErr,
+      )
       const asyncErr = new Error('rejected')
-      await assert.rejects(cache.getOrLoad('rejects', async () => {
-        throw asyncErr
-      }), (e) => e === asyncErr)
+      await assert.rejects(
+        cache.getOrLoad('rejects', async () => {
+          throw asyncErr
+        }),
+        (e) => e === asyncErr,
+      )
       const thenErr = new Error('thenable rejected')
-      await assert.rejects(cache.getOrLoad('bad-thenable', () => ({ then: (_res, rej) => rej(thenErr) })), (e) => e === thenErr)
+      await assert.rejects(
+        cache.getOrLoad('bad-thenable', () => ({ then: (_res, rej) => rej(thenErr) })),
+        (e) => e === thenErr,
+      )
       for (const k of ['plain', 'async', 'thenable']) assert.equal((await cache.inspect(k)).state, 'fresh')
       for (const k of ['throws', 'rejects', 'bad-thenable']) assert.equal(await cache.inspect(k), undefined)
       await assertNoLeaks(cache, 3)
@@ -751,10 +756,18 @@ describe('5. loader errors: shared by waiters, never cached; failed refreshes ba
     try {
       await cache.getOrLoad('k', () => 'v1')
       const boom = new Error('nope')
-      const rs = await Promise.allSettled(Array.from({ length: 5 }, () => cache.getOrLoad('k', async () => {
-        await sleep(10)
-        throw boom
-      }, { forceRefresh: true })))
+      const rs = await Promise.allSettled(
+        Array.from({ length: 5 }, () =>
+          cache.getOrLoad(
+            'k',
+            async () => {
+              await sleep(10)
+              throw boom
+            },
+            { forceRefresh: true },
+          ),
+        ),
+      )
       assert.ok(rs.every((r) => r.status === 'rejected' && r.reason === boom))
       assert.equal(await cache.get('k'), 'v1')
       assert.equal(await cache.getOrLoad('k', () => assert.fail('still fresh')), 'v1')
@@ -787,17 +800,20 @@ describe('6. values are JSON data', () => {
   const sparse = [1, , 3]
   const VALUES = [
     ['Date at the top', new Date(86_400_000)],
-    ['object with Date, undefined, NaN, -Infinity, -0, toJSON, function, symbol', {
-      d: new Date(0),
-      u: undefined,
-      n: NaN,
-      inf: -Infinity,
-      nz: -0,
-      t: { toJSON: () => 'T' },
-      f() {},
-      s: Symbol('s'),
-      nested: { arr: [1, undefined, () => 1, Symbol('x'), NaN, new Date(1000)] },
-    }],
+    [
+      'object with Date, undefined, NaN, -Infinity, -0, toJSON, function, symbol',
+      {
+        d: new Date(0),
+        u: undefined,
+        n: NaN,
+        inf: -Infinity,
+        nz: -0,
+        t: { toJSON: () => 'T' },
+        f() {},
+        s: Symbol('s'),
+        nested: { arr: [1, undefined, () => 1, Symbol('x'), NaN, new Date(1000)] },
+      },
+    ],
     ['class instance (becomes a plain object)', new Point()],
     ['Map and Set (become {})', { m: new Map([[1, 2]]), st: new Set([1]) }],
     ['Buffer (its toJSON)', Buffer.from('hi')],
@@ -885,7 +901,10 @@ describe('6. values are JSON data', () => {
         const err = rs[0].reason
         assert.ok(err instanceof StampedeCacheError, `got ${err}`)
         assert.equal(err.code, 'ERR_VALUE_NOT_SERIALIZABLE')
-        assert.ok(rs.every((r) => r.status === 'rejected' && r.reason === err), 'same error for every waiter')
+        assert.ok(
+          rs.every((r) => r.status === 'rejected' && r.reason === err),
+          'same error for every waiter',
+        )
         assert.equal(await cache.inspect('k'), undefined)
         assert.equal(await cache.get('k'), undefined)
         await assertNoLeaks(cache, 0)
@@ -940,10 +959,13 @@ describe('7. keys', () => {
       ]
       const seen = new Set()
       for (const [i, key] of keys.entries()) {
-        assert.equal(await cache.getOrLoad(key, (ctx) => {
-          seen.add(ctx.key)
-          return i
-        }), i)
+        assert.equal(
+          await cache.getOrLoad(key, (ctx) => {
+            seen.add(ctx.key)
+            return i
+          }),
+          i,
+        )
       }
       assert.equal(seen.size, keys.length, 'each key encodes to its own string')
       for (const [i, key] of keys.entries()) {
@@ -960,10 +982,13 @@ describe('7. keys', () => {
     const cache = new StampedeCache()
     try {
       let k1
-      assert.equal(await cache.getOrLoad(['user', 42], (ctx) => {
-        k1 = ctx.key
-        return 'u42'
-      }), 'u42')
+      assert.equal(
+        await cache.getOrLoad(['user', 42], (ctx) => {
+          k1 = ctx.key
+          return 'u42'
+        }),
+        'u42',
+      )
       assert.equal(typeof k1, 'string')
       assert.equal(k1, 'user:42')
       assert.equal(await cache.get(['user', 42]), 'u42')
@@ -1130,10 +1155,24 @@ describe("8. a caller's signal rejects that caller only; ctx.signal aborts on cl
       const joiner = cache.getOrLoad('k', loader, { signal: acJoiner.signal })
       await tick()
       ac.abort()
-      const err = await within(leader.then(() => assert.fail('must reject'), (e) => e), 2_000, 'aborted caller')
+      const err = await within(
+        leader.then(
+          () => assert.fail('must reject'),
+          (e) => e,
+        ),
+        2_000,
+        'aborted caller',
+      )
       assert.equal(err.name, 'AbortError')
       acJoiner.abort(new Error('custom reason'))
-      const err2 = await within(joiner.then(() => assert.fail('must reject'), (e) => e), 2_000, 'aborted joiner')
+      const err2 = await within(
+        joiner.then(
+          () => assert.fail('must reject'),
+          (e) => e,
+        ),
+        2_000,
+        'aborted joiner',
+      )
       assert.equal(err2.name, 'AbortError', 'a custom reason still gives an AbortError')
       assert.equal(ctxSignal.aborted, false, 'a caller aborting does not abort the shared load')
       assert.equal(await settledWithin(Promise.all(others), 20), 'pending', 'the others still wait for the load')
@@ -1153,11 +1192,15 @@ describe("8. a caller's signal rejects that caller only; ctx.signal aborts on cl
       let calls = 0
       const gate = deferred()
       const ac = new AbortController()
-      const p = cache.getOrLoad(['solo', 1], async () => {
-        calls++
-        await gate.promise
-        return 'late value'
-      }, { signal: ac.signal })
+      const p = cache.getOrLoad(
+        ['solo', 1],
+        async () => {
+          calls++
+          await gate.promise
+          return 'late value'
+        },
+        { signal: ac.signal },
+      )
       await tick()
       ac.abort()
       await assert.rejects(within(p, 2_000, 'aborted caller'), { name: 'AbortError' })
@@ -1194,10 +1237,14 @@ describe("8. a caller's signal rejects that caller only; ctx.signal aborts on cl
     const cache = new StampedeCache()
     try {
       const gate = deferred()
-      const p = cache.getOrLoad('k', async () => {
-        await gate.promise
-        return 1
-      }, { signal: AbortSignal.timeout(30) })
+      const p = cache.getOrLoad(
+        'k',
+        async () => {
+          await gate.promise
+          return 1
+        },
+        { signal: AbortSignal.timeout(30) },
+      )
       await assert.rejects(within(p, 3_000, 'timeout signal'), (e) => e.name === 'AbortError')
       gate.resolve()
       await sleep(20)
@@ -1213,14 +1260,26 @@ describe("8. a caller's signal rejects that caller only; ctx.signal aborts on cl
     try {
       const ac = new AbortController()
       for (let i = 0; i < 100; i++) {
-        await cache.getOrLoad(`k${i % 10}`, async () => {
-          await sleep(1)
-          return i
-        }, { signal: ac.signal })
+        await cache.getOrLoad(
+          `k${i % 10}`,
+          async () => {
+            await sleep(1)
+            return i
+          },
+          { signal: ac.signal },
+        )
       }
-      await Promise.allSettled(Array.from({ length: 20 }, (_, i) => cache.getOrLoad(['fail', i], async () => {
-        throw new Error('x')
-      }, { signal: ac.signal })))
+      await Promise.allSettled(
+        Array.from({ length: 20 }, (_, i) =>
+          cache.getOrLoad(
+            ['fail', i],
+            async () => {
+              throw new Error('x')
+            },
+            { signal: ac.signal },
+          ),
+        ),
+      )
       assert.equal(getEventListeners(ac.signal, 'abort').length, 0)
     } finally {
       await cache.close()
@@ -1238,7 +1297,10 @@ describe("8. a caller's signal rejects that caller only; ctx.signal aborts on cl
         ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason), { once: true })
       })
     })
-    const caught = p.then(() => 'resolved', (e) => e)
+    const caught = p.then(
+      () => 'resolved',
+      (e) => e,
+    )
     await within(started.promise, 2_000, 'loader start')
     await sleep(20)
     assert.equal(ctxSignal.aborted, false)
@@ -1370,7 +1432,7 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
     }
   })
 
-  test('set() during a running load wins over the load\'s result', async () => {
+  test("set() during a running load wins over the load's result", async () => {
     const cache = new StampedeCache({ jitter: 0 })
     try {
       const gate = deferred()
@@ -1401,10 +1463,13 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
       assert.equal(await cache.delete(['a', 'b']), true)
       assert.equal(await cache.delete('neg'), true)
       let calls = 0
-      assert.equal(await cache.getOrLoad('k', () => {
-        calls++
-        return 3
-      }), 3)
+      assert.equal(
+        await cache.getOrLoad('k', () => {
+          calls++
+          return 3
+        }),
+        3,
+      )
       assert.equal(calls, 1, 'after delete the next getOrLoad loads')
       await sleep(150)
       assert.equal((await cache.inspect('k')).state, 'stale')
@@ -1415,7 +1480,7 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
     }
   })
 
-  test('delete() during a running load: the load\'s (older) result is not cached', async () => {
+  test("delete() during a running load: the load's (older) result is not cached", async () => {
     const cache = new StampedeCache()
     try {
       await cache.set('k', 'v0')
@@ -1427,10 +1492,13 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
       await p
       assert.equal(await cache.get('k'), undefined)
       let calls = 0
-      assert.equal(await cache.getOrLoad('k', () => {
-        calls++
-        return 'v2'
-      }), 'v2')
+      assert.equal(
+        await cache.getOrLoad('k', () => {
+          calls++
+          return 'v2'
+        }),
+        'v2',
+      )
       assert.equal(calls, 1)
       await assertNoLeaks(cache, 1)
     } finally {
@@ -1544,14 +1612,20 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
       await sleep(150)
       const gateA = deferred()
       const gateB = deferred()
-      assert.equal(await cache.getOrLoad('a', async () => {
-        await gateA.promise
-        return 2
-      }), 1)
-      assert.equal(await cache.getOrLoad('b', async () => {
-        await gateB.promise
-        throw new Error('b fails')
-      }), 1)
+      assert.equal(
+        await cache.getOrLoad('a', async () => {
+          await gateA.promise
+          return 2
+        }),
+        1,
+      )
+      assert.equal(
+        await cache.getOrLoad('b', async () => {
+          await gateB.promise
+          throw new Error('b fails')
+        }),
+        1,
+      )
       let settled = false
       const s = cache.settle().then(() => {
         settled = true
@@ -1602,7 +1676,10 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
     assert.deepEqual(before.l1Entries, 2)
     assert.deepEqual(cache.stats(), { ...before, l1Entries: 0, l1Bytes: 0 }, 'stats() still answers, with the counts from before close')
     // close() and settle() again: never hang and never fail with anything but ERR_CLOSED.
-    for (const [label, call] of [['close again', () => cache.close()], ['settle', () => cache.settle()]]) {
+    for (const [label, call] of [
+      ['close again', () => cache.close()],
+      ['settle', () => cache.settle()],
+    ]) {
       try {
         await within(call(), 2_000, label)
       } catch (err) {
@@ -1619,11 +1696,14 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
     await sleep(150)
     let ctxSignal
     const gate = deferred()
-    assert.equal(await cache.getOrLoad('k', async (ctx) => {
-      ctxSignal = ctx.signal
-      await gate.promise
-      return 2
-    }), 1)
+    assert.equal(
+      await cache.getOrLoad('k', async (ctx) => {
+        ctxSignal = ctx.signal
+        await gate.promise
+        return 2
+      }),
+      1,
+    )
     const s = cache.settle()
     await cache.close()
     assert.equal(ctxSignal.aborted, true, 'the refresh loader is told to stop')

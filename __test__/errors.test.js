@@ -7,16 +7,7 @@
 const { describe, test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { StampedeCache, StampedeCacheError } = require('..')
-const {
-  sleep,
-  tick,
-  deferred,
-  within,
-  rejectsWithCode,
-  throwsWithCode,
-  assertNoLeaks,
-  assertNothingInFlight,
-} = require('./fixtures/helpers')
+const { sleep, tick, deferred, within, rejectsWithCode, throwsWithCode, assertNoLeaks, assertNothingInFlight } = require('./fixtures/helpers')
 
 const unhandled = []
 const onUnhandled = (reason) => unhandled.push(reason)
@@ -137,7 +128,12 @@ describe('ERR_INVALID_KEY', () => {
       const ps = []
       for (let i = 0; i < 300; i++) {
         const [, badKey] = BAD_KEYS[i % BAD_KEYS.length]
-        ps.push(cache.getOrLoad(i % 2 ? 'good' : badKey, loader).then((v) => ['ok', v], (e) => ['err', e]))
+        ps.push(
+          cache.getOrLoad(i % 2 ? 'good' : badKey, loader).then(
+            (v) => ['ok', v],
+            (e) => ['err', e],
+          ),
+        )
       }
       const rs = await within(Promise.all(ps), 5_000, 'mixed calls')
       for (const [i, [kind, x]] of rs.entries()) {
@@ -166,7 +162,12 @@ describe('ERR_INVALID_ARGUMENT', () => {
       for (const loader of notFunctions) {
         for (const key of ['cold', 'cached', 'stale', ['arr', 1]]) {
           await rejectsWithCode(() => cache.getOrLoad(key, loader), 'ERR_INVALID_ARGUMENT', undefined, `${String(key)} / ${typeof loader}`)
-          await rejectsWithCode(() => cache.getOrLoad(key, loader, { forceRefresh: true }), 'ERR_INVALID_ARGUMENT', undefined, `${String(key)} / ${typeof loader} / force`)
+          await rejectsWithCode(
+            () => cache.getOrLoad(key, loader, { forceRefresh: true }),
+            'ERR_INVALID_ARGUMENT',
+            undefined,
+            `${String(key)} / ${typeof loader} / force`,
+          )
         }
       }
       await rejectsWithCode(() => cache.getOrLoad('cold'), 'ERR_INVALID_ARGUMENT', undefined, 'no loader at all')
@@ -218,11 +219,14 @@ describe('ERR_INVALID_OPTION', () => {
 
   test('constructor: an options getter that throws surfaces as a synchronous throw, not a crash', () => {
     const boom = new Error('getter boom')
-    assert.throws(() => new StampedeCache({
-      get ttl() {
-        throw boom
-      },
-    }))
+    assert.throws(
+      () =>
+        new StampedeCache({
+          get ttl() {
+            throw boom
+          },
+        }),
+    )
     // The module still works afterwards.
     const c = new StampedeCache({ ttl: 5 })
     return c.close()
@@ -337,7 +341,12 @@ describe('ERR_INVALID_OPTION', () => {
       const ps = []
       for (let i = 0; i < 200; i++) {
         const opts = i % 4 === 1 ? { ttl: -1 } : i % 4 === 2 ? { signal: AbortSignal.abort() } : undefined
-        ps.push(cache.getOrLoad('k', loader, opts).then((v) => ['ok', v], (e) => ['err', e.name === 'AbortError' ? e.name : e.code]))
+        ps.push(
+          cache.getOrLoad('k', loader, opts).then(
+            (v) => ['ok', v],
+            (e) => ['err', e.name === 'AbortError' ? e.name : e.code],
+          ),
+        )
       }
       await tick()
       gate.resolve()
@@ -374,12 +383,19 @@ describe('ERR_VALUE_NOT_SERIALIZABLE', () => {
       await cache.set('existing', 'old')
       for (const [label, value] of BAD_VALUES) {
         let calls = 0
-        const rs = await Promise.allSettled(Array.from({ length: 10 }, () => cache.getOrLoad(['bad', label], () => {
-          calls++
-          return value
-        })))
+        const rs = await Promise.allSettled(
+          Array.from({ length: 10 }, () =>
+            cache.getOrLoad(['bad', label], () => {
+              calls++
+              return value
+            }),
+          ),
+        )
         assert.equal(calls, 1, label)
-        assert.ok(rs.every((r) => r.status === 'rejected' && r.reason === rs[0].reason), `${label}: one shared error`)
+        assert.ok(
+          rs.every((r) => r.status === 'rejected' && r.reason === rs[0].reason),
+          `${label}: one shared error`,
+        )
         assert.ok(rs[0].reason instanceof StampedeCacheError, label)
         assert.equal(rs[0].reason.code, 'ERR_VALUE_NOT_SERIALIZABLE', label)
         assert.equal(await cache.inspect(['bad', label]), undefined, label)
@@ -399,9 +415,11 @@ describe('ERR_VALUE_NOT_SERIALIZABLE', () => {
     const cache = new StampedeCache()
     try {
       const bads = [
-        { toJSON() {
-          throw new Error('toJSON boom')
-        } },
+        {
+          toJSON() {
+            throw new Error('toJSON boom')
+          },
+        },
         Object.defineProperty({}, 'x', {
           enumerable: true,
           get() {
@@ -428,10 +446,17 @@ describe('ERR_CLOSED', () => {
   test('close() while 100 callers wait on a load that ignores ctx.signal: nobody hangs, later calls reject', async () => {
     const cache = new StampedeCache()
     const gate = deferred()
-    const ps = Array.from({ length: 100 }, (_, i) => cache.getOrLoad(i % 2 ? 'k' : ['k', 2], async () => {
-      await gate.promise
-      return 'late'
-    }).then((v) => ['ok', v], (e) => ['err', e]))
+    const ps = Array.from({ length: 100 }, (_, i) =>
+      cache
+        .getOrLoad(i % 2 ? 'k' : ['k', 2], async () => {
+          await gate.promise
+          return 'late'
+        })
+        .then(
+          (v) => ['ok', v],
+          (e) => ['err', e],
+        ),
+    )
     await tick()
     await cache.close()
     await rejectsWithCode(() => cache.getOrLoad('k', () => 1), 'ERR_CLOSED', undefined, 'getOrLoad after close')
@@ -473,10 +498,18 @@ describe('ERR_CLOSED', () => {
 
   test('a loader that closes its own cache: no crash, no hang, callers settle', async () => {
     const cache = new StampedeCache()
-    const rs = await within(Promise.allSettled(Array.from({ length: 10 }, () => cache.getOrLoad('k', async () => {
-      await cache.close()
-      return 'v'
-    }))), 5_000, 'self-closing loader')
+    const rs = await within(
+      Promise.allSettled(
+        Array.from({ length: 10 }, () =>
+          cache.getOrLoad('k', async () => {
+            await cache.close()
+            return 'v'
+          }),
+        ),
+      ),
+      5_000,
+      'self-closing loader',
+    )
     assert.equal(rs.length, 10)
     await rejectsWithCode(() => cache.get('k'), 'ERR_CLOSED', undefined, 'after self-close')
     await tick()
@@ -500,23 +533,39 @@ describe('loader failures never poison the cache', () => {
       const cache = new StampedeCache()
       try {
         let calls = 0
-        const rs = await Promise.allSettled(Array.from({ length: 30 }, (_, i) => cache.getOrLoad('k', async () => {
-          calls++
-          await sleep(5)
-          throw thrown
-        }, i % 5 === 0 ? { signal: new AbortController().signal } : undefined)))
+        const rs = await Promise.allSettled(
+          Array.from({ length: 30 }, (_, i) =>
+            cache.getOrLoad(
+              'k',
+              async () => {
+                calls++
+                await sleep(5)
+                throw thrown
+              },
+              i % 5 === 0 ? { signal: new AbortController().signal } : undefined,
+            ),
+          ),
+        )
         assert.equal(calls, 1)
         for (const r of rs) {
           assert.equal(r.status, 'rejected')
           assert.ok(Object.is(r.reason, thrown), `expected the thrown ${label}`)
         }
         // Synchronous throw too.
-        await assert.rejects(cache.getOrLoad('sync', () => {
-          throw thrown
-        }).then(() => 'resolved', (e) => {
-          assert.ok(Object.is(e, thrown))
-          throw new Error('ok')
-        }), /ok/)
+        await assert.rejects(
+          cache
+            .getOrLoad('sync', () => {
+              throw thrown
+            })
+            .then(
+              () => 'resolved',
+              (e) => {
+                assert.ok(Object.is(e, thrown))
+                throw new Error('ok')
+              },
+            ),
+          /ok/,
+        )
         assert.equal(await cache.inspect('k'), undefined)
         assert.equal(await cache.inspect('sync'), undefined)
         await assertNoLeaks(cache, 0)
@@ -536,13 +585,19 @@ describe('loader failures never poison the cache', () => {
       await cache.getOrLoad('k', () => 'v1')
       await sleep(120)
       for (const thrown of ['str', undefined, null, 7]) {
-        assert.equal(await cache.getOrLoad('k', () => {
-          throw thrown
-        }), 'v1')
+        assert.equal(
+          await cache.getOrLoad('k', () => {
+            throw thrown
+          }),
+          'v1',
+        )
         await within(cache.settle(), 5_000, 'settle')
       }
       assert.equal(reported.length, 4)
-      assert.deepEqual(reported.map(([e]) => e), ['str', undefined, null, 7])
+      assert.deepEqual(
+        reported.map(([e]) => e),
+        ['str', undefined, null, 7],
+      )
       assert.ok(reported.every(([, info]) => info.op === 'refresh' && info.key === 'k'))
       assert.equal(cache.stats().refreshErrors, 4)
       assert.equal(await cache.get('k'), 'v1')
@@ -557,7 +612,14 @@ describe('loader failures never poison the cache', () => {
     try {
       const stuck = cache.getOrLoad('stuck', () => new Promise(() => {}))
       stuck.catch(() => {})
-      assert.equal(await within(cache.getOrLoad('other', () => 'fine'), 2_000, 'other key'), 'fine')
+      assert.equal(
+        await within(
+          cache.getOrLoad('other', () => 'fine'),
+          2_000,
+          'other key',
+        ),
+        'fine',
+      )
       // A caller of the stuck key can still leave with its own signal.
       const ac = new AbortController()
       const p = cache.getOrLoad('stuck', () => 'unused', { signal: ac.signal })
@@ -573,10 +635,16 @@ describe('loader failures never poison the cache', () => {
     try {
       const gate = deferred()
       const acs = Array.from({ length: 20 }, () => new AbortController())
-      const ps = acs.map((ac) => cache.getOrLoad('k', async () => {
-        await gate.promise
-        throw new Error('fails after everyone left')
-      }, { signal: ac.signal }))
+      const ps = acs.map((ac) =>
+        cache.getOrLoad(
+          'k',
+          async () => {
+            await gate.promise
+            throw new Error('fails after everyone left')
+          },
+          { signal: ac.signal },
+        ),
+      )
       await tick()
       for (const ac of acs) ac.abort()
       for (const p of ps) await assert.rejects(p, { name: 'AbortError' })
@@ -607,9 +675,12 @@ describe('hostile callbacks', () => {
     try {
       await cache.getOrLoad('k', () => 'v1')
       await sleep(120)
-      assert.equal(await cache.getOrLoad('k', () => {
-        throw new Error('refresh fails')
-      }), 'v1')
+      assert.equal(
+        await cache.getOrLoad('k', () => {
+          throw new Error('refresh fails')
+        }),
+        'v1',
+      )
       await within(cache.settle(), 5_000, 'settle')
       assert.equal(called, 1)
       assert.equal(await cache.getOrLoad('k', () => 'v2'), 'v1')
@@ -648,11 +719,14 @@ describe('hostile callbacks', () => {
       assert.equal(typeof reported[0][1].op, 'string')
       // Per-call hooks too.
       await sleep(120)
-      assert.equal(await cache.getOrLoad('k', () => 'v3', {
-        waitUntil: () => {
-          throw new Error('per-call throws')
-        },
-      }), 'v2')
+      assert.equal(
+        await cache.getOrLoad('k', () => 'v3', {
+          waitUntil: () => {
+            throw new Error('per-call throws')
+          },
+        }),
+        'v2',
+      )
       await within(cache.settle(), 5_000, 'settle')
       assert.equal(await cache.get('k'), 'v3')
       await assertNoLeaks(cache, 1)
@@ -664,13 +738,17 @@ describe('hostile callbacks', () => {
   test('loaders may use the cache re-entrantly (other keys, get/set/delete of their own key)', async () => {
     const cache = new StampedeCache()
     try {
-      const v = await within(cache.getOrLoad('outer', async (ctx) => {
-        const inner = await cache.getOrLoad('inner', () => 'i')
-        assert.equal(await cache.get(ctx.key), undefined)
-        assert.equal(await cache.inspect(ctx.key), undefined)
-        await cache.set('side', 's')
-        return `${inner}+o`
-      }), 5_000, 're-entrant loader')
+      const v = await within(
+        cache.getOrLoad('outer', async (ctx) => {
+          const inner = await cache.getOrLoad('inner', () => 'i')
+          assert.equal(await cache.get(ctx.key), undefined)
+          assert.equal(await cache.inspect(ctx.key), undefined)
+          await cache.set('side', 's')
+          return `${inner}+o`
+        }),
+        5_000,
+        're-entrant loader',
+      )
       assert.equal(v, 'i+o')
       assert.equal(await cache.get('inner'), 'i')
       assert.equal(await cache.get('side'), 's')
@@ -707,7 +785,15 @@ describe('chaos: random concurrent operations never cross keys, leak or wedge', 
       l1: { maxEntries: 5 },
       onError: (e, info) => reported.push({ ...info, message: String(e && e.message) }),
     })
-    const KEYS = [['a', 'a'], ['b', 'b'], [['c', 1], 'c:1'], ['d:x', 'd:x'], [['d', 'x'], 'd:x'], ['e', 'e'], [['f', 'g:h'], 'f:g\\:h']]
+    const KEYS = [
+      ['a', 'a'],
+      ['b', 'b'],
+      [['c', 1], 'c:1'],
+      ['d:x', 'd:x'],
+      [['d', 'x'], 'd:x'],
+      ['e', 'e'],
+      [['f', 'g:h'], 'f:g\\:h'],
+    ]
     // ['d', 'x'] and 'd:x' are the same entry by design (the encoded array key is the string key).
     let n = 0
     const check = (enc, v, what) => {
@@ -732,10 +818,15 @@ describe('chaos: random concurrent operations never cross keys, leak or wedge', 
               return { key: enc, id }
             }
             const opts = rand() < 0.3 ? { forceRefresh: rand() < 0.3, signal: rand() < 0.3 ? AbortSignal.timeout(1) : undefined } : undefined
-            ps.push(cache.getOrLoad(key, loader, opts).then((v) => check(enc, v, 'getOrLoad'), (e) => {
-              if (e && e.name === 'AbortError') return
-              assert.match(String(e && e.message), /^fail \d+$/)
-            }))
+            ps.push(
+              cache.getOrLoad(key, loader, opts).then(
+                (v) => check(enc, v, 'getOrLoad'),
+                (e) => {
+                  if (e && e.name === 'AbortError') return
+                  assert.match(String(e && e.message), /^fail \d+$/)
+                },
+              ),
+            )
           } else if (r < 0.7) {
             ps.push(cache.set(key, { key: enc, id }, rand() < 0.5 ? { ttl: 10 } : undefined))
           } else if (r < 0.8) {
@@ -743,9 +834,11 @@ describe('chaos: random concurrent operations never cross keys, leak or wedge', 
           } else if (r < 0.95) {
             ps.push(cache.get(key).then((v) => check(enc, v, 'get')))
           } else {
-            ps.push(cache.inspect(key).then((info) => {
-              if (info !== undefined) assert.ok(['fresh', 'stale', 'negative'].includes(info.state))
-            }))
+            ps.push(
+              cache.inspect(key).then((info) => {
+                if (info !== undefined) assert.ok(['fresh', 'stale', 'negative'].includes(info.state))
+              }),
+            )
           }
         }
         await within(Promise.all(ps), 10_000, `round ${round}`)
@@ -762,7 +855,10 @@ describe('chaos: random concurrent operations never cross keys, leak or wedge', 
       // The only errors a refresh may report are the loaders' own planned failures.
       for (const i of reported) {
         assert.equal(i.op, 'refresh', JSON.stringify(i))
-        assert.ok(KEYS.some(([, e]) => e === i.key), JSON.stringify(i))
+        assert.ok(
+          KEYS.some(([, e]) => e === i.key),
+          JSON.stringify(i),
+        )
         assert.match(i.message, /^fail \d+$/, JSON.stringify(i))
       }
       await assertHealthy(cache, 'chaos')

@@ -41,7 +41,7 @@ test('plain node:http example: 200 concurrent requests to a cold feed make one q
   assert.equal((await get(port, '/nope')).status, 404)
 })
 
-test('graphql example: a list of users is one loadMany call for the misses; a failed user is that item\'s field error', async (t) => {
+test("graphql example: a list of users is one loadMany call for the misses; a failed user is that item's field error", async (t) => {
   const { createUserDb, run: runQuery } = require('../examples/graphql/users.js')
   const cache = new StampedeCache({ ttl: 60_000 })
   t.after(() => cache.close())
@@ -66,7 +66,11 @@ test('graphql example: a list of users is one loadMany call for the misses; a fa
 
   // Nested lists: each team's members come from the cache too (the users above are hits).
   const nested = await run({ cache, db, source: '{ team(id: "3") { name members { id name } } }' })
-  assert.deepEqual(nested.data.team.members.map((m) => m && m.id), ['3', null, '23', '33', '43'], 'member 13 is the broken user')
+  assert.deepEqual(
+    nested.data.team.members.map((m) => m && m.id),
+    ['3', null, '23', '33', '43'],
+    'member 13 is the broken user',
+  )
   assert.deepEqual(nested.errors[0].path, ['team', 'members', 1])
   assert.deepEqual([db.queries, db.idsAsked], [4, 53], 'the team query, and one users query for the failed member alone')
 })

@@ -70,7 +70,10 @@ function syntheticHistory(edit) {
   edit?.(h)
   return h
 }
-const kinds = (h) => checkHistory(h).map((v) => v.kind).sort()
+const kinds = (h) =>
+  checkHistory(h)
+    .map((v) => v.kind)
+    .sort()
 
 test('history checker: a clean history passes; each kind of violation is reported, with the seed and the key history', () => {
   assert.deepEqual(kinds(syntheticHistory()), [])
@@ -79,8 +82,16 @@ test('history checker: a clean history passes; each kind of violation is reporte
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ outcome: 'hung', end: null })))), ['hung'])
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ outcome: 'err', code: 'ERR_REDIS', message: 'x' })))), ['read-rejected'])
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ op: 'get', outcome: 'err', code: 'ERR_REDIS', message: 'x' })))), ['read-rejected'])
-  assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ outcome: 'err', name: 'AbortError', message: 'x' })))), ['read-rejected'], 'AbortError only where the test aborted')
-  assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ outcome: 'err', code: 'ERR_LOAD_TIMEOUT', message: 'x' })))), ['read-rejected'], 'ERR_LOAD_TIMEOUT only where a slow loader ran')
+  assert.deepEqual(
+    kinds(syntheticHistory((h) => h.ops.push(read({ outcome: 'err', name: 'AbortError', message: 'x' })))),
+    ['read-rejected'],
+    'AbortError only where the test aborted',
+  )
+  assert.deepEqual(
+    kinds(syntheticHistory((h) => h.ops.push(read({ outcome: 'err', code: 'ERR_LOAD_TIMEOUT', message: 'x' })))),
+    ['read-rejected'],
+    'ERR_LOAD_TIMEOUT only where a slow loader ran',
+  )
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ v: 4 })))), ['bad-value'], 'a version the database did not have yet')
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ v: 'bad', bad: '"x"' })))), ['bad-value'])
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ v: 'undefined' })))), ['bad-value'], 'getOrLoad resolved with nothing')
@@ -108,14 +119,17 @@ test('history checker: a clean history passes; each kind of violation is reporte
     h.finals[0].v = 2
   })
   overTls.violations = checkHistory(overTls)
-  assert.match(formatViolations(overTls), /\[seed 0 tls\][^]*replay: npm run soak -- --seed 0 --tls/)
+  assert.match(formatViolations(overTls), /\[seed 0 tls\][\s\S]*replay: npm run soak -- --seed 0 --tls/)
   overTls.mode = 'mtls'
-  assert.match(formatViolations(overTls), /\[seed 0 mtls\][^]*replay: npm run soak -- --seed 0 --mtls/)
+  assert.match(formatViolations(overTls), /\[seed 0 mtls\][\s\S]*replay: npm run soak -- --seed 0 --mtls/)
 
   // w1's delete of v3 resolved at 120: a later read in w1 that returns v2 is an older value...
   const older = syntheticHistory((h) => h.ops.push(read({ proc: 'w1', v: 2 })))
   older.violations = checkHistory(older)
-  assert.deepEqual(older.violations.map((v) => v.kind), ['older-after-own-write'])
+  assert.deepEqual(
+    older.violations.map((v) => v.kind),
+    ['older-after-own-write'],
+  )
   const text = formatViolations(older)
   assert.match(text, /\[seed 0\] older-after-own-write/)
   assert.match(text, /replay: npm run soak -- --seed 0/)
@@ -127,26 +141,49 @@ test('history checker: a clean history passes; each kind of violation is reporte
   })
   assert.deepEqual(kinds(joined), [])
   // ...which a get() cannot have done; and in another process it is no violation of this kind.
-  assert.deepEqual(kinds(syntheticHistory((h) => {
-    h.ops.push(read({ proc: 'w1', op: 'get', v: 2 }))
-    h.loads.push({ proc: 'w1', key: 'k', op: 7, start: 90, readAt: 91, read: 2, end: 205, slow: false })
-  })), ['older-after-own-write'])
+  assert.deepEqual(
+    kinds(
+      syntheticHistory((h) => {
+        h.ops.push(read({ proc: 'w1', op: 'get', v: 2 }))
+        h.loads.push({ proc: 'w1', key: 'k', op: 7, start: 90, readAt: 91, read: 2, end: 205, slow: false })
+      }),
+    ),
+    ['older-after-own-write'],
+  )
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ proc: 'w2', v: 2 })))), [])
 
   // Visibility across processes: w1's delete of v3 resolved at 120; past the 500 ms bus bound, w2
   // may not read v2 (within it, or near a fault, it may).
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ proc: 'w2', v: 2, start: 700, end: 710 })))), ['stale-in-other-process'])
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ proc: 'w2', v: 2, start: 600, end: 610 })))), [])
-  assert.deepEqual(kinds(syntheticHistory((h) => {
-    h.ops.push(read({ proc: 'w2', v: 2, start: 700, end: 710 }))
-    h.faults.push({ kind: 'kill-pubsub', start: 300, end: 310 })
-  })), [])
+  assert.deepEqual(
+    kinds(
+      syntheticHistory((h) => {
+        h.ops.push(read({ proc: 'w2', v: 2, start: 700, end: 710 }))
+        h.faults.push({ kind: 'kill-pubsub', start: 300, end: 310 })
+      }),
+    ),
+    [],
+  )
   // Liveness: the database moves to v4 at 1000 without the cache being told; w0 (ttl 100) finds
   // its entry stale at 1500; 1.8 s later it may no longer serve v3.
   const silently = (h) => {
     h.config = [{ name: 'w0', ttl: 100 }]
     h.bumps.push({ t: 1_000, key: 'k', version: 4, by: 'w1' })
-    h.ops.push({ i: 5, proc: 'w1', client: 0, op: 'silent', key: 'k', start: 999, end: 1_001, outcome: 'ok', version: 4, slotAt: 1_000, resolvedAt: 1_000, attempts: [] })
+    h.ops.push({
+      i: 5,
+      proc: 'w1',
+      client: 0,
+      op: 'silent',
+      key: 'k',
+      start: 999,
+      end: 1_001,
+      outcome: 'ok',
+      version: 4,
+      slotAt: 1_000,
+      resolvedAt: 1_000,
+      attempts: [],
+    })
     h.ops.push(read({ i: 10, proc: 'w0', v: 3, start: 1_500, end: 1_510 }))
     h.db.k = 4
     Object.assign(h.finals[0], { v: 4, start: 5_000, end: 5_010 })
@@ -155,14 +192,24 @@ test('history checker: a clean history passes; each kind of violation is reporte
     h.endedAt = 6_000
   }
   assert.deepEqual(kinds(syntheticHistory(silently)), [])
-  assert.deepEqual(kinds(syntheticHistory((h) => {
-    silently(h)
-    h.ops.push(read({ i: 11, proc: 'w0', v: 3, start: 3_400, end: 3_410 }))
-  })), ['not-refreshed'])
-  assert.deepEqual(kinds(syntheticHistory((h) => {
-    silently(h)
-    h.ops.push(read({ i: 11, proc: 'w0', v: 4, start: 3_400, end: 3_410 }))
-  })), [])
+  assert.deepEqual(
+    kinds(
+      syntheticHistory((h) => {
+        silently(h)
+        h.ops.push(read({ i: 11, proc: 'w0', v: 3, start: 3_400, end: 3_410 }))
+      }),
+    ),
+    ['not-refreshed'],
+  )
+  assert.deepEqual(
+    kinds(
+      syntheticHistory((h) => {
+        silently(h)
+        h.ops.push(read({ i: 11, proc: 'w0', v: 4, start: 3_400, end: 3_410 }))
+      }),
+    ),
+    [],
+  )
   // Load counts: one epoch (from w1's delete at 120 on, read at 130) and one worker allow 3 loads.
   const loaded = (n) => (h) => {
     h.config = [{ name: 'w0', ttl: 10_000 }]
@@ -173,20 +220,34 @@ test('history checker: a clean history passes; each kind of violation is reporte
   assert.deepEqual(kinds(syntheticHistory(loaded(4))), ['excess-loads'])
   // A negative entry only where a loader returned null; a planned loader failure may reject a read.
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ v: 'null' })))), ['bad-value'])
-  assert.deepEqual(kinds(syntheticHistory((h) => {
-    h.ops.push(read({ v: 'null' }))
-    h.loads.push({ proc: 'w2', key: 'k', op: 3, start: 150, readAt: 151, read: 3, end: 160, slow: false, outcome: 'null' })
-  })), [])
+  assert.deepEqual(
+    kinds(
+      syntheticHistory((h) => {
+        h.ops.push(read({ v: 'null' }))
+        h.loads.push({ proc: 'w2', key: 'k', op: 3, start: 150, readAt: 151, read: 3, end: 160, slow: false, outcome: 'null' })
+      }),
+    ),
+    [],
+  )
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ op: 'failing', outcome: 'err', message: 'planned loader failure (w0 op #9)' })))), [])
-  assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ op: 'get', outcome: 'err', message: 'planned loader failure (w0 op #9)' })))), ['read-rejected'], 'get never runs a loader')
+  assert.deepEqual(
+    kinds(syntheticHistory((h) => h.ops.push(read({ op: 'get', outcome: 'err', message: 'planned loader failure (w0 op #9)' })))),
+    ['read-rejected'],
+    'get never runs a loader',
+  )
 
   // The excuses: AbortError of an aborted call; ERR_LOAD_TIMEOUT meeting a slow loader of that key in that process.
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ op: 'abortable', outcome: 'err', name: 'AbortError' })))), [])
   assert.deepEqual(kinds(syntheticHistory((h) => h.ops.push(read({ op: 'slow', outcome: 'err', code: 'ERR_LOAD_TIMEOUT' })))), [])
-  assert.deepEqual(kinds(syntheticHistory((h) => {
-    h.ops.push(read({ outcome: 'err', code: 'ERR_LOAD_TIMEOUT' }))
-    h.loads.push({ proc: 'w0', key: 'k', op: 5, start: 150, readAt: 151, read: 3, end: null, slow: true })
-  })), [])
+  assert.deepEqual(
+    kinds(
+      syntheticHistory((h) => {
+        h.ops.push(read({ outcome: 'err', code: 'ERR_LOAD_TIMEOUT' }))
+        h.loads.push({ proc: 'w0', key: 'k', op: 5, start: 150, readAt: 151, read: 3, end: null, slow: true })
+      }),
+    ),
+    [],
+  )
 })
 
 // ---- the histories -----------------------------------------------------------------------------
@@ -204,16 +265,26 @@ function assertRanClean(h, seed) {
     assert.ok(writes.length >= 20, `seed ${seed}: only ${writes.length} writes ran`)
     assert.ok(h.loads.length >= 20, `seed ${seed}: only ${h.loads.length} loader calls ran`)
     assert.ok(h.faults.length >= 2, `seed ${seed}: only ${h.faults.length} faults were injected`)
-    assert.deepEqual(h.faults.filter((f) => f.error).map((f) => `${f.kind}: ${f.error}`), [], `seed ${seed}: a fault could not be injected`)
+    assert.deepEqual(
+      h.faults.filter((f) => f.error).map((f) => `${f.kind}: ${f.error}`),
+      [],
+      `seed ${seed}: a fault could not be injected`,
+    )
     assert.ok(h.redisBefore && h.redisAfter, `seed ${seed}: the final Redis state was not read`)
     const finalsPerWorker = countBy(h.finals, (f) => f.proc)
     assert.equal(h.finals.length, h.config.length * h.keys.length, `seed ${seed}: final reads per worker: ${JSON.stringify(finalsPerWorker)}`)
     // Every worker built its cache with the options drawn for it (loadTimeout included: a build
     // refusing one fails the worker, no fallback) and answered the report.
     assert.equal(h.reports.length, h.config.length, `seed ${seed}: reports from ${h.reports.map((r) => r.proc)}`)
-    assert.ok(h.config.every((c) => c.loadTimeout === h.cfg.loadTimeout), `seed ${seed}: loadTimeout in every worker`)
+    assert.ok(
+      h.config.every((c) => c.loadTimeout === h.cfg.loadTimeout),
+      `seed ${seed}: loadTimeout in every worker`,
+    )
     // The new checks had something to look at.
-    assert.ok(h.ops.some((o) => o.op === 'silent'), `seed ${seed}: no silent change ran (the liveness check saw nothing)`)
+    assert.ok(
+      h.ops.some((o) => o.op === 'silent'),
+      `seed ${seed}: no silent change ran (the liveness check saw nothing)`,
+    )
     assert.ok(h.warms.length === h.finals.length, `seed ${seed}: warm reads ${h.warms.length}, final reads ${h.finals.length}`)
 
     assert.equal(h.violations.length, 0, `\n${formatViolations(h)}\n`)
@@ -221,7 +292,9 @@ function assertRanClean(h, seed) {
 }
 
 for (const seed of SEEDS) {
-  test(`history, seed ${seed}: after faults, every instance and Redis hold the database's version; nothing hung, no read rejected`, { timeout: TEST_TIMEOUT }, async (t) => {
+  test(`history, seed ${seed}: after faults, every instance and Redis hold the database's version; nothing hung, no read rejected`, {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const h = await runHistory({ seed })
     t.diagnostic(summarize(h))
     assertRanClean(h, seed)
@@ -232,12 +305,20 @@ for (const seed of SEEDS) {
 // and never refreshed; only workers reading straight from Redis show it, and faults would excuse
 // most of the run). The liveness check and the warm + final reads must find every stale entry
 // refreshed.
-test('history, l1: false in every worker, no faults: stale entries are refreshed (liveness), one load per epoch, final state matches', { timeout: TEST_TIMEOUT }, async (t) => {
+test('history, l1: false in every worker, no faults: stale entries are refreshed (liveness), one load per epoch, final state matches', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const h = await runHistory({ seed: 2, l1: false, faults: false })
   t.diagnostic(summarize(h))
-  assert.ok(h.config.every((c) => c.l1 === false), `l1 in every worker: ${h.config.map((c) => c.l1)}`)
+  assert.ok(
+    h.config.every((c) => c.l1 === false),
+    `l1 in every worker: ${h.config.map((c) => c.l1)}`,
+  )
   assert.ok(h.ops.length >= 100, `only ${h.ops.length} operations ran`)
-  assert.ok(h.ops.some((o) => o.op === 'silent'), 'no silent change ran')
+  assert.ok(
+    h.ops.some((o) => o.op === 'silent'),
+    'no silent change ran',
+  )
   assert.equal(h.violations.length, 0, `\n${formatViolations(h)}\n`)
 })
 
@@ -246,7 +327,9 @@ test('history, l1: false in every worker, no faults: stale entries are refreshed
 const TLS_SEEDS = process.env.HISTORY_TLS_SEEDS ? process.env.HISTORY_TLS_SEEDS.split(',').map((s) => Number(s.trim())) : [1]
 
 for (const seed of TLS_SEEDS) {
-  test(`TLS history, seed ${seed}: the same faults against a TLS-only server; every instance and Redis hold the database's version, nothing hung`, { timeout: TEST_TIMEOUT }, async (t) => {
+  test(`TLS history, seed ${seed}: the same faults against a TLS-only server; every instance and Redis hold the database's version, nothing hung`, {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const h = await runHistory({ seed, tls: true })
     t.diagnostic(summarize(h))
     assert.equal(h.mode, 'tls')
@@ -273,7 +356,9 @@ describe('history against a Redis Cluster (3 masters, 3 replicas)', () => {
   after(() => cluster && cluster.dispose())
 
   for (const seed of CLUSTER_SEEDS) {
-    test(`cluster history, seed ${seed}: keys on every master, node faults and a master killed; every instance and Redis hold the database's version, nothing hung`, { timeout: TEST_TIMEOUT }, async (t) => {
+    test(`cluster history, seed ${seed}: keys on every master, node faults and a master killed; every instance and Redis hold the database's version, nothing hung`, {
+      timeout: TEST_TIMEOUT,
+    }, async (t) => {
       const h = await runHistory({ seed, cluster: await usableCluster() })
       t.diagnostic(summarize(h))
 
@@ -283,11 +368,19 @@ describe('history against a Redis Cluster (3 masters, 3 replicas)', () => {
       assert.ok(h.ops.length >= 100, `seed ${seed}: only ${h.ops.length} operations ran`)
       assert.ok(writes.length >= 20, `seed ${seed}: only ${writes.length} writes ran`)
       assert.ok(h.loads.length >= 20, `seed ${seed}: only ${h.loads.length} loader calls ran`)
-      assert.deepEqual(h.faults.filter((f) => f.error).map((f) => `${f.kind}: ${f.error}`), [], `seed ${seed}: a fault could not be injected`)
+      assert.deepEqual(
+        h.faults.filter((f) => f.error).map((f) => `${f.kind}: ${f.error}`),
+        [],
+        `seed ${seed}: a fault could not be injected`,
+      )
       assert.ok(h.faults.filter((f) => f.kind !== 'kill-master').length >= 2, `seed ${seed}: only ${h.faults.length} faults were injected`)
       const { before: layout, after: later } = h.cluster
       assert.equal(layout.masters.length, 3, `seed ${seed}: masters at the start: ${layout.masters}`)
-      assert.deepEqual([...new Set(Object.values(layout.owners))].sort(), [...layout.masters].sort(), `seed ${seed}: every master owns some of the keys: ${JSON.stringify(layout.owners)}`)
+      assert.deepEqual(
+        [...new Set(Object.values(layout.owners))].sort(),
+        [...layout.masters].sort(),
+        `seed ${seed}: every master owns some of the keys: ${JSON.stringify(layout.owners)}`,
+      )
       const kills = h.faults.filter((f) => f.kind === 'kill-master')
       assert.equal(kills.length, 1, `seed ${seed}: one master killed`)
       const [kill] = kills

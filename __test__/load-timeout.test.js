@@ -193,7 +193,12 @@ describe('loadTimeout validation', () => {
     try {
       let calls = 0
       for (const [v] of BAD) {
-        await rejectsWithCode(() => cache.getOrLoad('k', () => (calls++, 'x'), { loadTimeout: v }), 'ERR_INVALID_OPTION', 'loadTimeout', `per call ${String(v)}`)
+        await rejectsWithCode(
+          () => cache.getOrLoad('k', () => (calls++, 'x'), { loadTimeout: v }),
+          'ERR_INVALID_OPTION',
+          'loadTimeout',
+          `per call ${String(v)}`,
+        )
       }
       assert.equal(calls, 0)
       assert.equal(await cache.get('k'), undefined)

@@ -81,7 +81,16 @@ const STEPS = [
   ['POST', '/store/get', { key: '/items/1' }], // the interceptor's entry (the URL), through CACHE_MANAGER
   ['POST', '/store/set', { key: 'user:1', value: { name: 'Ada', roles: ['admin'] }, ttl: 60_000 }],
   ['POST', '/store/get', { key: 'user:1' }],
-  ['POST', '/store/mset', { list: [{ key: 'a', value: 1 }, { key: 'b', value: 'two', ttl: 30_000 }] }],
+  [
+    'POST',
+    '/store/mset',
+    {
+      list: [
+        { key: 'a', value: 1 },
+        { key: 'b', value: 'two', ttl: 30_000 },
+      ],
+    },
+  ],
   ['POST', '/store/mget', { keys: ['a', 'b', 'nope'] }],
   ['POST', '/store/del', { key: 'a' }],
   ['POST', '/store/mget', { keys: ['a', 'b'] }],
@@ -191,14 +200,20 @@ test('concurrent requests: a handler error is shared and not cached; a Streamabl
   for (const pkg of [ORIGINAL, OURS]) {
     const burst = await concurrentGets(t, pkg, { urlPath: '/items/missing', run: 'missing', n: 10 })
     const { app, counters, port } = burst
-    assert.ok(burst.responses.every((r) => r.status === 404 && JSON.parse(r.body).message === 'no such item'), pkg)
+    assert.ok(
+      burst.responses.every((r) => r.status === 404 && JSON.parse(r.body).message === 'no such item'),
+      pkg,
+    )
     const runsAfterBurst = burst.runs
     assert.equal((await request(port, 'GET', '/items/missing')).status, 404)
     assert.equal(counters.runs.missing, runsAfterBurst + 1, `${pkg}: the error was not cached`)
     const sets = []
     app.get(pkg === OURS ? ours.CACHE_MANAGER : original.CACHE_MANAGER).on('set', ({ key }) => sets.push(key))
     const files = await Promise.all(Array.from({ length: 5 }, () => request(port, 'GET', '/items/file')))
-    assert.ok(files.every((r) => r.status === 200 && r.body === 'file contents'), `${pkg}: every request got the whole file`)
+    assert.ok(
+      files.every((r) => r.status === 200 && r.body === 'file contents'),
+      `${pkg}: every request got the whole file`,
+    )
     assert.equal((await request(port, 'GET', '/items/file')).body, 'file contents')
     assert.equal(counters.runs.file, 6, `${pkg}: one stream per request`)
     assert.deepEqual(sets, [], `${pkg}: nothing was set`)
@@ -226,7 +241,10 @@ test('the interceptor with refreshThreshold: stale responses at once, the handle
   await until('the entry to need a refresh', async () => (await cache.inspect('/items/5')).state === 'stale')
   const release = counters.hold()
   const responses = await Promise.all(Array.from({ length: 20 }, () => request(port, 'GET', '/items/5')))
-  assert.ok(responses.every((r) => r.status === 200 && r.xCache === 'HIT' && JSON.parse(r.body).id === '5'), 'answered while the refresh is held')
+  assert.ok(
+    responses.every((r) => r.status === 200 && r.xCache === 'HIT' && JSON.parse(r.body).id === '5'),
+    'answered while the refresh is held',
+  )
   assert.equal(counters.runs['item:5'], 2, 'one background refresh')
   release()
   await cache.settle()
@@ -290,7 +308,10 @@ test('ttl is the whole life; refreshThreshold serves and refreshes once in the b
   await until('the entry to need a refresh', async () => (await cache.inspect('k')).state === 'stale')
   open = deferred()
   const served = await Promise.all(Array.from({ length: 30 }, () => cm.wrap('k', fn)))
-  assert.ok(served.every((v) => v.version === 1), 'the current value is served at once')
+  assert.ok(
+    served.every((v) => v.version === 1),
+    'the current value is served at once',
+  )
   assert.equal(version, 2, 'one background refresh')
   open.resolve()
   await cache.settle()
@@ -335,7 +356,10 @@ test("wrap's per-call ttl and refreshThreshold: numbers, an options object, func
   await cm.set('f', 1, 0)
   assert.equal(await cm.ttl('f'), undefined, 'ttl 0: no expiry, as in cache-manager')
   assert.equal(await cm.get('f'), 1)
-  await assert.rejects(cm.wrap('g', () => 1, -5), { code: 'ERR_INVALID_ARGUMENT' })
+  await assert.rejects(
+    cm.wrap('g', () => 1, -5),
+    { code: 'ERR_INVALID_ARGUMENT' },
+  )
   await assert.rejects(cm.wrap('g', 'not a function'), { code: 'ERR_INVALID_ARGUMENT' })
 })
 
@@ -354,7 +378,10 @@ test('without refreshThreshold an entry is never served after ttl: the next read
   assert.ok(info.hardUntil - info.freshUntil === 0 && info.hardUntil <= Date.now() + 150)
   await until('the entry to expire', async () => (await cm.get('k')) === undefined)
   const after = await Promise.all(Array.from({ length: 20 }, () => cm.wrap('k', fn)))
-  assert.ok(after.every((v) => v === 2), 'the expired value was not served')
+  assert.ok(
+    after.every((v) => v === 2),
+    'the expired value was not served',
+  )
   assert.equal(loads, 2)
 })
 
@@ -415,14 +442,20 @@ test('examples/nestjs, the @nestjs/cache-manager way: 200 cold requests per rout
   await app.listen(0, '127.0.0.1')
   const { port } = app.getHttpServer().address()
   const cache = app.get(StampedeCache)
-  for (const [urlPath, queries] of [['/feed/42', 1], ['/feed/42/summary', 2]]) {
+  for (const [urlPath, queries] of [
+    ['/feed/42', 1],
+    ['/feed/42/summary', 2],
+  ]) {
     const release = db.hold()
     const before = cache.stats().coalesced
     const all = Promise.all(Array.from({ length: 200 }, () => request(port, 'GET', urlPath)))
     await until(`199 requests of ${urlPath} waiting`, () => cache.stats().coalesced - before === 199)
     release()
     const responses = await all
-    assert.ok(responses.every((r) => r.status === 200 && r.body === responses[0].body), urlPath)
+    assert.ok(
+      responses.every((r) => r.status === 200 && r.body === responses[0].body),
+      urlPath,
+    )
     assert.equal(db.queries, queries, `${urlPath}: one query`)
   }
   assert.deepEqual(JSON.parse((await request(port, 'GET', '/feed/42/summary')).body), { userId: '42', count: 2 })
@@ -431,7 +464,7 @@ test('examples/nestjs, the @nestjs/cache-manager way: 200 cold requests per rout
   assert.equal(JSON.parse(feed.body).version, 1)
   assert.equal(db.queries, 2)
   const info = await cache.inspect('/feed/42')
-  assert.ok(info.hardUntil - Date.now() <= 30_000, '@CacheTTL(30_000) is the entry\'s life')
+  assert.ok(info.hardUntil - Date.now() <= 30_000, "@CacheTTL(30_000) is the entry's life")
 })
 
 test('a CacheInterceptor subclass overriding trackBy and isRequestCacheable, as the original allows', async (t) => {
@@ -552,7 +585,17 @@ test('the drop-in shares the original metadata keys and token, and is a named ex
   ours.CacheTTL(1234)(C.prototype, 'h', d)
   assert.equal(Reflect.getMetadata(original.CACHE_TTL_METADATA, C.prototype.h), 1234)
 
-  const names = ['CacheModule', 'CacheInterceptor', 'CACHE_MANAGER', 'CacheKey', 'CacheTTL', 'Cache', 'CACHE_KEY_METADATA', 'CACHE_TTL_METADATA', 'StampedeCacheModule']
+  const names = [
+    'CacheModule',
+    'CacheInterceptor',
+    'CACHE_MANAGER',
+    'CacheKey',
+    'CacheTTL',
+    'Cache',
+    'CACHE_KEY_METADATA',
+    'CACHE_TTL_METADATA',
+    'StampedeCacheModule',
+  ]
   const script = `
     const cjs = require('stampede-cache/nestjs')
     const loaded = Object.keys(require.cache).filter((f) => f.includes('@nestjs'))

@@ -66,7 +66,10 @@ test('example Nest app: one load for 200 cold requests, stale answered at once w
   await until('the entry to go stale', async () => (await cache.inspect(['feed', '42']))?.state === 'stale')
   release = db.hold()
   const stale = await Promise.all(Array.from({ length: 200 }, () => get(port, '/feed/42')))
-  assert.ok(stale.every((r) => r.status === 200 && JSON.parse(r.body).version === 1), 'stale value served')
+  assert.ok(
+    stale.every((r) => r.status === 200 && JSON.parse(r.body).version === 1),
+    'stale value served',
+  )
   assert.equal(db.queries, 2, 'exactly one refresh started')
   assert.equal(db.finished, 1, 'the responses came while the refresh was still blocked')
   assert.equal(cache.stats().staleHits, 200)
@@ -78,7 +81,10 @@ test('example Nest app: one load for 200 cold requests, stale answered at once w
 
   // app.close() closes the cache (after the HTTP server has stopped).
   await app.close()
-  await assert.rejects(cache.getOrLoad('k', () => 1), { code: 'ERR_CLOSED' })
+  await assert.rejects(
+    cache.getOrLoad('k', () => 1),
+    { code: 'ERR_CLOSED' },
+  )
   await assert.rejects(get(port, '/feed/42'), { code: 'ECONNREFUSED' })
 })
 

@@ -107,7 +107,9 @@ async function runs(redis, name) {
   return Number((await command(redis.port, ['GET', name])) ?? 0)
 }
 
-test('examples/next-cache: two next start instances share "use cache" and unstable_cache through Redis, computed once; Next.js default handlers compute per instance', { timeout: 900_000 }, async (t) => {
+test('examples/next-cache: two next start instances share "use cache" and unstable_cache through Redis, computed once; Next.js default handlers compute per instance', {
+  timeout: 900_000,
+}, async (t) => {
   const env = { ...process.env, NEXT_TELEMETRY_DISABLED: '1', CI: process.env.CI ?? '' }
   delete env.NEXT_CACHE_HANDLER
   const timings = {}
@@ -148,24 +150,38 @@ test('examples/next-cache: two next start instances share "use cache" and unstab
   const revalidated = await fetch(`${a.base}/api/revalidate?tag=report`, { method: 'POST', signal: AbortSignal.timeout(REQUEST_BOUND) })
   assert.equal(revalidated.status, 200, await revalidated.text())
   let fresh
-  await until('B to serve a newly computed report', async () => {
-    fresh = await report(b, 'cold')
-    return fresh.nonce !== cold[0].nonce
-  }, 30_000)
+  await until(
+    'B to serve a newly computed report',
+    async () => {
+      fresh = await report(b, 'cold')
+      return fresh.nonce !== cold[0].nonce
+    },
+    30_000,
+  )
   const afterRevalidate = await spread([a, b], 10, (i) => report(i, 'cold'))
-  assert.ok(afterRevalidate.every((r) => r.nonce === fresh.nonce && r.run === 2), 'both instances serve the one recomputed value')
+  assert.ok(
+    afterRevalidate.every((r) => r.nonce === fresh.nonce && r.run === 2),
+    'both instances serve the one recomputed value',
+  )
   assert.equal(await runs(redis, 'runs:report:cold'), 2, 'recomputed once after revalidateTag')
 
   // revalidatePath on B reaches the entry through the implicit tags of the page that computed it.
   const byPath = await fetch(`${b.base}/api/revalidate?path=/report`, { method: 'POST', signal: AbortSignal.timeout(REQUEST_BOUND) })
   assert.equal(byPath.status, 200, await byPath.text())
   let afterPath
-  await until('A to serve a report computed after revalidatePath', async () => {
-    afterPath = await report(a, 'cold')
-    return afterPath.nonce !== fresh.nonce
-  }, 30_000)
+  await until(
+    'A to serve a report computed after revalidatePath',
+    async () => {
+      afterPath = await report(a, 'cold')
+      return afterPath.nonce !== fresh.nonce
+    },
+    30_000,
+  )
   const pathServed = await spread([a, b], 10, (i) => report(i, 'cold'))
-  assert.ok(pathServed.every((r) => r.nonce === afterPath.nonce && r.run === 3), 'both instances serve the one recomputed value')
+  assert.ok(
+    pathServed.every((r) => r.nonce === afterPath.nonce && r.run === 3),
+    'both instances serve the one recomputed value',
+  )
   assert.equal(await runs(redis, 'runs:report:cold'), 3, 'recomputed once after revalidatePath')
 
   // unstable_cache (the incremental cache handler, as ISR): 20 concurrent requests, one run.
@@ -237,5 +253,9 @@ test('examples/next-cache: two next start instances share "use cache" and unstab
     `runs for 20 cold requests over 2 instances: "use cache" ${sharedColdRuns} with stampede-cache/next, ${defaultColdRuns} with Next.js's default; ` +
       `unstable_cache ${sharedLegacyRuns} vs ${defaultLegacyRuns}; sharing back after Redis restart in ${rounds} round(s) ("use cache"), ${legacyRounds} (unstable_cache)`,
   )
-  t.diagnostic(`next-cache: ${Object.entries(timings).map(([k, v]) => `${k} ${v} ms`).join(', ')}, total ${Date.now() - began} ms`)
+  t.diagnostic(
+    `next-cache: ${Object.entries(timings)
+      .map(([k, v]) => `${k} ${v} ms`)
+      .join(', ')}, total ${Date.now() - began} ms`,
+  )
 })

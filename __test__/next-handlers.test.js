@@ -65,11 +65,20 @@ test('stampede-cache/next: require and import give the same functions', async ()
   assert.equal(esm.default.createUseCacheHandler, createUseCacheHandler)
 })
 
-test('stampede-cache/next: bad options throw ERR_INVALID_OPTION; the serializer is the handler\'s', () => {
+test("stampede-cache/next: bad options throw ERR_INVALID_OPTION; the serializer is the handler's", () => {
   for (const create of [createUseCacheHandler, createIncrementalCacheHandler]) {
-    assert.throws(() => create({ serializer: 'json' }), (e) => e.code === 'ERR_INVALID_OPTION' && /serializer/.test(e.message))
-    assert.throws(() => create('redis://x'), (e) => e.code === 'ERR_INVALID_OPTION')
-    assert.throws(() => create({ ttl: -1 }), (e) => e.code === 'ERR_INVALID_OPTION' && /ttl/.test(e.message))
+    assert.throws(
+      () => create({ serializer: 'json' }),
+      (e) => e.code === 'ERR_INVALID_OPTION' && /serializer/.test(e.message),
+    )
+    assert.throws(
+      () => create('redis://x'),
+      (e) => e.code === 'ERR_INVALID_OPTION',
+    )
+    assert.throws(
+      () => create({ ttl: -1 }),
+      (e) => e.code === 'ERR_INVALID_OPTION' && /ttl/.test(e.message),
+    )
   }
 })
 
@@ -298,8 +307,11 @@ test('next build (NEXT_PHASE=phase-production-build): nothing is written to Redi
       console.log('done')
     })()`
   const out = await new Promise((resolve, reject) =>
-    execFile(process.execPath, ['-e', script], { env: { ...process.env, URL: redis.url, NS: ns, NEXT_PHASE: 'phase-production-build' }, timeout: 30_000 }, (err, stdout, stderr) =>
-      err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout),
+    execFile(
+      process.execPath,
+      ['-e', script],
+      { env: { ...process.env, URL: redis.url, NS: ns, NEXT_PHASE: 'phase-production-build' }, timeout: 30_000 },
+      (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout)),
     ),
   )
   assert.equal(out.trim(), 'done')

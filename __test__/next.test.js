@@ -71,7 +71,9 @@ async function until(what, predicate, ms = 60_000) {
   }
 }
 
-test('examples/next: next build + next start; one load for 200 cold requests; stale answered at once, refresh kept alive by after()', { timeout: 900_000 }, async (t) => {
+test('examples/next: next build + next start; one load for 200 cold requests; stale answered at once, refresh kept alive by after()', {
+  timeout: 900_000,
+}, async (t) => {
   // No REDIS_URL: the example reads it (lib/feed.ts), and a Redis from the developer's shell (a
   // shared one on 6379, keys already there) must not reach this test; it runs in-process only.
   const { REDIS_URL: _fromShell, ...shellEnv } = process.env
@@ -160,7 +162,10 @@ test('examples/next: next build + next start; one load for 200 cold requests; st
   await until('200 waiting readers', async () => (await debug()).stats.misses === 200)
   await control('release')
   const first = await cold
-  assert.ok(first.every((f) => f.version === 1 && f.builtAt === first[0].builtAt), 'every request got the one loaded feed')
+  assert.ok(
+    first.every((f) => f.version === 1 && f.builtAt === first[0].builtAt),
+    'every request got the one loaded feed',
+  )
   let state = await debug()
   assert.equal(state.started, 1, 'the loader ran once')
   assert.equal(state.stats.loads, 1)
@@ -171,7 +176,10 @@ test('examples/next: next build + next start; one load for 200 cold requests; st
   await until('the entry to go stale', async () => (await debug()).entry?.state === 'stale')
   await control('hold')
   const stale = await Promise.all(Array.from({ length: 200 }, feed))
-  assert.ok(stale.every((f) => f.version === 1), 'the stale value was served')
+  assert.ok(
+    stale.every((f) => f.version === 1),
+    'the stale value was served',
+  )
   state = await debug()
   assert.equal(state.started, 2, 'exactly one refresh started')
   assert.equal(state.finished, 1, 'the responses came while the refresh was still blocked')

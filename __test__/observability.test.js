@@ -47,7 +47,8 @@ function record(caches) {
     start: (c) => keep('load:start', c, `load:start ${c.key} ${c.reason}`),
     end: (c) => keep('load:end', c, `load:end ${c.key}`),
     asyncStart: (c) => keep('load:asyncStart', c, `load:asyncStart ${c.key}`),
-    asyncEnd: (c) => keep('load:asyncEnd', c, `load:asyncEnd ${c.key} ${'error' in c ? `error ${c.error.code ?? c.error.message}` : `= ${JSON.stringify(c.result)}`}`),
+    asyncEnd: (c) =>
+      keep('load:asyncEnd', c, `load:asyncEnd ${c.key} ${'error' in c ? `error ${c.error.code ?? c.error.message}` : `= ${JSON.stringify(c.result)}`}`),
     error: (c) => keep('load:error', c, `load:error ${c.key} ${c.error.code ?? c.error.message}`),
   }
   loadChannel.subscribe(tracing)
@@ -94,9 +95,12 @@ test('in process: a subscriber sees every event of a scripted run, in order, and
   await cache.getOrLoad('a', () => 9)
   assert.equal(await cache.getOrLoad('n', () => null), null)
   assert.equal(await cache.getOrLoad('n', () => 9), null)
-  await assert.rejects(cache.getOrLoad('e', () => {
-    throw new Error('boom')
-  }), /boom/)
+  await assert.rejects(
+    cache.getOrLoad('e', () => {
+      throw new Error('boom')
+    }),
+    /boom/,
+  )
   assert.deepEqual(rec.take(), [
     'A hit a memory fresh',
     'A miss n',
@@ -137,13 +141,17 @@ test('in process: a subscriber sees every event of a scripted run, in order, and
 
   // A loader that outlives loadTimeout: the timeout event comes before the load's error.
   // (Its own timer keeps the process alive, as a loader doing real work would: loadTimeout's does not.)
-  const late = cache.getOrLoad('slow', ({ signal }) => new Promise((resolve) => {
-    const timer = setTimeout(resolve, 10_000, 'late')
-    signal.addEventListener('abort', () => {
-      clearTimeout(timer)
-      resolve('late')
-    })
-  }))
+  const late = cache.getOrLoad(
+    'slow',
+    ({ signal }) =>
+      new Promise((resolve) => {
+        const timer = setTimeout(resolve, 10_000, 'late')
+        signal.addEventListener('abort', () => {
+          clearTimeout(timer)
+          resolve('late')
+        })
+      }),
+  )
   await assert.rejects(late, { code: 'ERR_LOAD_TIMEOUT' })
   assert.deepEqual(rec.take(), [
     'A miss slow',
@@ -158,9 +166,18 @@ test('in process: a subscriber sees every event of a scripted run, in order, and
   // Every count of stats() has its events.
   const count = (name, pred = () => true) => rec.messages.filter((e) => e.name === name && pred(e.message)).length
   const s = cache.stats()
-  assert.equal(count('hit', (m) => m.state === 'fresh'), s.hits)
-  assert.equal(count('hit', (m) => m.state === 'stale'), s.staleHits)
-  assert.equal(count('hit', (m) => m.state === 'negative'), s.negativeHits)
+  assert.equal(
+    count('hit', (m) => m.state === 'fresh'),
+    s.hits,
+  )
+  assert.equal(
+    count('hit', (m) => m.state === 'stale'),
+    s.staleHits,
+  )
+  assert.equal(
+    count('hit', (m) => m.state === 'negative'),
+    s.negativeHits,
+  )
   assert.equal(count('miss'), s.misses)
   assert.equal(count('coalesce'), s.coalesced)
   assert.equal(count('load:start'), s.loads)
@@ -223,7 +240,9 @@ test('a subscriber that calls the cache while it is told of a miss, a hit or a l
   for (const v of values) assert.deepEqual(v, { n: 1 })
 })
 
-test('Redis: a subscriber told of a set or delete that sets the same key: every write succeeds and Redis ends with the last one called', { timeout: 30_000 }, async (t) => {
+test('Redis: a subscriber told of a set or delete that sets the same key: every write succeeds and Redis ends with the last one called', {
+  timeout: 30_000,
+}, async (t) => {
   const redis = new RedisServer()
   t.after(() => redis.dispose())
   await redis.start()
@@ -267,7 +286,12 @@ test("Redis: two instances; lock outcomes, Redis hits and bus invalidations reac
   const options = { redis: redis.url, namespace: `obs${process.pid}`, ttl: 1_500, hardTtl: 60_000, jitter: 0, beta: 0, lockTtl: 10_000 }
   const a = new StampedeCache(options)
   const b = new StampedeCache(options)
-  const rec = record(new Map([[a, 'A'], [b, 'B']]))
+  const rec = record(
+    new Map([
+      [a, 'A'],
+      [b, 'B'],
+    ]),
+  )
   t.after(async () => {
     rec.stop()
     await Promise.all([a.close(), b.close()])
@@ -335,7 +359,14 @@ test("Redis: two instances; lock outcomes, Redis hits and bus invalidations reac
     'A load:asyncEnd f error source down',
   ])
   // A's release announced f (as it does to wake waiters); B applies it when it writes f back.
-  assert.deepEqual(take('B'), ['B miss f', 'B lock f cold took_over', 'B load:start f cold', 'B load:end f', ...loaded('B', 'f', 'B took over'), 'B invalidate f bus'])
+  assert.deepEqual(take('B'), [
+    'B miss f',
+    'B lock f cold took_over',
+    'B load:start f cold',
+    'B load:end f',
+    ...loaded('B', 'f', 'B took over'),
+    'B invalidate f bus',
+  ])
 
   // B's write-back of f announced it to A, which drops it at its next call: A deletes k. B drops
   // its copy of k at its next call, and Redis has nothing.

@@ -70,7 +70,10 @@ describe('every numeric constructor option has a maximum', () => {
       assert.equal(await cache.getOrLoad('k', () => ++calls), 1, 'a hit')
       await cache.close()
       for (const v of [past(max), ...ABORTED_BEFORE]) {
-        assert.throws(() => new StampedeCache(set(v)), (err) => (assertTooLarge(err, name, max), true))
+        assert.throws(
+          () => new StampedeCache(set(v)),
+          (err) => (assertTooLarge(err, name, max), true),
+        )
       }
     })
   }
@@ -106,11 +109,17 @@ describe("a call's numbers have the same maxima", () => {
       // hardTtl >= ttl: a call's hardTtl at its maximum stands with the default ttl.
       assert.equal(await cache.getOrLoad(`max-${name}`, () => name, { [name]: max }), name)
       for (const v of [past(max), ...ABORTED_BEFORE]) {
-        await assert.rejects(cache.getOrLoad(`past-${name}`, () => 1, { [name]: v }), (err) => (assertTooLarge(err, name, max), true))
+        await assert.rejects(
+          cache.getOrLoad(`past-${name}`, () => 1, { [name]: v }),
+          (err) => (assertTooLarge(err, name, max), true),
+        )
       }
     }
     assert.equal(await cache.getOrLoad('jitter', () => 'j', { jitter: 0.999999 }), 'j')
-    await assert.rejects(cache.getOrLoad('jitter2', () => 1, { jitter: 1e300 }), { code: 'ERR_INVALID_OPTION', message: /`jitter`/ })
+    await assert.rejects(
+      cache.getOrLoad('jitter2', () => 1, { jitter: 1e300 }),
+      { code: 'ERR_INVALID_OPTION', message: /`jitter`/ },
+    )
 
     for (const [name, max] of SET) {
       await cache.set(`set-${name}`, 1, { [name]: max })

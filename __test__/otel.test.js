@@ -88,9 +88,11 @@ test('metrics: every stats() count, loads by reason with error.type, names and u
   for (let i = 0; i < 10; i++) await cache.getOrLoad('a', () => 0)
   await cache.getOrLoad('missing', () => undefined)
   await cache.getOrLoad('missing', () => 0)
-  await assert.rejects(cache.getOrLoad('bad', async () => {
-    throw Object.assign(new Error('source down'), { code: 'ESOURCE' })
-  }))
+  await assert.rejects(
+    cache.getOrLoad('bad', async () => {
+      throw Object.assign(new Error('source down'), { code: 'ESOURCE' })
+    }),
+  )
   await sleep(2_100)
   await cache.getOrLoad('a', () => ({ v: 2 }))
   await cache.settle()
@@ -123,9 +125,15 @@ test('metrics: every stats() count, loads by reason with error.type, names and u
     ['refresh', null, 1],
   ])
   assert.deepEqual(duration.points[0].value.buckets.boundaries, [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10])
-  assert.ok(duration.points.every((p) => p.value.sum >= 0 && p.value.sum < 30), 'seconds, not milliseconds')
+  assert.ok(
+    duration.points.every((p) => p.value.sum >= 0 && p.value.sum < 30),
+    'seconds, not milliseconds',
+  )
   assert.equal(valueOf(m, 'stampede_cache.load.active', { 'stampede_cache.load.reason': 'cold' }), 0)
-  assert.ok(m.get('stampede_cache.load.active').points.every((p) => p.value === 0), 'no load left running')
+  assert.ok(
+    m.get('stampede_cache.load.active').points.every((p) => p.value === 0),
+    'no load left running',
+  )
 
   // Names and units (the lock and invalidation counters have points only with Redis or writes:
   // see the Redis test).
@@ -145,7 +153,9 @@ test('metrics: every stats() count, loads by reason with error.type, names and u
   for (const name of m.keys()) assert.match(name, /^stampede_cache(\.[a-z][a-z_]*)+$/)
 })
 
-test('metrics: two caches of one namespace are summed, other namespaces apart; stop() keeps the totals and ends the reporting', { timeout: 30_000 }, async (t) => {
+test('metrics: two caches of one namespace are summed, other namespaces apart; stop() keeps the totals and ends the reporting', {
+  timeout: 30_000,
+}, async (t) => {
   const sdk = metricsSdk(t)
   const a = new StampedeCache({ namespace: 'one' })
   const b = new StampedeCache({ namespace: 'one' })
@@ -189,14 +199,16 @@ test("spans: one per loader call, under the caller's span, with what the loader 
 
   // A request span; 20 callers inside it share one load, whose loader queries a "database".
   await tracer.startActiveSpan('GET /users/42', async (request) => {
-    const values = await Promise.all(Array.from({ length: 20 }, () =>
-      cache.getOrLoad('user:42', async () => {
-        const query = tracer.startSpan('SELECT users')
-        await sleep(5)
-        query.end()
-        return { id: 42 }
-      }),
-    ))
+    const values = await Promise.all(
+      Array.from({ length: 20 }, () =>
+        cache.getOrLoad('user:42', async () => {
+          const query = tracer.startSpan('SELECT users')
+          await sleep(5)
+          query.end()
+          return { id: 42 }
+        }),
+      ),
+    )
     assert.ok(values.every((v) => v.id === 42))
     request.end()
   })
@@ -232,8 +244,14 @@ test('spans: a failed or timed-out load is an error span; keys omitted, raw or m
   const [raw] = mk('raw')
   const [mapped, mappedHandle] = mk((key) => `tenant-${key.split(':')[0]}`)
   const failure = Object.assign(new Error('source down'), { code: 'ESOURCE' })
-  await assert.rejects(omit.getOrLoad('o:1', () => Promise.reject(failure)), failure)
-  await assert.rejects(raw.getOrLoad('r:1', () => new Promise((resolve) => setTimeout(resolve, 1_000))), { code: 'ERR_LOAD_TIMEOUT' })
+  await assert.rejects(
+    omit.getOrLoad('o:1', () => Promise.reject(failure)),
+    failure,
+  )
+  await assert.rejects(
+    raw.getOrLoad('r:1', () => new Promise((resolve) => setTimeout(resolve, 1_000))),
+    { code: 'ERR_LOAD_TIMEOUT' },
+  )
   await mapped.getOrLoad('acme:7', () => 1)
   const spans = exporter.getFinishedSpans()
   assert.equal(spans.length, 3)
@@ -251,7 +269,14 @@ test('spans: a failed or timed-out load is an error span; keys omitted, raw or m
   mappedHandle.stop()
   await mapped.getOrLoad('acme:8', () => 1)
   await raw.getOrLoad('r:2', () => 1)
-  assert.deepEqual(exporter.getFinishedSpans().slice(3).map((s) => s.attributes['stampede_cache.key']), ['r:2'], 'no span for a stopped cache')
+  assert.deepEqual(
+    exporter
+      .getFinishedSpans()
+      .slice(3)
+      .map((s) => s.attributes['stampede_cache.key']),
+    ['r:2'],
+    'no span for a stopped cache',
+  )
 })
 
 test('Redis: lock outcomes and bus invalidations as metrics, from two instances sharing a Redis', { timeout: 60_000 }, async (t) => {
@@ -282,7 +307,8 @@ test('Redis: lock outcomes and bus invalidations as metrics, from two instances 
 
   const m = await sdk.collect()
   const ns = { 'stampede_cache.namespace': options.namespace }
-  const attempts = (outcome) => valueOf(m, 'stampede_cache.lock.attempts', { ...ns, 'stampede_cache.lock.outcome': outcome, 'stampede_cache.load.reason': 'cold' })
+  const attempts = (outcome) =>
+    valueOf(m, 'stampede_cache.lock.attempts', { ...ns, 'stampede_cache.lock.outcome': outcome, 'stampede_cache.load.reason': 'cold' })
   assert.deepEqual({ won: attempts('won'), waited: attempts('waited') }, { won: 1, waited: 1 })
   assert.equal(m.get('stampede_cache.lock.attempts').descriptor.unit, '{attempt}')
   assert.equal(m.get('stampede_cache.invalidations').descriptor.unit, '{invalidation}')

@@ -154,7 +154,11 @@ async function installApp(name, extra = []) {
   return { dir, output: result.output }
 }
 
-const installed = (dir) => fs.readdirSync(path.join(dir, 'node_modules')).filter((n) => !n.startsWith('.')).sort()
+const installed = (dir) =>
+  fs
+    .readdirSync(path.join(dir, 'node_modules'))
+    .filter((n) => !n.startsWith('.'))
+    .sort()
 
 before(async () => {
   assert.ok(HOST_TARGET, `exactly one built ${binaryName}.*.node at the root, found: ${builtBinaries.join(', ') || 'none'}`)
@@ -266,7 +270,9 @@ test('npm/ has one folder per target, binding.js lists the same targets, the rel
   assert.ok(manifestStep > 0 && publishStep > manifestStep, 'the workflow rewrites the manifest before npm publish')
 })
 
-test('npm install stampede-cache: the platform package comes as an optional dependency, no Rust, no build; CJS and ESM work', { timeout: 180_000 }, async () => {
+test('npm install stampede-cache: the platform package comes as an optional dependency, no Rust, no build; CJS and ESM work', {
+  timeout: 180_000,
+}, async () => {
   const { dir, output } = await installApp('app')
   // Exactly this platform's package: npm chose it by os, cpu and libc (glibc or musl, not both).
   assert.deepEqual(installed(dir), ['stampede-cache', `stampede-cache-${HOST_TARGET}`])
@@ -325,7 +331,10 @@ test('npm install stampede-cache: the platform package comes as an optional depe
   )
   const cjs = JSON.parse((await run(process.execPath, ['main.cjs'], { cwd: dir })).stdout)
   assert.equal(cjs.ok, true)
-  assert.equal(fs.realpathSync(cjs.addon), path.join(fs.realpathSync(dir), 'node_modules', `stampede-cache-${HOST_TARGET}`, `${binaryName}.${HOST_TARGET}.node`))
+  assert.equal(
+    fs.realpathSync(cjs.addon),
+    path.join(fs.realpathSync(dir), 'node_modules', `stampede-cache-${HOST_TARGET}`, `${binaryName}.${HOST_TARGET}.node`),
+  )
   assert.deepEqual(JSON.parse((await run(process.execPath, ['main.mjs'], { cwd: dir })).stdout), { ok: true })
 })
 

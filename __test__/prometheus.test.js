@@ -111,10 +111,19 @@ test('a 1,000-caller stampede with one load, scraped from /metrics while it runs
   assert.equal(m.value('stampede_cache_lookups_total', { ...ns, result: 'hit' }), 100)
   assert.equal(m.value('stampede_cache_lookups_total', { ...ns, result: 'miss' }), 1_000)
   const s = cache.stats()
-  for (const [result, field] of [['hit', 'hits'], ['stale_hit', 'staleHits'], ['negative_hit', 'negativeHits'], ['miss', 'misses']]) {
+  for (const [result, field] of [
+    ['hit', 'hits'],
+    ['stale_hit', 'staleHits'],
+    ['negative_hit', 'negativeHits'],
+    ['miss', 'misses'],
+  ]) {
     assert.equal(m.value('stampede_cache_lookups_total', { ...ns, result }), s[field], result)
   }
-  for (const [name, field] of [['refreshes_total', 'refreshes'], ['refresh_errors_total', 'refreshErrors'], ['redis_errors_total', 'redisErrors']]) {
+  for (const [name, field] of [
+    ['refreshes_total', 'refreshes'],
+    ['refresh_errors_total', 'refreshErrors'],
+    ['redis_errors_total', 'redisErrors'],
+  ]) {
     assert.equal(m.value(`stampede_cache_${name}`, ns), s[field], name)
   }
   // Prometheus types and names: counters end in _total, the histogram is in seconds.
@@ -124,7 +133,9 @@ test('a 1,000-caller stampede with one load, scraped from /metrics while it runs
   for (const [name, type] of m.types) if (type === 'counter') assert.match(name, /_total$/)
 })
 
-test('Redis: 1,000 callers over two instances, one load; lock outcomes and invalidations labelled; one registry sums the namespace', { timeout: 60_000 }, async (t) => {
+test('Redis: 1,000 callers over two instances, one load; lock outcomes and invalidations labelled; one registry sums the namespace', {
+  timeout: 60_000,
+}, async (t) => {
   const redis = new RedisServer()
   t.after(() => redis.dispose())
   await redis.start()

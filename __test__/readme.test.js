@@ -141,7 +141,13 @@ test('README: every code block has a test marker, and the README links only to a
   for (const [, target] of prose.matchAll(/\]\(([^)\s]+)\)/g)) {
     assert.ok(/^(https?:|#)/.test(target), `README link ${target} must be absolute or an anchor`)
     if (target.startsWith('#')) {
-      const anchors = [...readme.matchAll(/^#+ (.+)$/gm)].map(([, h]) => `#${h.toLowerCase().replace(/[^\w\- ]/g, '').replace(/ /g, '-')}`)
+      const anchors = [...readme.matchAll(/^#+ (.+)$/gm)].map(
+        ([, h]) =>
+          `#${h
+            .toLowerCase()
+            .replace(/[^\w\- ]/g, '')
+            .replace(/ /g, '-')}`,
+      )
       assert.ok(anchors.includes(target), `README anchor ${target} names a heading`)
     }
   }
@@ -180,7 +186,9 @@ for (const block of blocks.filter((b) => b.kind === 'run')) {
   })
 }
 
-test('README: the NestJS app, as its files say, compiles with its tsconfig, serves through the cache and shuts down on SIGTERM', { timeout: 180_000 }, async (t) => {
+test('README: the NestJS app, as its files say, compiles with its tsconfig, serves through the cache and shuts down on SIGTERM', {
+  timeout: 180_000,
+}, async (t) => {
   const files = blocks.filter((b) => b.kind === 'nest')
   assert.deepEqual(files.map((b) => b.target).sort(), ['package.json', 'src/feed.ts', 'src/main.ts', 'tsconfig.json'])
   const dir = makeApp('nest', 'module')

@@ -271,7 +271,10 @@ test('runtime faults: dead port, wrong password, TLS to a plain server, sentinel
   // The faults were real: Redis errors were reported, not silently swallowed.
   assert.ok(runtimeReports >= options.length, `onError reports: ${runtimeReports}`)
   // A wrong password is refused by the live server (it was asked).
-  const info = await server.pipeline([['AUTH', 'the-right-one'], ['INFO', 'stats']])
+  const info = await server.pipeline([
+    ['AUTH', 'the-right-one'],
+    ['INFO', 'stats'],
+  ])
   assert.match(String(info[1]), /total_connections_received:(\d+)/)
   assert.ok(Number(/total_connections_received:(\d+)/.exec(info[1])[1]) > 1)
   assertClean()

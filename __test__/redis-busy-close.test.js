@@ -80,7 +80,11 @@ if (process.argv[2] === '--child') {
   })
 } else {
   const inChild = (name) => {
-    const r = spawnSync(process.execPath, [__filename, '--child', name, redis.url], { env: { ...process.env, STAMPEDE_CACHE_NO_LANE: '1' }, encoding: 'utf8', timeout: 60_000 })
+    const r = spawnSync(process.execPath, [__filename, '--child', name, redis.url], {
+      env: { ...process.env, STAMPEDE_CACHE_NO_LANE: '1' },
+      encoding: 'utf8',
+      timeout: 60_000,
+    })
     assert.equal(r.status, 0, r.stderr)
     return JSON.parse(r.stdout)
   }

@@ -68,15 +68,20 @@ test('a refresh in one instance reaches the other on the bus: its next read need
   assert.equal(await dataCommands(redis), beforeGet, 'get() asked Redis nothing either')
 })
 
-test("a carried value is never served over what the instance did or heard since: its own delete, set, clear, a later delete elsewhere", { timeout: TEST_TIMEOUT }, async (t) => {
+test('a carried value is never served over what the instance did or heard since: its own delete, set, clear, a later delete elsewhere', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const { A, B } = await setup(t)
   const cases = [
     ['its own delete', async (key) => assert.ok((await B.request('delete', { key })).ok)],
-    ['its own clear', async () => assert.ok((await B.request('run', { body: 'await cache.clear(); return true' })))],
-    ['a delete in A after the refresh', async (key) => {
-      assert.ok((await A.request('delete', { key })).ok)
-      await waitFor(async () => (await B.request('run', { body: 'return cache._debugCounts().inboxKeys', args: {} })) > 0, { what: "B to hear A's delete" })
-    }],
+    ['its own clear', async () => assert.ok(await B.request('run', { body: 'await cache.clear(); return true' }))],
+    [
+      'a delete in A after the refresh',
+      async (key) => {
+        assert.ok((await A.request('delete', { key })).ok)
+        await waitFor(async () => (await B.request('run', { body: 'return cache._debugCounts().inboxKeys', args: {} })) > 0, { what: "B to hear A's delete" })
+      },
+    ],
   ]
   for (const [i, [what, act]] of cases.entries()) {
     const key = `carried:fenced:${i}`

@@ -165,7 +165,9 @@ async function assertWritesLand(ws, key, master, since, label) {
       const value = `${label}-${w.name}-${attempt}`
       const s = await w.request('set', { key, value })
       if (!s.ok && failures.length < 5) failures.push(`${s.code}: ${s.message}`)
-      const held = await waitFor(async () => (await storedValue(master, rk).catch(() => undefined)) === value, { timeout: 1_000, interval: 50 }).catch(() => false)
+      const held = await waitFor(async () => (await storedValue(master, rk).catch(() => undefined)) === value, { timeout: 1_000, interval: 50 }).catch(
+        () => false,
+      )
       if (held) {
         out[w.name] = { ms: Date.now() - since, attempts: attempt }
         break
@@ -197,13 +199,16 @@ describe('TLS (rediss://)', () => {
   let server // TLS, client certificates optional
   let mtls // TLS, client certificates required
 
-  before(async () => {
-    certDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-dep-certs-'))
-    certs = makeCertificates(certDir)
-    server = new RedisNode('tls', { tls: { certs, authClients: 'optional' } })
-    mtls = new RedisNode('mtls', { tls: { certs, authClients: 'yes' } })
-    await Promise.all([server.start(), mtls.start()])
-  }, { timeout: HOOK_TIMEOUT })
+  before(
+    async () => {
+      certDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-dep-certs-'))
+      certs = makeCertificates(certDir)
+      server = new RedisNode('tls', { tls: { certs, authClients: 'optional' } })
+      mtls = new RedisNode('mtls', { tls: { certs, authClients: 'yes' } })
+      await Promise.all([server.start(), mtls.start()])
+    },
+    { timeout: HOOK_TIMEOUT },
+  )
 
   after(async () => {
     await Promise.all([server && server.dispose(), mtls && mtls.dispose()])
@@ -241,7 +246,9 @@ describe('TLS (rediss://)', () => {
     await assertNoRedisErrors(W, 'W')
   })
 
-  test('mutual TLS: with tls.cert and tls.key the cache works; without a client certificate the server refuses and the cache degrades', { timeout: TEST_TIMEOUT }, async (t) => {
+  test('mutual TLS: with tls.cert and tls.key the cache works; without a client certificate the server refuses and the cache degrades', {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const spawn = workers(t)
     const namespace = newNamespace()
     const files = { caFile: certs.caFile, certFile: certs.clientCertFile, keyFile: certs.clientKeyFile }
@@ -261,13 +268,19 @@ describe('TLS (rediss://)', () => {
     })
     const nMs = await assertDegradedRead(N, 'mtls:no-cert', 'no client certificate')
     const oMs = await assertDegradedRead(O, 'mtls:other-ca-cert', 'a client certificate from another CA')
-    assert.equal(await mtls.cmd('EXISTS', vkey(namespace, 'mtls:no-cert'), vkey(namespace, 'mtls:other-ca-cert')), 0, 'nothing was written without an accepted client certificate')
+    assert.equal(
+      await mtls.cmd('EXISTS', vkey(namespace, 'mtls:no-cert'), vkey(namespace, 'mtls:other-ca-cert')),
+      0,
+      'nothing was written without an accepted client certificate',
+    )
     const nMsgs = await assertRedisErrorsReported(N, 'no client certificate')
     const oMsgs = await assertRedisErrorsReported(O, 'other CA')
     note(t, `degraded reads took ${nMs} / ${oMs} ms; onError: ${JSON.stringify(nMsgs[0])} / ${JSON.stringify(oMsgs[0])}`)
   })
 
-  test('an untrusted server (certificate from a CA the client does not trust): ERR_REDIS with the reason, degraded within the connect timeout, reads never reject, nothing written', { timeout: TEST_TIMEOUT }, async (t) => {
+  test('an untrusted server (certificate from a CA the client does not trust): ERR_REDIS with the reason, degraded within the connect timeout, reads never reject, nothing written', {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const spawn = workers(t)
     const namespace = newNamespace()
     // Trusts only the other CA; and one with no tls options, for which the system roots apply
@@ -280,9 +293,16 @@ describe('TLS (rediss://)', () => {
     const churn = await U.request('churn', { prefix: 'untrusted:churn:', durationMs: 1_000, gapMs: 2 })
     assert.equal(churn.rejected, 0, 'no cold read rejected')
     assert.equal(churn.wrong, 0, 'every cold read got its own loader value')
-    assert.ok(churn.slow.every((ms) => ms < 3_000), `no cold read hung: ${churn.slow.join(', ')} ms`)
+    assert.ok(
+      churn.slow.every((ms) => ms < 3_000),
+      `no cold read hung: ${churn.slow.join(', ')} ms`,
+    )
 
-    assert.equal(await server.cmd('EXISTS', vkey(namespace, 'untrusted:cold'), vkey(namespace, 'system-roots:cold')), 0, 'nothing was written to a server the client does not trust')
+    assert.equal(
+      await server.cmd('EXISTS', vkey(namespace, 'untrusted:cold'), vkey(namespace, 'system-roots:cold')),
+      0,
+      'nothing was written to a server the client does not trust',
+    )
     for (const [w, label] of [
       [U, 'untrusted CA'],
       [S, 'system roots'],
@@ -301,7 +321,10 @@ describe('TLS (rediss://)', () => {
     const namespace = newNamespace()
     // The server certificate names 127.0.0.1 and localhost.
     const good = await spawn('good', { redis: { url: server.url, tls: { ca: certs.ca, servername: 'localhost' } }, namespace })
-    const bad = await spawn('bad', { redis: { url: server.url, tls: { ca: certs.ca, servername: 'db.not-this-host.invalid' }, connectTimeout: CONNECT_TIMEOUT }, namespace })
+    const bad = await spawn('bad', {
+      redis: { url: server.url, tls: { ca: certs.ca, servername: 'db.not-this-host.invalid' }, connectTimeout: CONNECT_TIMEOUT },
+      namespace,
+    })
     const lax = await spawn('lax', { redis: { url: server.url, tls: { ca: certs.otherCa, rejectUnauthorized: false } }, namespace })
 
     assertAllOk(await good.request('read', { key: 'sn:good', loader: { value: 'good' } }), 'good')
@@ -311,7 +334,10 @@ describe('TLS (rediss://)', () => {
     await assertDegradedRead(bad, 'sn:bad', 'wrong servername')
     assert.equal(await server.cmd('EXISTS', vkey(namespace, 'sn:bad')), 0, 'a servername the certificate does not name: nothing stored')
     const msgs = await assertRedisErrorsReported(bad, 'wrong servername')
-    assert.ok(msgs.some((m) => /certificate|name/i.test(m)), `onError says why: ${JSON.stringify(msgs.slice(0, 3))}`)
+    assert.ok(
+      msgs.some((m) => /certificate|name/i.test(m)),
+      `onError says why: ${JSON.stringify(msgs.slice(0, 3))}`,
+    )
 
     assertAllOk(await lax.request('read', { key: 'sn:lax', loader: { value: 'lax' } }), 'lax')
     assert.equal(await storedValue(server, vkey(namespace, 'sn:lax')), 'lax', 'rejectUnauthorized: false connects to an untrusted certificate')
@@ -325,15 +351,18 @@ describe('valkey:// and unix://', () => {
   let node
   let socketPath
 
-  before(async () => {
-    node = new RedisNode('plain', {
-      conf: () => {
-        socketPath = path.join(node.dir, 'redis.sock')
-        return [`unixsocket ${socketPath}`, 'unixsocketperm 700']
-      },
-    })
-    await node.start()
-  }, { timeout: HOOK_TIMEOUT })
+  before(
+    async () => {
+      node = new RedisNode('plain', {
+        conf: () => {
+          socketPath = path.join(node.dir, 'redis.sock')
+          return [`unixsocket ${socketPath}`, 'unixsocketperm 700']
+        },
+      })
+      await node.start()
+    },
+    { timeout: HOOK_TIMEOUT },
+  )
 
   after(() => node && node.dispose())
 
@@ -362,17 +391,22 @@ describe('ACL user', () => {
   const namespace = newNamespace()
   const url = (password) => `redis://app:${password}@127.0.0.1:${node.port}`
 
-  before(async () => {
-    node = new RedisNode('acl')
-    await node.start()
-    await addAclUser(node, { user: 'app', password: 'secret', namespace })
-    // The default user gets a password too, so nothing the cache does can pass as it.
-    await protectDefaultUser(node, 'adminpw')
-  }, { timeout: HOOK_TIMEOUT })
+  before(
+    async () => {
+      node = new RedisNode('acl')
+      await node.start()
+      await addAclUser(node, { user: 'app', password: 'secret', namespace })
+      // The default user gets a password too, so nothing the cache does can pass as it.
+      await protectDefaultUser(node, 'adminpw')
+    },
+    { timeout: HOOK_TIMEOUT },
+  )
 
   after(() => node && node.dispose())
 
-  test('a user allowed only ~<ns>:* and &<ns>:* (+@all -@dangerous): one load across processes, values under the namespace, the bus, refresh, set and delete all work', { timeout: TEST_TIMEOUT }, async (t) => {
+  test('a user allowed only ~<ns>:* and &<ns>:* (+@all -@dangerous): one load across processes, values under the namespace, the bus, refresh, set and delete all work', {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const spawn = workers(t)
     const A = await spawn('A', { ...connect.aclUser(url('secret'), namespace), jitter: 0 })
     const B = await spawn('B', { redis: { url: url('secret') }, namespace, jitter: 0 })
@@ -409,7 +443,10 @@ describe('ACL user', () => {
     const ms = await assertDegradedRead(W, 'acl:wrongpass', 'wrong password')
     assert.equal(await node.cmd('EXISTS', vkey(namespace, 'acl:wrongpass')), 0, 'nothing stored')
     const msgs = await assertRedisErrorsReported(W, 'wrong password')
-    assert.ok(msgs.some((m) => /WRONGPASS|password/i.test(m)), `onError says the password was refused: ${JSON.stringify(msgs.slice(0, 3))}`)
+    assert.ok(
+      msgs.some((m) => /WRONGPASS|password/i.test(m)),
+      `onError says the password was refused: ${JSON.stringify(msgs.slice(0, 3))}`,
+    )
     note(t, `degraded reads took ${ms} ms; onError: ${JSON.stringify(msgs[0])}`)
   })
 
@@ -419,7 +456,10 @@ describe('ACL user', () => {
     const W = await spawn('W', { redis: { url: url('secret'), connectTimeout: CONNECT_TIMEOUT }, namespace: elsewhere })
     await assertDegradedRead(W, 'acl:elsewhere', 'other namespace')
     const msgs = await assertRedisErrorsReported(W, 'other namespace')
-    assert.ok(msgs.some((m) => /NOPERM|permission/i.test(m)), `onError says why: ${JSON.stringify(msgs.slice(0, 3))}`)
+    assert.ok(
+      msgs.some((m) => /NOPERM|permission/i.test(m)),
+      `onError says why: ${JSON.stringify(msgs.slice(0, 3))}`,
+    )
   })
 })
 
@@ -447,20 +487,25 @@ describe('Redis Cluster: 3 masters, 3 replicas', () => {
 
   const optionsFor = (namespace) => ({ ...connect.cluster([seed]), namespace, jitter: 0 })
 
-  before(async () => {
-    const t0 = Date.now()
-    cluster = new RedisCluster({ nodeTimeout: 1_000 })
-    await cluster.start()
-    const masters = await cluster.masters()
-    victim = masters[0]
-    const victimReplicas = await cluster.replicasOf(victim)
-    seed = cluster.nodes.find((n) => n !== victim && !victimReplicas.includes(n)).url
-    console.log(`# cluster of ${cluster.nodes.length} nodes healthy ${Date.now() - t0} ms after the first start`)
-  }, { timeout: HOOK_TIMEOUT })
+  before(
+    async () => {
+      const t0 = Date.now()
+      cluster = new RedisCluster({ nodeTimeout: 1_000 })
+      await cluster.start()
+      const masters = await cluster.masters()
+      victim = masters[0]
+      const victimReplicas = await cluster.replicasOf(victim)
+      seed = cluster.nodes.find((n) => n !== victim && !victimReplicas.includes(n)).url
+      console.log(`# cluster of ${cluster.nodes.length} nodes healthy ${Date.now() - t0} ms after the first start`)
+    },
+    { timeout: HOOK_TIMEOUT },
+  )
 
   after(() => cluster && cluster.dispose())
 
-  test('cold keys on all three masters load once across two processes; each value is on the master that owns its slot', { timeout: TEST_TIMEOUT }, async (t) => {
+  test('cold keys on all three masters load once across two processes; each value is on the master that owns its slot', {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const spawn = workers(t)
     const namespace = newNamespace()
     const A = await spawn('A', optionsFor(namespace))
@@ -506,7 +551,9 @@ describe('Redis Cluster: 3 masters, 3 replicas', () => {
   })
 
   // Last in this describe: the victim stays dead.
-  test('a master is killed: its replica is promoted, and within seconds writes to its slots land and cross-process coalescing works', { timeout: TEST_TIMEOUT }, async (t) => {
+  test('a master is killed: its replica is promoted, and within seconds writes to its slots land and cross-process coalescing works', {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const spawn = workers(t)
     const namespace = newNamespace()
     const A = await spawn('A', optionsFor(namespace))
@@ -519,7 +566,11 @@ describe('Redis Cluster: 3 masters, 3 replicas', () => {
     const churn = A.start('churn', { prefix: 'fo:churn:', durationMs: 6_000, gapMs: 5 }, { timeout: 30_000 })
     await sleep(300)
     const fo = await cluster.killMaster(victim)
-    note(t, `cluster failover: replica :${fo.newMaster.port} promoted ${fo.promotedMs} ms after SIGKILL of :${victim.port}; all nodes agreed after ${fo.settledMs} ms`, { log: true })
+    note(
+      t,
+      `cluster failover: replica :${fo.newMaster.port} promoted ${fo.promotedMs} ms after SIGKILL of :${victim.port}; all nodes agreed after ${fo.settledMs} ms`,
+      { log: true },
+    )
 
     const landed = await assertWritesLand([A, B], key, fo.newMaster, fo.settledAt, 'cluster')
     note(t, `first write landed on the new master (ms after all nodes agreed): ${JSON.stringify(landed)}`, { log: true })
@@ -529,7 +580,10 @@ describe('Redis Cluster: 3 masters, 3 replicas', () => {
 
     assert.equal(c.rejected, 0, 'no read rejected through the failover')
     assert.equal(c.wrong, 0, 'every read got its own value')
-    assert.ok(c.slow.every((ms) => ms < 5_000), `no read hung through the failover: ${c.slow.join(', ')} ms`)
+    assert.ok(
+      c.slow.every((ms) => ms < 5_000),
+      `no read hung through the failover: ${c.slow.join(', ')} ms`,
+    )
 
     const bus = await assertBusWorks(A, B, coldKey, 'after the failover')
     note(t, `${c.ops} reads through the failover (${c.slow.length} over 1.5 s: ${c.slow.join(', ')}); bus after it: ${bus.firstLagMs} ms, then ${bus.lagMs} ms`)
@@ -545,10 +599,13 @@ describe('Redis Cluster: 3 masters, 3 replicas', () => {
 describe('Sentinel: a master, a replica and a sentinel', () => {
   let group
 
-  before(async () => {
-    group = new RedisSentinelGroup({ downAfter: 1_000 })
-    await group.start()
-  }, { timeout: HOOK_TIMEOUT })
+  before(
+    async () => {
+      group = new RedisSentinelGroup({ downAfter: 1_000 })
+      await group.start()
+    },
+    { timeout: HOOK_TIMEOUT },
+  )
 
   after(() => group && group.dispose())
 
@@ -556,15 +613,23 @@ describe('Sentinel: a master, a replica and a sentinel', () => {
 
   test('an unknown master name: ERR_REDIS to onError, reads served by the loader within the connect timeout', { timeout: TEST_TIMEOUT }, async (t) => {
     const spawn = workers(t)
-    const W = await spawn('W', { ...optionsFor(newNamespace()), redis: { sentinels: group.sentinelUrls, masterName: 'no-such-master', connectTimeout: CONNECT_TIMEOUT } })
+    const W = await spawn('W', {
+      ...optionsFor(newNamespace()),
+      redis: { sentinels: group.sentinelUrls, masterName: 'no-such-master', connectTimeout: CONNECT_TIMEOUT },
+    })
     const ms = await assertDegradedRead(W, 'sentinel:unknown', 'unknown master name')
     const msgs = await assertRedisErrorsReported(W, 'unknown master name')
-    assert.ok(msgs.some((m) => /master/i.test(m)), `onError says why: ${JSON.stringify(msgs.slice(0, 3))}`)
+    assert.ok(
+      msgs.some((m) => /master/i.test(m)),
+      `onError says why: ${JSON.stringify(msgs.slice(0, 3))}`,
+    )
     note(t, `degraded reads took ${ms} ms; onError: ${JSON.stringify(msgs[0])}`)
   })
 
   // Last in this describe: the old master stays dead.
-  test('one load across processes; the master is killed; after promotion writes reach the new master and coalescing works', { timeout: TEST_TIMEOUT }, async (t) => {
+  test('one load across processes; the master is killed; after promotion writes reach the new master and coalescing works', {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const spawn = workers(t)
     const namespace = newNamespace()
     const A = await spawn('A', optionsFor(namespace))
@@ -587,7 +652,10 @@ describe('Sentinel: a master, a replica and a sentinel', () => {
 
     assert.equal(c.rejected, 0, 'no read rejected through the failover')
     assert.equal(c.wrong, 0, 'every read got its own value')
-    assert.ok(c.slow.every((ms) => ms < 5_000), `no read hung through the failover: ${c.slow.join(', ')} ms`)
+    assert.ok(
+      c.slow.every((ms) => ms < 5_000),
+      `no read hung through the failover: ${c.slow.join(', ')} ms`,
+    )
 
     const bus = await assertBusWorks(A, B, 'se:bus', 'after the failover')
     note(t, `${c.ops} reads through the failover (${c.slow.length} over 1.5 s: ${c.slow.join(', ')}); bus after it: ${bus.firstLagMs} ms, then ${bus.lagMs} ms`)

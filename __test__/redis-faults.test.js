@@ -190,7 +190,12 @@ test('finding 4: READONLY after a REPLICAOF demotion fails single commands; once
   // READONLY fails one command and never marks Redis down (docs/CONTRACT.md), so the instances have
   // nothing to recover from: what the phase below needs is a node that takes writes again.
   await waitFor(
-    async () => (await redis.info('replication')).role === 'master' && (await redis.cmd('SET', `${namespace}:probe`, '1').then((r) => r === 'OK', () => false)),
+    async () =>
+      (await redis.info('replication')).role === 'master' &&
+      (await redis.cmd('SET', `${namespace}:probe`, '1').then(
+        (r) => r === 'OK',
+        () => false,
+      )),
     { timeout: 15_000, interval: 50, what: 'the node to be a writable master again' },
   )
 
@@ -246,7 +251,10 @@ test('finding 4: READONLY after a REPLICAOF demotion fails single commands; once
       return locks.length === 0
     },
     { timeout: 5_000, what: 'every lock key to be released' },
-  ).then(() => true, () => false)
+  ).then(
+    () => true,
+    () => false,
+  )
   assert.ok(released, `no lock key is left behind 5 s after the loads ended: ${JSON.stringify(locks)}`)
 })
 
@@ -287,7 +295,11 @@ test('finding 7: the invalidation inbox is deduplicated and capped; on overflow 
         return { rss: process.memoryUsage().rss, debug: cache._debugCounts() }
       `,
     })
-    await flood(redis, namespace, Array.from({ length: 100_000 }, () => `${origin} ${bigKey}`))
+    await flood(
+      redis,
+      namespace,
+      Array.from({ length: 100_000 }, () => `${origin} ${bigKey}`),
+    )
     // No cache call here: an idle instance never drains its inbox by reading.
     const after = await a.request('run', { body: `return { rss: process.memoryUsage().rss, debug: cache._debugCounts() }` })
     const growthMb = (after.rss - warm.rss) / 2 ** 20
@@ -314,7 +326,11 @@ test('finding 7: the invalidation inbox is deduplicated and capped; on overflow 
     assert.equal(warm.entries, kept.length, 'B holds its entries in process')
     // Gone from Redis without an announcement: a read that does not come from B's own copy must load.
     await redis.cmd('DEL', ...kept.map((k) => vkey(k)))
-    await flood(redis, namespace, Array.from({ length: 20_000 }, (_, i) => `${origin} flood:${i}`))
+    await flood(
+      redis,
+      namespace,
+      Array.from({ length: 20_000 }, (_, i) => `${origin} flood:${i}`),
+    )
     const counts = await b.request('run', { body: `return cache._debugCounts()` })
     const reread = await b.request('run', {
       args: { keys: kept },
@@ -329,7 +345,10 @@ test('finding 7: the invalidation inbox is deduplicated and capped; on overflow 
     for (const [i, r] of reread.out.entries()) assert.ok(r.ok, `re-read of ${kept[i]} rejected: ${r.code} ${r.message}`)
     // None of the kept keys was announced: only a dropped tier explains a reload of every one.
     assert.equal(reread.loaderCalls, kept.length, 'after the inbox overflowed, no in-process entry is served (every kept key loads again)')
-    assert.deepEqual(reread.out.map((r) => r.value), kept.map(() => 'second'))
+    assert.deepEqual(
+      reread.out.map((r) => r.value),
+      kept.map(() => 'second'),
+    )
     assert.equal(typeof counts.inboxKeys, 'number', '_debugCounts() reports inboxKeys')
     assert.ok(counts.inboxKeys <= 10_000, `the inbox is capped at 10,000 keys: ${counts.inboxKeys}`)
   })
@@ -367,7 +386,10 @@ test('finding 9: lock releases after close() share one connection; the bus does 
         return true
       `,
     })
-    const [stats, locksLeft] = await redis.pipeline([['INFO', 'stats'], ['KEYS', `${namespace}:lock:*`]])
+    const [stats, locksLeft] = await redis.pipeline([
+      ['INFO', 'stats'],
+      ['KEYS', `${namespace}:lock:*`],
+    ])
     const after = Number(/total_connections_received:(\d+)/.exec(stats)[1])
     const newConnections = after - before - 1 // minus this INFO's own connection
     note(t, `connections opened by the closed cache for ${n} lock releases: ${newConnections}; locks left: ${locksLeft.length}`)
@@ -400,7 +422,10 @@ test('finding 9: lock releases after close() share one connection; the bus does 
 
     const r = await x.request('read', { key: k, loader: { value: 'x-again' } })
     const xAfter = (await x.request('snapshot')).stats
-    note(t, `X on db 0 after Y's set on db 1: ${JSON.stringify(r.results[0].value)}, loader calls ${r.loaderCallsDuring}, l2Hits ${xBefore.l2Hits}->${xAfter.l2Hits}, misses ${xBefore.misses}->${xAfter.misses}`)
+    note(
+      t,
+      `X on db 0 after Y's set on db 1: ${JSON.stringify(r.results[0].value)}, loader calls ${r.loaderCallsDuring}, l2Hits ${xBefore.l2Hits}->${xAfter.l2Hits}, misses ${xBefore.misses}->${xAfter.misses}`,
+    )
     assert.ok(r.results[0].ok, r.results[0].message)
     assert.equal(r.loaderCallsDuring, 0, "a write on db 1 does not drop X's copy on db 0 (X had to load again)")
     assert.equal(r.results[0].value, 'x', 'X still serves its own value of k')

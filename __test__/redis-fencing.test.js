@@ -251,7 +251,9 @@ const READ_ALL = `
   return { out, calls }
 `
 
-test('a Redis restart without persistence between a set and an older load\'s write-back: that load is not written (history soak, seed 7009)', { timeout: TEST_TIMEOUT }, async (t) => {
+test("a Redis restart without persistence between a set and an older load's write-back: that load is not written (history soak, seed 7009)", {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   // A key Redis knows nothing of: before the fix its fence was empty, and after a restart (which
   // loses B's set and its generation) it was empty again, so A's older result matched and was
   // written, then served to B after B's own write.
@@ -266,7 +268,10 @@ test('a Redis restart without persistence between a set and an older load\'s wri
   // Both instances talk to the new server again before A's load ends (else its write-back is
   // simply not sent, which proves nothing).
   for (const w of [A, B]) {
-    await waitFor(async () => (await w.request('set', { key: `probe:${w.name}`, value: 1 })).ok, { what: `${w.name} to reach the restarted Redis`, timeout: 15_000 })
+    await waitFor(async () => (await w.request('set', { key: `probe:${w.name}`, value: 1 })).ok, {
+      what: `${w.name} to reach the restarted Redis`,
+      timeout: 15_000,
+    })
   }
   await load.open()
   const a = await within(load.result, 10_000, "A's load to end")
@@ -275,7 +280,7 @@ test('a Redis restart without persistence between a set and an older load\'s wri
   assert.notDeepEqual(await stored(key), { exists: true, value: 'A-old' }, "A's load, begun before B's set, was written after the restart")
   const r = await B.request('read', { key, loader: { value: 'reloaded' } })
   assert.ok(r.results[0].ok, r.results[0].message)
-  assert.notEqual(r.results[0].value, 'A-old', "B was served a value older than its own write")
+  assert.notEqual(r.results[0].value, 'A-old', 'B was served a value older than its own write')
 })
 
 test("finding 2: one instance's writes of a key reach Redis in call order", { timeout: TEST_TIMEOUT }, async (t) => {
@@ -338,7 +343,7 @@ const GET_WITH_OWN_WRITE = `
   return wrong
 `
 
-test('finding 2 (history seeds 134, 152): a get overlapping its own instance\'s set or delete is not kept over it', { timeout: TEST_TIMEOUT }, async (t) => {
+test("finding 2 (history seeds 134, 152): a get overlapping its own instance's set or delete is not kept over it", { timeout: TEST_TIMEOUT }, async (t) => {
   const { spawnWorker } = await setup(t)
   const A = await spawnWorker('A', { ttl: 60_000 })
   const B = await spawnWorker('B', { ttl: 60_000 })
@@ -392,7 +397,9 @@ const WRITE_WRITE_GET = `
   return wrong
 `
 
-test('a read started after its own instance called set or delete, while that write waited behind another, is not kept over it (soak seed 7022)', { timeout: TEST_TIMEOUT }, async (t) => {
+test('a read started after its own instance called set or delete, while that write waited behind another, is not kept over it (soak seed 7022)', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const { spawnWorker } = await setup(t)
   const A = await spawnWorker('A', { ttl: 60_000 })
   const runs = 150
@@ -530,7 +537,9 @@ const NEXT_LOAD = `
   return { r, calls }
 `
 
-test('finding 8: a loader that never settles does not block its key past loadTimeout, and its late result is cached nowhere', { timeout: TEST_TIMEOUT }, async (t) => {
+test('finding 8: a loader that never settles does not block its key past loadTimeout, and its late result is cached nowhere', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   await t.test('(a) loadTimeout 300: callers reject ERR_LOAD_TIMEOUT, signal aborted, lock released, the next call loads', async (t) => {
     const { redis, spawnWorker, stored, lkey } = await setup(t)
     const W = await spawnWorker('W', { loadTimeout: 300 })
@@ -551,11 +560,20 @@ test('finding 8: a loader that never settles does not block its key past loadTim
     assert.deepEqual(hung.calls, [1, 1], 'one loader call per key, shared by its callers')
     assert.deepEqual(hung.aborted, [true, true], "each hung loader's ctx.signal aborted when its callers rejected")
     // The default lockTtl is 10 s: a lock still there now was not released at the timeout.
-    await waitFor(async () => (await redis.pipeline([['EXISTS', lkey(key)], ['EXISTS', lkey(key2)]])).every((n) => n === 0), {
-      timeout: 5_000, // half the lockTtl: a lock left to expire is still there
-      interval: 10,
-      what: 'the Redis locks of the timed-out loads to be released',
-    })
+    await waitFor(
+      async () =>
+        (
+          await redis.pipeline([
+            ['EXISTS', lkey(key)],
+            ['EXISTS', lkey(key2)],
+          ])
+        ).every((n) => n === 0),
+      {
+        timeout: 5_000, // half the lockTtl: a lock left to expire is still there
+        interval: 10,
+        what: 'the Redis locks of the timed-out loads to be released',
+      },
+    )
 
     const next = await W.request('run', { body: NEXT_LOAD, args: { key, value: 'second' } })
     assert.ok(next.r !== null, 'the next getOrLoad was still pending 8 s later: the hung load still blocks the key')
@@ -585,10 +603,7 @@ test('finding 8: a loader that never settles does not block its key past loadTim
     assert.ok(s.ok, `B's set: ${s.message}`)
     const a = await within(load.result, 5_000, "A's caller to settle after loadTimeout")
     // No stale value to fall back on: the caller times out (or, at best, is handed B's value).
-    assert.ok(
-      (a.ok === false && a.code === 'ERR_LOAD_TIMEOUT') || (a.ok && a.value === 'B-value'),
-      `A's caller of the hung load: ${JSON.stringify(a)}`,
-    )
+    assert.ok((a.ok === false && a.code === 'ERR_LOAD_TIMEOUT') || (a.ok && a.value === 'B-value'), `A's caller of the hung load: ${JSON.stringify(a)}`)
 
     const next = await A.request('run', { body: NEXT_LOAD, args: { key, value: 'A-second' } })
     assert.ok(next.r !== null, "A's next getOrLoad was still pending 8 s later: the hung load blocks the key although B stored a value")

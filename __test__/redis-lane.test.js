@@ -40,7 +40,14 @@ async function clients(redis) {
   return text
     .split('\n')
     .filter(Boolean)
-    .map((line) => Object.fromEntries(line.trim().split(' ').map((kv) => kv.split('=', 2))))
+    .map((line) =>
+      Object.fromEntries(
+        line
+          .trim()
+          .split(' ')
+          .map((kv) => kv.split('=', 2)),
+      ),
+    )
 }
 
 async function lanes(redis) {
@@ -224,7 +231,9 @@ test('an idle cache with its lane open lets the process exit; a worker thread re
   await waitFor(async () => (await lanes(redis)).length === 0, { what: "the workers' lanes to close" })
 })
 
-test('over TLS (a private CA, client certificates, a server name): reads take a TLS lane, which a kill costs nothing; without verification they do not', { timeout: TEST_TIMEOUT }, async (t) => {
+test('over TLS (a private CA, client certificates, a server name): reads take a TLS lane, which a kill costs nothing; without verification they do not', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-lane-tls-'))
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }))
   const certs = makeCertificates(dir)
@@ -246,8 +255,17 @@ test('over TLS (a private CA, client certificates, a server name): reads take a 
   const mixed = await Promise.all([reader.get('big'), reader.get('k1'), reader.get('big'), reader.get('k2')])
   assert.equal(mixed[0].data.length, 3_000_000)
   assert.equal(mixed[2].data, mixed[0].data)
-  assert.deepEqual([mixed[1], mixed[3]], [{ i: 1, text: 'x'.repeat(300) }, { i: 2, text: 'x'.repeat(600) }])
-  assert.ok((await lanes(redis)).some((c) => c.id === lane.id), 'the same lane is still open')
+  assert.deepEqual(
+    [mixed[1], mixed[3]],
+    [
+      { i: 1, text: 'x'.repeat(300) },
+      { i: 2, text: 'x'.repeat(600) },
+    ],
+  )
+  assert.ok(
+    (await lanes(redis)).some((c) => c.id === lane.id),
+    'the same lane is still open',
+  )
   // Read-your-writes across the command connection and the lane.
   for (let n = 1; n <= 50; n++) {
     await reader.set('rw', n)

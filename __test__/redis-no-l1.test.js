@@ -56,7 +56,9 @@ function counting(value = (n) => `v${n}`) {
 const pastTtl = () => sleep(TTL + 50)
 
 for (const [label, tier] of TIERS) {
-  test(`${label}: a stale read serves the old value, refreshes it once in the background, and the next read gets the new one`, { timeout: TEST_TIMEOUT }, async (t) => {
+  test(`${label}: a stale read serves the old value, refreshes it once in the background, and the next read gets the new one`, {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const { a, b } = await pair(t, tier)
     assert.equal(await a.getOrLoad('k', () => 'v0'), 'v0')
     // B knows the entry before it goes stale (with the in-process tier, it keeps a copy).
@@ -96,7 +98,9 @@ for (const [label, tier] of TIERS) {
     await waitFor(async () => (await b.get('k')) === 'early1', { what: 'the early refresh to be served' })
   })
 
-  test(`${label}: a failed refresh keeps the stale value and holds refreshes back for errorBackoff, in every instance`, { timeout: TEST_TIMEOUT }, async (t) => {
+  test(`${label}: a failed refresh keeps the stale value and holds refreshes back for errorBackoff, in every instance`, {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const errors = []
     const { a, b } = await pair(t, tier, { errorBackoff: 60_000, onError: (err, info) => errors.push(info.op) })
     assert.equal(await a.getOrLoad('k', () => 'v0'), 'v0')
@@ -157,7 +161,9 @@ for (const [label, tier] of TIERS) {
     assert.equal(load.calls, 2, 'loaded once more, not on every read')
   })
 
-  test(`${label}: maxConcurrentRefreshes bounds the refreshes running at once; every stale key is refreshed by later reads`, { timeout: TEST_TIMEOUT }, async (t) => {
+  test(`${label}: maxConcurrentRefreshes bounds the refreshes running at once; every stale key is refreshed by later reads`, {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const { a, b } = await pair(t, tier, { maxConcurrentRefreshes: 1 })
     const keys = ['k1', 'k2', 'k3']
     for (const k of keys) assert.equal(await a.getOrLoad(k, () => `${k}:0`), `${k}:0`)

@@ -176,8 +176,10 @@ test("deleteByTag's cost does not grow with the tagged keys: a tag on 3,000 keys
   assert.equal(gone, 0, 'every tagged entry is gone in A')
 })
 
-test('clear() across three processes: every entry of the namespace, in every instance and in Redis; other namespaces untouched', { timeout: TEST_TIMEOUT }, async (t) => {
-  const { redis, namespace, base, spawnWorker, vkey } = await setup(t)
+test('clear() across three processes: every entry of the namespace, in every instance and in Redis; other namespaces untouched', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { redis, namespace, spawnWorker, vkey } = await setup(t)
   const [A, B, C] = await Promise.all(['A', 'B', 'C'].map((n) => spawnWorker(n)))
   // Another namespace whose name starts like this one's: SCAN patterns must not reach it.
   const D = await spawnWorker('D', { namespace: `${namespace}:v` })
@@ -225,7 +227,8 @@ test('clear() sweeps 20,000 keys in batches: no KEYS, entries written after it s
   const { redis, namespace, spawnWorker } = await setup(t)
   const A = await spawnWorker('A', { l1: false })
   // Written straight to Redis: 20,000 envelopes born at 0.
-  const envelope = (i, born = 0) => JSON.stringify({ sc: 1, gen: 'g', born, freshUntil: Date.now() + 600_000, hardUntil: Date.now() + 600_000, computeMs: 0, retryAfter: 0, value: i })
+  const envelope = (i, born = 0) =>
+    JSON.stringify({ sc: 1, gen: 'g', born, freshUntil: Date.now() + 600_000, hardUntil: Date.now() + 600_000, computeMs: 0, retryAfter: 0, value: i })
   for (let i = 0; i < 20_000; i += 1_000) {
     await redis.pipeline(Array.from({ length: 1_000 }, (_, j) => ['SET', `${namespace}:v:{bulk${i + j}}`, envelope(i + j)]))
   }
@@ -241,7 +244,7 @@ test('clear() sweeps 20,000 keys in batches: no KEYS, entries written after it s
   const keysAfter = Number((await redis.info('commandstats'))['cmdstat_keys']?.match(/calls=(\d+)/)?.[1] ?? 0)
   assert.equal(keysAfter, keysBefore, 'clear sent no KEYS')
   assert.ok(Number((await redis.info('commandstats'))['cmdstat_scan']?.match(/calls=(\d+)/)?.[1] ?? 0) >= 2, 'clear scanned in steps')
-  assert.equal(await redis.cmd('DBSIZE') < 10, true, `keys left: ${await redis.cmd('DBSIZE')}`)
+  assert.equal((await redis.cmd('DBSIZE')) < 10, true, `keys left: ${await redis.cmd('DBSIZE')}`)
   assert.deepEqual(await serves(A, 'bulk5'), { value: 'new', loaded: false }, 'the set made after clear stays')
   assert.notEqual(await redis.cmd('GET', `${namespace}:v:{future}`), null, 'an entry born after the clear is not swept')
   assert.deepEqual(await serves(A, 'bulk6'), { value: 'LOADED', loaded: true })
@@ -304,7 +307,9 @@ test('a set made after a deleteByTag elsewhere resolved is kept, whether or not 
   await assertServed([A, B, C], 'unheard', 'new', 'a deleteByTag never announced')
 })
 
-test('after a Redis restart without persistence the namespace clock never runs backwards: a deleteByTag still drops entries written since', { timeout: TEST_TIMEOUT }, async (t) => {
+test('after a Redis restart without persistence the namespace clock never runs backwards: a deleteByTag still drops entries written since', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   // Before the fix Redis's clock restarted at 0 while every instance still knew 3: entries were
   // born at 3, and a deleteByTag made afterwards (clock 1, or 4 from an instance's own floor)
   // could leave them alive.
@@ -315,7 +320,10 @@ test('after a Redis restart without persistence the namespace clock never runs b
   await busFlushed([A, B])
   await redis.restart('SIGKILL')
   for (const w of [A, B]) {
-    await waitFor(async () => (await w.request('set', { key: `probe:${w.name}`, value: 1 })).ok, { what: `${w.name} to reach the restarted Redis`, timeout: 15_000 })
+    await waitFor(async () => (await w.request('set', { key: `probe:${w.name}`, value: 1 })).ok, {
+      what: `${w.name} to reach the restarted Redis`,
+      timeout: 15_000,
+    })
   }
   assert.deepEqual(await run(A, FILL, { keys: ['k'], tags: { k: ['t'] } }), { k: 'opt:k' })
   // An instance started after the restart knows no clock but Redis's.
@@ -331,7 +339,10 @@ test('after a Redis restart without persistence the namespace clock never runs b
   assert.deepEqual(await run(A, FILL, { keys: ['j'], tags: { j: ['u'] } }), { j: 'opt:j' })
   await redis.restart('SIGKILL')
   for (const w of [A, B]) {
-    await waitFor(async () => (await w.request('set', { key: `probe:${w.name}`, value: 1 })).ok, { what: `${w.name} to reach the restarted Redis`, timeout: 15_000 })
+    await waitFor(async () => (await w.request('set', { key: `probe:${w.name}`, value: 1 })).ok, {
+      what: `${w.name} to reach the restarted Redis`,
+      timeout: 15_000,
+    })
   }
   assert.deepEqual(await run(A, FILL, { keys: ['j'], tags: { j: ['u'] } }), { j: 'opt:j' })
   assert.ok(await run(B, 'await cache.deleteByTag("u"); return true'))
@@ -388,7 +399,7 @@ test('skipCache across processes: nothing reaches Redis, and the lock is release
   assert.equal(b.loaderCallsDuring, 1, 'B loaded once for its 5 callers')
   for (const r of b.results) assert.equal(r.value, 'B loaded')
   const bStats = (await B.request('snapshot')).stats
-  assert.equal(bStats.lockWaits, 1, 'B waited on A\'s lock first')
+  assert.equal(bStats.lockWaits, 1, "B waited on A's lock first")
   assert.ok(waited < 10_000, `B waited ${waited} ms with lockTtl 20 s: the lock was released`)
   assert.equal(JSON.parse(await redis.cmd('GET', vkey('k'))).value, 'B loaded', "only B's result reached Redis")
   assert.deepEqual(await serves(A, 'k'), { value: 'B loaded', loaded: false })
@@ -406,7 +417,9 @@ test('ctx.setTtl across processes: the Redis expiry is the hardTtl and every pro
   assert.equal(b.hardUntil - b.freshUntil, 15_000)
 })
 
-test('l1.maxBytes with Redis: 10 KB values evicted by size are read back from Redis (l2Hits); an oversized value is served but kept only in Redis', { timeout: TEST_TIMEOUT }, async (t) => {
+test('l1.maxBytes with Redis: 10 KB values evicted by size are read back from Redis (l2Hits); an oversized value is served but kept only in Redis', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const { spawnWorker } = await setup(t)
   const A = await spawnWorker('A', { l1: { maxBytes: 25_000 } })
   const body = `
@@ -419,7 +432,10 @@ test('l1.maxBytes with Redis: 10 KB values evicted by size are read back from Re
     return { out, stats: cache.stats() }
   `
   const first = await run(A, body, { keys: ['a', 'b', 'c'], size: 10_000 })
-  assert.deepEqual(first.out.map((x) => x.loads), [1, 1, 1])
+  assert.deepEqual(
+    first.out.map((x) => x.loads),
+    [1, 1, 1],
+  )
   assert.equal(first.stats.l1Entries, 2, 'three 10 KB values in 25 KB: the oldest went')
   assert.ok(first.stats.l1Bytes <= 25_000 && first.stats.l1Bytes > 20_000, `l1Bytes ${first.stats.l1Bytes}`)
   const again = await run(A, body, { keys: ['a'], size: 10_000 })
@@ -427,7 +443,14 @@ test('l1.maxBytes with Redis: 10 KB values evicted by size are read back from Re
   assert.equal(again.stats.l2Hits, first.stats.l2Hits + 1, 'a came back from Redis, not from the loader')
   assert.equal(again.stats.misses, first.stats.misses)
   const big = await run(A, body, { keys: ['big', 'big', 'big'], size: 40_000 })
-  assert.deepEqual(big.out.map((x) => [x.ok, x.loads]), [[true, 1], [true, 0], [true, 0]])
+  assert.deepEqual(
+    big.out.map((x) => [x.ok, x.loads]),
+    [
+      [true, 1],
+      [true, 0],
+      [true, 0],
+    ],
+  )
   assert.equal(big.stats.l2Hits, again.stats.l2Hits + 2, 'each later read of the big value is an l2Hit')
   assert.ok(big.stats.l1Bytes <= 25_000, `l1Bytes ${big.stats.l1Bytes}`)
 })
@@ -459,7 +482,9 @@ const DESCRIBE = `
   })
 `
 
-test("'v8' serializer: every type it claims is read back by another process with l1: false; another serializer's entry is a miss, never a crash", { timeout: TEST_TIMEOUT }, async (t) => {
+test("'v8' serializer: every type it claims is read back by another process with l1: false; another serializer's entry is a miss, never a crash", {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const { spawnWorker, redis, vkey } = await setup(t)
   const W = await spawnWorker('W', { serializer: 'v8' })
   const R = await spawnWorker('R', { serializer: 'v8', l1: false })
@@ -467,7 +492,10 @@ test("'v8' serializer: every type it claims is read back by another process with
   const written = await run(W, `${RICH}${DESCRIBE} await cache.set('rich', rich); return describe(await cache.getOrLoad('loaded', () => rich))`)
   const expected = {
     date: 1_700_000_000_123,
-    map: [['a', 1], [2, 'date:0']],
+    map: [
+      ['a', 1],
+      [2, 'date:0'],
+    ],
     set: ['x', 3],
     big: '12345678901234567890',
     u8: [1, 2, 255],
@@ -477,7 +505,11 @@ test("'v8' serializer: every type it claims is read back by another process with
   }
   assert.deepEqual(written, expected, 'the writer itself gets every type back')
   for (const key of ['rich', 'loaded']) {
-    const r = await run(R, `${DESCRIBE} let loads = 0; const v = await cache.getOrLoad(args.key, () => (loads++, null)); return { v: v && describe(v), loads, got: describe(await cache.get(args.key)) }`, { key })
+    const r = await run(
+      R,
+      `${DESCRIBE} let loads = 0; const v = await cache.getOrLoad(args.key, () => (loads++, null)); return { v: v && describe(v), loads, got: describe(await cache.get(args.key)) }`,
+      { key },
+    )
     assert.equal(r.loads, 0, `R read ${key} from Redis`)
     assert.deepEqual(r.v, expected, `R (l1: false) getOrLoad(${key})`)
     assert.deepEqual(r.got, expected, `R (l1: false) get(${key})`)
@@ -582,9 +614,12 @@ test('Redis Cluster: deleteByTag and clear reach entries on every master, with n
     { what: "deleteByTag('odd') to reach A and B" },
   )
   await run(A, `await cache.clear(); return true`)
-  await eventually(async () => {
-    for (const k of ['key0', 'key2']) await assertGone([A, B], k, 'after clear')
-  }, { what: 'the clear to reach A and B' })
+  await eventually(
+    async () => {
+      for (const k of ['key0', 'key2']) await assertGone([A, B], k, 'after clear')
+    },
+    { what: 'the clear to reach A and B' },
+  )
   let left = 0
   for (const m of await cluster.masters()) left += (await m.cmd('KEYS', `${namespace}:v:*`)).length
   assert.equal(left, 0, 'every master was swept')

@@ -43,7 +43,11 @@ describe('maxConcurrentRefreshes', () => {
     const cache = await staleCache({ maxConcurrentRefreshes: 4 })
     const r = gatedRefresher()
     const first = await within(Promise.all(KEYS.map((k) => cache.getOrLoad(k, r.loader))), 5_000, 'the stale reads')
-    assert.deepEqual(first, KEYS.map((k) => ({ k, v: 1 })), 'every reader got the stale value without waiting')
+    assert.deepEqual(
+      first,
+      KEYS.map((k) => ({ k, v: 1 })),
+      'every reader got the stale value without waiting',
+    )
     assert.equal(r.calls, 4, 'refreshes started: the bound, not one per key')
     assert.equal(cache._debugCounts().refreshing, 4)
 
@@ -53,7 +57,11 @@ describe('maxConcurrentRefreshes', () => {
 
     // A cold key loads at once although every place is taken.
     let coldCalls = 0
-    const cold = await within(cache.getOrLoad('cold', async () => ++coldCalls), 5_000, 'the cold load')
+    const cold = await within(
+      cache.getOrLoad('cold', async () => ++coldCalls),
+      5_000,
+      'the cold load',
+    )
     assert.equal(cold, 1)
 
     // Released, the refreshes finish; later reads refresh the rest, at most four at a time, each
@@ -66,7 +74,10 @@ describe('maxConcurrentRefreshes', () => {
     }
     await cache.settle()
     for (const k of KEYS) assert.equal((await cache.inspect(k))?.state, 'fresh', `${k} refreshed`)
-    assert.deepEqual(await Promise.all(KEYS.map((k) => cache.get(k))), KEYS.map((k) => ({ k, v: 2 })))
+    assert.deepEqual(
+      await Promise.all(KEYS.map((k) => cache.get(k))),
+      KEYS.map((k) => ({ k, v: 2 })),
+    )
     assert.equal(r.peak, 4, 'never more than the bound at once')
     assert.equal(r.calls, KEYS.length, 'each key refreshed once')
     assert.equal(new Set(r.keys).size, KEYS.length)

@@ -53,7 +53,10 @@ async function until(what, predicate, ms = 10_000) {
 
 async function untilStale(key) {
   let state
-  await until(() => `${JSON.stringify(key)} to go stale (last state ${state})`, async () => (state = (await cache.inspect(key))?.state) === 'stale')
+  await until(
+    () => `${JSON.stringify(key)} to go stale (last state ${state})`,
+    async () => (state = (await cache.inspect(key))?.state) === 'stale',
+  )
 }
 
 test('cold: 200 concurrent invocations share one load and hand nothing to waitUntil', async () => {
@@ -66,11 +69,14 @@ test('cold: 200 concurrent invocations share one load and hand nothing to waitUn
   assert.equal(source.started, 1)
 })
 
-test('stale: answered at once, and the one refresh is handed to that invocation\'s waitUntil before its response', async () => {
+test("stale: answered at once, and the one refresh is handed to that invocation's waitUntil before its response", async () => {
   await untilStale(['feed', '42'])
   source.hold()
   const ctxs = await Promise.all(Array.from({ length: 50 }, () => invoke('42')))
-  assert.ok(ctxs.every((c) => c.body.version === 1), 'the stale feed was served')
+  assert.ok(
+    ctxs.every((c) => c.body.version === 1),
+    'the stale feed was served',
+  )
   assert.equal(source.started, 2, 'one refresh started')
   assert.equal(source.finished, 1, 'every response came while the refresh was blocked')
   const leaders = ctxs.filter((c) => c.handed.length > 0)

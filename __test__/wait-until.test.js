@@ -72,7 +72,13 @@ test('the scope reaches refreshes started after awaits inside the request', asyn
 
 test('withWaitUntil returns what the function returns and rejects bad arguments', async () => {
   const cache = new StampedeCache()
-  assert.equal(cache.withWaitUntil(() => {}, () => 42), 42)
+  assert.equal(
+    cache.withWaitUntil(
+      () => {},
+      () => 42,
+    ),
+    42,
+  )
   assert.throws(() => withWaitUntil('nope', () => 1), { code: 'ERR_INVALID_ARGUMENT' })
   assert.throws(() => withWaitUntil(() => {}, null), { code: 'ERR_INVALID_ARGUMENT' })
   await cache.close()

@@ -162,7 +162,11 @@ async function cold(name, redisUrl, namespace) {
     const u = new URL(redisUrl)
     const bento = new BentoCache({
       default: 'cache',
-      stores: { cache: bentostore().useL1Layer(memoryDriver({ maxItems: 10_000 })).useL2Layer(redisDriver({ connection: { host: u.hostname, port: Number(u.port) }, prefix: namespace })) },
+      stores: {
+        cache: bentostore()
+          .useL1Layer(memoryDriver({ maxItems: 10_000 }))
+          .useL2Layer(redisDriver({ connection: { host: u.hostname, port: Number(u.port) }, prefix: namespace })),
+      },
     })
     await bento.get({ key: '__warm__' })
     const t = performance.now()
@@ -276,11 +280,25 @@ function chartSpec(o) {
         mark: { type: 'bar' },
         encoding: {
           y,
-          x: { field: 'ratio', type: 'quantitative', scale: { domain: [0, max] }, title: 'stampede-cache batches/s / other batches/s', axis: { format: '.1f' } },
-          color: { field: 'faster', type: 'nominal', scale: { domain: ['stampede-cache faster', 'other faster'], range: ['#4c78a8', '#e45756'] }, legend: null },
+          x: {
+            field: 'ratio',
+            type: 'quantitative',
+            scale: { domain: [0, max] },
+            title: 'stampede-cache batches/s / other batches/s',
+            axis: { format: '.1f' },
+          },
+          color: {
+            field: 'faster',
+            type: 'nominal',
+            scale: { domain: ['stampede-cache faster', 'other faster'], range: ['#4c78a8', '#e45756'] },
+            legend: null,
+          },
         },
       },
-      { mark: { type: 'text', align: 'left', dx: 3, fontSize: 10 }, encoding: { y, x: { field: 'ratio', type: 'quantitative' }, text: { field: 'ratio', type: 'quantitative', format: '.2f' } } },
+      {
+        mark: { type: 'text', align: 'left', dx: 3, fontSize: 10 },
+        encoding: { y, x: { field: 'ratio', type: 'quantitative' }, text: { field: 'ratio', type: 'quantitative', format: '.2f' } },
+      },
       { data: { values: [{ x: 1 }] }, mark: { type: 'rule', color: '#111', strokeDash: [4, 3] }, encoding: { x: { field: 'x', type: 'quantitative' } } },
     ],
     config: { font: 'Helvetica, Arial, sans-serif', view: { stroke: null } },
@@ -293,13 +311,22 @@ function print(o) {
   console.log(`\nMany keys at once, ${o.keys} keys a batch, median of ${o.rounds} rounds (Node ${o.node})\n`)
   console.log('| case | stampede-cache batches/s | other batches/s | ratio (ours/other) |')
   console.log('|---|---:|---:|---:|')
-  console.log(`| warm in Redis, l1: false, sequential, vs ioredis MGET + JSON.parse | ${n(o.redisSequential.oursBatchesPerSec)} | ${n(o.redisSequential.otherBatchesPerSec)} | ${x(o.redisSequential.ratio)} |`)
-  console.log(`| warm in Redis, l1: false, 16 in flight, vs ioredis MGET + JSON.parse | ${n(o.redis16.oursBatchesPerSec)} | ${n(o.redis16.otherBatchesPerSec)} | ${x(o.redis16.ratio)} |`)
-  console.log(`| warm in process, vs a loop of Map.get | ${n(o.inProcess.oursBatchesPerSec)} | ${n(o.inProcess.otherBatchesPerSec)} | ${x(o.inProcess.ratio)} |`)
+  console.log(
+    `| warm in Redis, l1: false, sequential, vs ioredis MGET + JSON.parse | ${n(o.redisSequential.oursBatchesPerSec)} | ${n(o.redisSequential.otherBatchesPerSec)} | ${x(o.redisSequential.ratio)} |`,
+  )
+  console.log(
+    `| warm in Redis, l1: false, 16 in flight, vs ioredis MGET + JSON.parse | ${n(o.redis16.oursBatchesPerSec)} | ${n(o.redis16.otherBatchesPerSec)} | ${x(o.redis16.ratio)} |`,
+  )
+  console.log(
+    `| warm in process, vs a loop of Map.get | ${n(o.inProcess.oursBatchesPerSec)} | ${n(o.inProcess.otherBatchesPerSec)} | ${x(o.inProcess.ratio)} |`,
+  )
   console.log('\n| cold, 1 process | call | database queries | ids asked | ms |')
   console.log('|---|---|---:|---:|---:|')
   for (const c of o.cold) console.log(`| ${c.name} | \`${c.call}\` | ${n(c.queries)} | ${n(c.ids)} | ${n(c.ms)} |`)
-  const fmt = (c) => Object.entries(c).map(([k, v]) => `${k} ${v}`).join(', ')
+  const fmt = (c) =>
+    Object.entries(c)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(', ')
   console.log(`\nRedis commands for a cold batch of ${o.keys}: ${fmt(o.coldCommands)}`)
   console.log(`Redis commands for a warm batch of ${o.keys} (l1: false): ${fmt(o.warmCommands)}`)
 }

@@ -34,7 +34,6 @@ const OBSERVERS = {
   },
 }
 
-
 async function timeLoop(n, fn) {
   const t0 = process.hrtime.bigint()
   for (let i = 0; i < n; i++) await fn()
@@ -78,7 +77,11 @@ async function main() {
   const n = Number(process.env.HIT_BENCH_N ?? 1_000_000)
   const rounds = Number(process.env.HIT_BENCH_ROUNDS ?? 7)
   const rows = []
-  for (const [label, bytes] of [['small', 0], ['10 KB', 10_000], ['100 KB', 100_000]]) {
+  for (const [label, bytes] of [
+    ['small', 0],
+    ['10 KB', 10_000],
+    ['100 KB', 100_000],
+  ]) {
     const value = bytes === 0 ? { id: 1, name: 'small' } : valueOfSize(bytes)
     rows.push(await measure(label, value, n, rounds))
   }

@@ -15,9 +15,7 @@ const seconds = Number(args[args.indexOf('--seconds') + 1]) || 10
 const PROCESSES = 4
 
 function startWorkers(url) {
-  return Array.from({ length: PROCESSES }, () =>
-    fork(path.join(__dirname, 'workers', 'stampede-worker.js'), { env: { ...process.env, BENCH_REDIS_URL: url } }),
-  )
+  return Array.from({ length: PROCESSES }, () => fork(path.join(__dirname, 'workers', 'stampede-worker.js'), { env: { ...process.env, BENCH_REDIS_URL: url } }))
 }
 
 function next(worker, field) {
@@ -57,9 +55,7 @@ async function hotScenario(url) {
   const ready = workers.map((w) => next(w, 'ready'))
   const results = workers.map((w) => next(w, 'result'))
   const startAt = Date.now() + 500
-  workers.forEach((w) =>
-    w.send({ cmd: 'hot', key: 'hot-key', ttl: 1000, ratePerSec: 2000 / PROCESSES, seconds, loaderMs: 20, startAt }),
-  )
+  workers.forEach((w) => w.send({ cmd: 'hot', key: 'hot-key', ttl: 1000, ratePerSec: 2000 / PROCESSES, seconds, loaderMs: 20, startAt }))
   await Promise.all(ready)
   const rs = await Promise.all(results)
   workers.forEach((w) => w.kill())

@@ -47,12 +47,30 @@ const { RedisCluster } = require('../__test__/helpers/redis-topology')
 
 function usage(message) {
   if (message) console.error(`soak: ${message}`)
-  console.error('usage: node scripts/soak.js [--cluster | --tls | --mtls] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--l1 off|BYTES] [--serializer json|v8|custom] [--tags on|off] [--no-faults] [--verbose]')
+  console.error(
+    'usage: node scripts/soak.js [--cluster | --tls | --mtls] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--l1 off|BYTES] [--serializer json|v8|custom] [--tags on|off] [--no-faults] [--verbose]',
+  )
   process.exit(2)
 }
 
 function parseArgs(argv) {
-  const args = { seeds: null, minutes: null, seed: null, repeat: 1, first: null, duration: DEFAULTS.durationMs, out: null, verbose: false, cluster: false, tls: false, mtls: false, l1: undefined, serializer: undefined, tags: undefined, faults: true }
+  const args = {
+    seeds: null,
+    minutes: null,
+    seed: null,
+    repeat: 1,
+    first: null,
+    duration: DEFAULTS.durationMs,
+    out: null,
+    verbose: false,
+    cluster: false,
+    tls: false,
+    mtls: false,
+    l1: undefined,
+    serializer: undefined,
+    tags: undefined,
+    faults: true,
+  }
   const number = (name, v, { integer = true, min = 0 } = {}) => {
     const n = Number(v)
     if (v === undefined || !Number.isFinite(n) || (integer && !Number.isInteger(n)) || n < min) usage(`--${name} needs a number >= ${min}, got ${v}`)
@@ -147,23 +165,52 @@ function printSummary() {
   console.log(`soak summary${state.interrupted ? ' (interrupted)' : ''}`)
   console.log(`  runs:       ${runs.length} (${new Set(runs.map((h) => h.seed)).size} seeds) in ${minutes.toFixed(1)} min`)
   console.log(`  operations: ${ops} (${runs.reduce((s, h) => s + h.loads.length, 0)} loader calls)`)
-  console.log(`  faults:     ${faults.length} (${Object.entries(countBy(faults, (f) => f.kind)).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'})`)
+  console.log(
+    `  faults:     ${faults.length} (${
+      Object.entries(countBy(faults, (f) => f.kind))
+        .map(([k, n]) => `${k} ${n}`)
+        .join(', ') || 'none'
+    })`,
+  )
   if (state.cluster) {
     const kills = faults.filter((f) => f.kind === 'kill-master' && f.newMaster)
     const promoted = kills.map((f) => f.promotedMs).sort((a, b) => a - b)
     const pct = (q) => promoted[Math.min(promoted.length - 1, Math.floor(q * promoted.length))]
     const moved = runs.reduce((s, h) => s + (h.cluster?.after ? h.keys.filter((k) => h.cluster.before.owners[k] !== h.cluster.after.owners[k]).length : 0), 0)
-    console.log(`  cluster:    ${state.clusters} cluster(s) started; ${kills.length} masters killed and failed over${promoted.length ? ` (promotion ${promoted[0]}/${pct(0.5)}/${promoted[promoted.length - 1]} ms min/median/max)` : ''}; ${moved} key-master changes in all`)
+    console.log(
+      `  cluster:    ${state.clusters} cluster(s) started; ${kills.length} masters killed and failed over${promoted.length ? ` (promotion ${promoted[0]}/${pct(0.5)}/${promoted[promoted.length - 1]} ms min/median/max)` : ''}; ${moved} key-master changes in all`,
+    )
   }
   if (state.failed.length > 0) {
-    console.log(`  incomplete: ${state.failed.length} run(s) could not complete: seeds ${state.failed.map((f) => f.seed).join(' ')} (first: ${state.failed[0].error.split('\n')[0]})`)
+    console.log(
+      `  incomplete: ${state.failed.length} run(s) could not complete: seeds ${state.failed.map((f) => f.seed).join(' ')} (first: ${state.failed[0].error.split('\n')[0]})`,
+    )
   }
   const configs = countBy(runs, (h) => `${h.cfg.serializer}${h.cfg.tags ? '+tags' : ''}`)
-  const l1s = countBy(runs.flatMap((h) => h.config), (c) => (c.l1 === false ? 'off' : c.l1 && c.l1.maxBytes ? 'maxBytes' : 'lru'))
-  console.log(`  configs:    ${Object.entries(configs).map(([k, n]) => `${k} ${n}`).join(', ')}; workers' l1: ${Object.entries(l1s).map(([k, n]) => `${k} ${n}`).join(', ')}`)
-  const opKinds = countBy(runs.flatMap((h) => h.ops), (o) => o.op)
-  console.log(`  op kinds:   ${Object.entries(opKinds).map(([k, n]) => `${k} ${n}`).join(', ')}`)
-  if (empty.length > 0) console.log(`  empty:      ${empty.length} run(s) tested nothing (${empty.map((h) => `seed ${h.seed}: ${testedNothing(h)}`).join('; ')}): that fails the soak`)
+  const l1s = countBy(
+    runs.flatMap((h) => h.config),
+    (c) => (c.l1 === false ? 'off' : c.l1 && c.l1.maxBytes ? 'maxBytes' : 'lru'),
+  )
+  console.log(
+    `  configs:    ${Object.entries(configs)
+      .map(([k, n]) => `${k} ${n}`)
+      .join(', ')}; workers' l1: ${Object.entries(l1s)
+      .map(([k, n]) => `${k} ${n}`)
+      .join(', ')}`,
+  )
+  const opKinds = countBy(
+    runs.flatMap((h) => h.ops),
+    (o) => o.op,
+  )
+  console.log(
+    `  op kinds:   ${Object.entries(opKinds)
+      .map(([k, n]) => `${k} ${n}`)
+      .join(', ')}`,
+  )
+  if (empty.length > 0)
+    console.log(
+      `  empty:      ${empty.length} run(s) tested nothing (${empty.map((h) => `seed ${h.seed}: ${testedNothing(h)}`).join('; ')}): that fails the soak`,
+    )
   if (failing.length === 0) {
     console.log('  violations: none')
   } else {
@@ -172,7 +219,9 @@ function printSummary() {
       const list = [...seeds]
       console.log(`    ${kind} x${count} in seeds ${list.slice(0, 20).join(' ')}${list.length > 20 ? ` (+${list.length - 20})` : ''}`)
     }
-    console.log(`  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : state.mtls ? ' --mtls' : state.tls ? ' --tls' : ''}`)
+    console.log(
+      `  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : state.mtls ? ' --mtls' : state.tls ? ' --tls' : ''}`,
+    )
   }
 }
 
@@ -187,13 +236,19 @@ function testedNothing(h) {
 async function main() {
   const args = parseArgs(process.argv.slice(2))
   const deadline = args.minutes === null ? Infinity : state.startedAt + args.minutes * 60_000
-  const maxRuns = args.seed !== null ? args.repeat : args.seeds ?? Infinity
+  const maxRuns = args.seed !== null ? args.repeat : (args.seeds ?? Infinity)
   const first = args.seed ?? args.first ?? Math.floor(Math.random() * 2 ** 31)
   if (args.out) fs.mkdirSync(args.out, { recursive: true })
   state.cluster = args.cluster
   state.tls = args.tls
   state.mtls = args.mtls
-  const against = args.cluster ? ' against a Redis Cluster' : args.mtls ? ' against a redis-server requiring client certificates (mutual TLS)' : args.tls ? ' against a TLS-only redis-server' : ''
+  const against = args.cluster
+    ? ' against a Redis Cluster'
+    : args.mtls
+      ? ' against a redis-server requiring client certificates (mutual TLS)'
+      : args.tls
+        ? ' against a TLS-only redis-server'
+        : ''
   console.log(
     args.seed !== null
       ? `soak: replaying seed ${args.seed} ${args.repeat} time(s)${against}`

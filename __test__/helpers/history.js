@@ -222,7 +222,14 @@ function serverBackend() {
     async recover() {
       redis.resume()
       if (!redis.proc) await redis.start()
-      await waitFor(() => redis.cmd('PING').then((r) => r === 'PONG', () => false), { timeout: 15_000, what: 'Redis to answer PING' })
+      await waitFor(
+        () =>
+          redis.cmd('PING').then(
+            (r) => r === 'PONG',
+            () => false,
+          ),
+        { timeout: 15_000, what: 'Redis to answer PING' },
+      )
     },
     envelopes: async (namespace, keys) => parseEnvelopes(keys, await redis.pipeline(keys.map((k) => ['GET', valueKey(namespace, k)]))),
     dispose: () => redis.dispose(),
@@ -262,7 +269,14 @@ function tlsServerBackend({ mtls = false } = {}) {
     async recover() {
       node.resume()
       await node.revive()
-      await waitFor(() => node.cmd('PING').then((r) => r === 'PONG', () => false), { timeout: 15_000, what: 'Redis to answer PING' })
+      await waitFor(
+        () =>
+          node.cmd('PING').then(
+            (r) => r === 'PONG',
+            () => false,
+          ),
+        { timeout: 15_000, what: 'Redis to answer PING' },
+      )
     },
     envelopes: async (namespace, keys) => parseEnvelopes(keys, await node.pipeline(keys.map((k) => ['GET', valueKey(namespace, k)]))),
     async dispose() {
@@ -685,7 +699,10 @@ async function runHistory(options = {}) {
     const faulting = o.faults
       ? sleep(h.t0 - Date.now())
           .then(() => backend.faults({ seed, t0: h.t0, durationMs: o.durationMs, until: h.t0 + o.durationMs, faults: h.faults }))
-          .then(() => null, (err) => err)
+          .then(
+            () => null,
+            (err) => err,
+          )
       : Promise.resolve(null)
     const results = await Promise.allSettled(runs)
     const faultError = await faulting
@@ -821,13 +838,19 @@ function checkHistory(h) {
   const all = [...h.ops, ...(h.warms ?? []), ...h.finals]
   const fmt = (t) => rel(h, t)
 
-  for (const e of h.workerErrors) add('worker-failed', null, h.checkedAt ?? Date.now(), `${e.proc} ${e.phase}: ${e.message}${e.exit ? ` (exit ${JSON.stringify(e.exit)})` : ''}`)
+  for (const e of h.workerErrors)
+    add('worker-failed', null, h.checkedAt ?? Date.now(), `${e.proc} ${e.phase}: ${e.message}${e.exit ? ` (exit ${JSON.stringify(e.exit)})` : ''}`)
 
   for (const op of all) {
     const where = `${op.proc} #${op.i} ${op.op}(${op.key}) started ${fmt(op.start)}`
     if (op.op === 'silent') continue
     if (op.outcome === 'hung') {
-      add('hung', op.key, op.start + h.cfg.hangBound, `${where} did not settle within ${h.cfg.hangBound} ms${op.lateEnd ? ` (settled ${op.lateEnd - op.start} ms after it started)` : ''}`)
+      add(
+        'hung',
+        op.key,
+        op.start + h.cfg.hangBound,
+        `${where} did not settle within ${h.cfg.hangBound} ms${op.lateEnd ? ` (settled ${op.lateEnd - op.start} ms after it started)` : ''}`,
+      )
       continue
     }
     if (READS.has(op.op) || op.op === 'final-getOrLoad' || op.op === 'final-warm') {
@@ -843,15 +866,29 @@ function checkHistory(h) {
       if (op.outcome !== 'ok') continue
       if (op.v === 'null') {
         // A negative entry: only from a loader that returned null (a 'null-load' of this key).
-        if (!h.loads.some((l) => l.key === op.key && l.outcome === 'null' && l.start <= op.end)) add('bad-value', op.key, op.end, `${where} returned null, and no loader of ${op.key} had returned null`)
+        if (!h.loads.some((l) => l.key === op.key && l.outcome === 'null' && l.start <= op.end))
+          add('bad-value', op.key, op.end, `${where} returned null, and no loader of ${op.key} had returned null`)
       } else if (op.v === 'bad') add('bad-value', op.key, op.end, `${where} returned ${op.bad}, which no loader or writer produced`)
-      else if (op.v === 'undefined' && LOADING_READS.has(op.op)) add('bad-value', op.key, op.end, `${where} resolved with undefined; the loader never returns that`)
+      else if (op.v === 'undefined' && LOADING_READS.has(op.op))
+        add('bad-value', op.key, op.end, `${where} resolved with undefined; the loader never returns that`)
       else if (typeof op.v === 'number' && op.v > db.versionAt(op.key, op.end)) {
         add('bad-value', op.key, op.end, `${where} returned v${op.v} at ${fmt(op.end)}, when the database was at v${db.versionAt(op.key, op.end)}`)
       }
     } else if (WRITES.has(op.op)) {
-      if (op.outcome === 'err') add('write-rejected', op.key, op.end, `${where} (v${op.version}) rejected with ${op.code ?? op.name}: ${op.message} (only ERR_REDIS may reject a write)`)
-      else if (op.outcome === 'gave-up') add('write-lost', op.key, op.end, `${where} (v${op.version}) was retried for ${op.end - op.slotAt} ms (${op.attempts.length} attempts) and never resolved; last: ${op.code}`)
+      if (op.outcome === 'err')
+        add(
+          'write-rejected',
+          op.key,
+          op.end,
+          `${where} (v${op.version}) rejected with ${op.code ?? op.name}: ${op.message} (only ERR_REDIS may reject a write)`,
+        )
+      else if (op.outcome === 'gave-up')
+        add(
+          'write-lost',
+          op.key,
+          op.end,
+          `${where} (v${op.version}) was retried for ${op.end - op.slotAt} ms (${op.attempts.length} attempts) and never resolved; last: ${op.code}`,
+        )
     }
   }
 
@@ -913,7 +950,8 @@ function checkHistory(h) {
       if (!trigger) continue
       const bound = trigger.end + h.cfg.maxLoadMs + h.cfg.busBoundMs + 1_000
       for (const r of reads) {
-        if (r.start <= bound || typeof r.v !== 'number' || r.v >= b.version || !(READS.has(r.op) || r.op === 'final-warm' || r.op === 'final-getOrLoad')) continue
+        if (r.start <= bound || typeof r.v !== 'number' || r.v >= b.version || !(READS.has(r.op) || r.op === 'final-warm' || r.op === 'final-getOrLoad'))
+          continue
         if (faultDuring(h, tb, r.start) || troubledLoaderDuring(h, b.key, tb, r.start)) continue
         add(
           'not-refreshed',
@@ -955,7 +993,11 @@ function checkHistory(h) {
         if ((op.key === key && invalidating.has(op.op)) || op.op === 'clear') cuts.push(op.op === 'silent' ? op.slotAt : (op.end ?? op.start))
       }
       cuts.sort((a, b) => a - b)
-      const reads = all.filter((op) => op.key === key && op.start >= h.t0 && op.start <= h.opsEndedAt && (op.op === 'getOrLoad' || op.op === 'failing' || op.op === 'null-load')).map((op) => op.start)
+      const reads = all
+        .filter(
+          (op) => op.key === key && op.start >= h.t0 && op.start <= h.opsEndedAt && (op.op === 'getOrLoad' || op.op === 'failing' || op.op === 'null-load'),
+        )
+        .map((op) => op.start)
       let epochs = 0
       for (let i = 0; i < cuts.length; i++) {
         const a = cuts[i]
@@ -964,7 +1006,12 @@ function checkHistory(h) {
       }
       const allowed = Math.ceil(epochs * 1.25) + h.config.length
       if (counted > allowed) {
-        add('excess-loads', key, h.opsEndedAt, `${counted} loader calls of ${key} outside fault windows, in ${epochs} epochs that needed at most one load each (expiries of the ${minTtl} ms ttl, invalidations, clears); at most ${allowed} allowed`)
+        add(
+          'excess-loads',
+          key,
+          h.opsEndedAt,
+          `${counted} loader calls of ${key} outside fault windows, in ${epochs} epochs that needed at most one load each (expiries of the ${minTtl} ms ttl, invalidations, clears); at most ${allowed} allowed`,
+        )
       }
     }
   }
@@ -974,19 +1021,36 @@ function checkHistory(h) {
     for (const f of h.finals) {
       if (f.outcome !== 'ok') continue // reported above
       if (f.v !== h.db[f.key]) {
-        const entry = f.entry ? ` (before the read its entry was ${f.entry.state}, freshUntil ${fmt(f.entry.freshUntil)}, hardUntil ${fmt(f.entry.hardUntil)})` : ' (no entry before the read)'
+        const entry = f.entry
+          ? ` (before the read its entry was ${f.entry.state}, freshUntil ${fmt(f.entry.freshUntil)}, hardUntil ${fmt(f.entry.hardUntil)})`
+          : ' (no entry before the read)'
         const who = suspects(h, f.key, f.v, null)
-        add('final-read', f.key, f.end, `${f.proc} getOrLoad(${f.key}) after the run returned ${typeof f.v === 'number' ? `v${f.v}` : f.v}; the database holds v${h.db[f.key]}${entry}${who.text}`, who.from)
+        add(
+          'final-read',
+          f.key,
+          f.end,
+          `${f.proc} getOrLoad(${f.key}) after the run returned ${typeof f.v === 'number' ? `v${f.v}` : f.v}; the database holds v${h.db[f.key]}${entry}${who.text}`,
+          who.from,
+        )
       }
     }
-    for (const [label, snap] of [['before the final reads', h.redisBefore], ['after the final reads', h.redisAfter]]) {
+    for (const [label, snap] of [
+      ['before the final reads', h.redisBefore],
+      ['after the final reads', h.redisAfter],
+    ]) {
       if (!snap) continue
       for (const key of h.keys) {
         const { v, raw } = snap[key]
         if (v !== null && v !== h.db[key]) {
           const what = v === 'bad' ? `something unreadable: ${raw}` : `v${v}`
           const who = suspects(h, key, v, null)
-          add('final-redis', key, label.startsWith('before') ? h.checkedAt : h.endedAt, `Redis ${h.namespace}:v:{${key}} ${label} holds ${what}; the database holds v${h.db[key]}${who.text}`, who.from)
+          add(
+            'final-redis',
+            key,
+            label.startsWith('before') ? h.checkedAt : h.endedAt,
+            `Redis ${h.namespace}:v:{${key}} ${label} holds ${what}; the database holds v${h.db[key]}${who.text}`,
+            who.from,
+          )
         }
       }
     }
@@ -1082,7 +1146,8 @@ function describeFault(h, f) {
   else if (f.kind === 'restart') what = `restart ${f.signal}`
   else if (f.kind === 'kill-master') {
     what = `kill-master SIGKILL :${f.node ?? '?'} (owns ${(f.keys ?? []).join(' ') || '?'})`
-    if (f.newMaster) what += `; replica :${f.newMaster} promoted at ${rel(h, f.killedAt + f.promotedMs)}, every node agreed at ${rel(h, f.killedAt + f.settledMs)}`
+    if (f.newMaster)
+      what += `; replica :${f.newMaster} promoted at ${rel(h, f.killedAt + f.promotedMs)}, every node agreed at ${rel(h, f.killedAt + f.settledMs)}`
   } else what = `${f.kind}${on} (${f.killed ?? '?'} clients)`
   return `${what} ${span(h, f.start, f.end)}${f.error ? ` error: ${f.error}` : ''}`
 }
@@ -1097,8 +1162,15 @@ function historyOf(h, key, until, n = 40, from = null) {
   for (const op of [...h.ops, ...h.finals]) if (op.key === key) events.push({ t: op.start, text: describeOp(h, op) })
   for (const l of h.loads) {
     if (l.key !== key) continue
-    const flags = [l.slow ? 'slow' : null, l.stale !== undefined ? `stale v${l.stale}` : null, l.abortedAt ? `signal aborted ${rel(h, l.abortedAt)}` : null].filter(Boolean)
-    events.push({ t: l.start, text: `loader   ${l.proc} (op #${l.op}) ${key} ${span(h, l.start, l.end)} read v${l.read} at ${rel(h, l.readAt)}${flags.length ? ` (${flags.join(', ')})` : ''}` })
+    const flags = [
+      l.slow ? 'slow' : null,
+      l.stale !== undefined ? `stale v${l.stale}` : null,
+      l.abortedAt ? `signal aborted ${rel(h, l.abortedAt)}` : null,
+    ].filter(Boolean)
+    events.push({
+      t: l.start,
+      text: `loader   ${l.proc} (op #${l.op}) ${key} ${span(h, l.start, l.end)} read v${l.read} at ${rel(h, l.readAt)}${flags.length ? ` (${flags.join(', ')})` : ''}`,
+    })
   }
   for (const f of h.faults) events.push({ t: f.start, text: `FAULT    ${describeFault(h, f)}` })
   for (const r of h.reports) {
@@ -1117,7 +1189,10 @@ function historyOf(h, key, until, n = 40, from = null) {
 /** One violation, with the seed, how to replay it and the key's history. */
 function formatViolation(h, v, { historyLines = 40 } = {}) {
   const special = h.mode === 'cluster' || h.mode === 'tls' || h.mode === 'mtls'
-  const lines = [`[seed ${h.seed}${special ? ` ${h.mode}` : ''}] ${v.kind}: ${v.message}`, `  replay: npm run soak -- --seed ${h.seed}${special ? ` --${h.mode}` : ''}`]
+  const lines = [
+    `[seed ${h.seed}${special ? ` ${h.mode}` : ''}] ${v.kind}: ${v.message}`,
+    `  replay: npm run soak -- --seed ${h.seed}${special ? ` --${h.mode}` : ''}`,
+  ]
   if (v.key) {
     lines.push(`  history of ${v.key} (ms from the run's start; db = the database; writers hold a per-key slot):`)
     lines.push(...historyOf(h, v.key, v.at, historyLines, v.from ?? null))
@@ -1129,12 +1204,16 @@ function formatViolation(h, v, { historyLines = 40 } = {}) {
 function formatViolations(h, { max = 4, historyLines = 40 } = {}) {
   if (h.violations.length === 0) return `[seed ${h.seed}] no violation`
   const byKind = countBy(h.violations, (v) => v.kind)
-  const head = `[seed ${h.seed}] ${h.violations.length} violation(s): ${Object.entries(byKind).map(([k, n]) => `${k} x${n}`).join(', ')}`
+  const head = `[seed ${h.seed}] ${h.violations.length} violation(s): ${Object.entries(byKind)
+    .map(([k, n]) => `${k} x${n}`)
+    .join(', ')}`
   // The first of each kind first, so one noisy kind does not hide another.
   const firsts = Object.keys(byKind).map((k) => h.violations.find((v) => v.kind === k))
   const rest = h.violations.filter((v) => !firsts.includes(v))
   const shown = [...firsts, ...rest].slice(0, max)
-  return [head, ...shown.map((v) => formatViolation(h, v, { historyLines })), h.violations.length > max ? `  ... and ${h.violations.length - max} more` : ''].filter(Boolean).join('\n')
+  return [head, ...shown.map((v) => formatViolation(h, v, { historyLines })), h.violations.length > max ? `  ... and ${h.violations.length - max} more` : '']
+    .filter(Boolean)
+    .join('\n')
 }
 
 function countBy(items, fn) {
@@ -1171,10 +1250,27 @@ function summarize(h) {
   }
   return (
     `seed ${h.seed}${h.mode === 'cluster' || h.mode === 'tls' || h.mode === 'mtls' ? ` [${h.mode}]` : ''}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
-    `${h.loads.length} loader calls, ${h.faults.length} faults (${Object.entries(faults).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'}), ` +
+    `${h.loads.length} loader calls, ${h.faults.length} faults (${
+      Object.entries(faults)
+        .map(([k, n]) => `${k} ${n}`)
+        .join(', ') || 'none'
+    }), ` +
     `redisErrors ${redisErrors}${cluster}, config ${describeConfig(h)}, ${h.violations.length} violations ` +
     `(${((h.endedAt - h.startedAt) / 1000).toFixed(1)} s)`
   )
 }
 
-module.exports = { mulberry32, streamSeed, makeRand, runHistory, clusterUsable, checkHistory, formatViolation, formatViolations, summarize, historyOf, countBy, DEFAULTS }
+module.exports = {
+  mulberry32,
+  streamSeed,
+  makeRand,
+  runHistory,
+  clusterUsable,
+  checkHistory,
+  formatViolation,
+  formatViolations,
+  summarize,
+  historyOf,
+  countBy,
+  DEFAULTS,
+}

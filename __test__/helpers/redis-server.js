@@ -200,13 +200,20 @@ class RedisServer {
   async #spawnAndWait() {
     this.dir ??= fs.mkdtempSync(path.join(os.tmpdir(), 'sc-redis-test-'))
     const args = [
-      '--port', String(this.port),
-      '--bind', '127.0.0.1',
-      '--save', '',
-      '--appendonly', 'no',
-      '--dir', this.dir,
-      '--daemonize', 'no',
-      '--loglevel', 'warning',
+      '--port',
+      String(this.port),
+      '--bind',
+      '127.0.0.1',
+      '--save',
+      '',
+      '--appendonly',
+      'no',
+      '--dir',
+      this.dir,
+      '--daemonize',
+      'no',
+      '--loglevel',
+      'warning',
     ]
     const proc = track(spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] }))
     this.proc = proc
@@ -475,4 +482,19 @@ async function setupRedis(t, { workers = 0, options = {}, prefix } = {}) {
   return { redis, ws, namespace, base, spawnWorker, vkey, lkey, stored }
 }
 
-module.exports = { setupRedis, newNamespace, RedisServer, RespError, CacheWorker, barrier, freePort, command, pipeline, waitFor, sleep, killAllSync, encodeCommand, parseReply }
+module.exports = {
+  setupRedis,
+  newNamespace,
+  RedisServer,
+  RespError,
+  CacheWorker,
+  barrier,
+  freePort,
+  command,
+  pipeline,
+  waitFor,
+  sleep,
+  killAllSync,
+  encodeCommand,
+  parseReply,
+}

@@ -98,13 +98,49 @@ function openssl(dir, args) {
 const EC_KEY = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes']
 
 function makeCa(dir, name, cn) {
-  openssl(dir, ['req', '-x509', '-new', ...EC_KEY, '-keyout', `${name}.key`, '-out', `${name}.crt`, '-days', '2', '-subj', `/CN=${cn}`, '-config', 'openssl.cnf', '-extensions', 'ca_ext'])
+  openssl(dir, [
+    'req',
+    '-x509',
+    '-new',
+    ...EC_KEY,
+    '-keyout',
+    `${name}.key`,
+    '-out',
+    `${name}.crt`,
+    '-days',
+    '2',
+    '-subj',
+    `/CN=${cn}`,
+    '-config',
+    'openssl.cnf',
+    '-extensions',
+    'ca_ext',
+  ])
 }
 
 function makeLeaf(dir, name, cn, ca, ext) {
   openssl(dir, ['req', '-new', ...EC_KEY, '-keyout', `${name}.key`, '-out', `${name}.csr`, '-subj', `/CN=${cn}`, '-config', 'openssl.cnf'])
   const serial = `0x${crypto.randomBytes(8).toString('hex')}`
-  openssl(dir, ['x509', '-req', '-in', `${name}.csr`, '-CA', `${ca}.crt`, '-CAkey', `${ca}.key`, '-set_serial', serial, '-days', '2', '-out', `${name}.crt`, '-extfile', 'openssl.cnf', '-extensions', ext])
+  openssl(dir, [
+    'x509',
+    '-req',
+    '-in',
+    `${name}.csr`,
+    '-CA',
+    `${ca}.crt`,
+    '-CAkey',
+    `${ca}.key`,
+    '-set_serial',
+    serial,
+    '-days',
+    '2',
+    '-out',
+    `${name}.crt`,
+    '-extfile',
+    'openssl.cnf',
+    '-extensions',
+    ext,
+  ])
 }
 
 /**
@@ -163,7 +199,10 @@ function respPipeline(endpoint, commands, { timeout = 2_000 } = {}) {
       if (err) reject(err)
       else resolve(value)
     }
-    const timer = setTimeout(() => finish(new Error(`redis ${commands.map((c) => c[0]).join(',')} on :${endpoint.port} timed out after ${timeout} ms`)), timeout)
+    const timer = setTimeout(
+      () => finish(new Error(`redis ${commands.map((c) => c[0]).join(',')} on :${endpoint.port} timed out after ${timeout} ms`)),
+      timeout,
+    )
     socket.once('error', (err) => finish(err))
     socket.once('close', () => finish(new Error(`redis connection to :${endpoint.port} closed before the reply`)))
     socket.on('data', (chunk) => {
@@ -266,14 +305,7 @@ class RedisNode {
   async #spawnAndWait() {
     const port = this.port
     const t = this.tlsOptions
-    const lines = [
-      `bind ${HOST}`,
-      t ? 'port 0' : `port ${port}`,
-      `dir ${quote(this.dir)}`,
-      'daemonize no',
-      'loglevel warning',
-      'logfile ""',
-    ]
+    const lines = [`bind ${HOST}`, t ? 'port 0' : `port ${port}`, `dir ${quote(this.dir)}`, 'daemonize no', 'loglevel warning', 'logfile ""']
     // A replica's first sync would otherwise wait 5 s (repl-diskless-sync-delay) for more replicas.
     if (!this.sentinel) lines.push('save ""', 'appendonly no', 'repl-diskless-sync-delay 0')
     if (t) {
@@ -530,7 +562,13 @@ class RedisCluster {
     await waitFor(
       async () => {
         for (const n of this.liveNodes) {
-          const [infoText, nodesText, repl] = await n.pipeline([['CLUSTER', 'INFO'], ['CLUSTER', 'NODES'], ['INFO', 'replication']]).catch(() => [])
+          const [infoText, nodesText, repl] = await n
+            .pipeline([
+              ['CLUSTER', 'INFO'],
+              ['CLUSTER', 'NODES'],
+              ['INFO', 'replication'],
+            ])
+            .catch(() => [])
           if (typeof infoText !== 'string' || typeof nodesText !== 'string') return false
           const info = parseInfo(infoText)
           if (info.cluster_state !== 'ok' || info.cluster_slots_assigned !== '16384') return false
@@ -637,7 +675,12 @@ class RedisCluster {
           if (promotedAt === null) return false
         }
         for (const n of this.liveNodes) {
-          const [infoText, slots] = await n.pipeline([['CLUSTER', 'INFO'], ['CLUSTER', 'SLOTS']]).catch(() => [])
+          const [infoText, slots] = await n
+            .pipeline([
+              ['CLUSTER', 'INFO'],
+              ['CLUSTER', 'SLOTS'],
+            ])
+            .catch(() => [])
           if (typeof infoText !== 'string' || !Array.isArray(slots)) return false
           if (parseInfo(infoText).cluster_state !== 'ok') return false
           const owner = parseClusterSlots(slots).find((r) => probeSlot >= r.start && probeSlot <= r.end)
@@ -657,7 +700,12 @@ class RedisCluster {
   async describe() {
     const parts = []
     for (const n of this.liveNodes) {
-      const [infoText, nodesText] = await n.pipeline([['CLUSTER', 'INFO'], ['CLUSTER', 'NODES']]).catch((e) => [String(e), ''])
+      const [infoText, nodesText] = await n
+        .pipeline([
+          ['CLUSTER', 'INFO'],
+          ['CLUSTER', 'NODES'],
+        ])
+        .catch((e) => [String(e), ''])
       parts.push(`--- ${n.name} :${n.port} cluster_state:${parseInfo(infoText).cluster_state}\n${nodesText}\n${n.log.slice(-1_500)}`)
     }
     return parts.join('\n')
@@ -695,7 +743,11 @@ class RedisSentinelGroup {
     // The replica must be attached before the sentinel's first INFO of the master, or the
     // sentinel learns of it only at the next INFO, 10 s later.
     await waitFor(async () => (await this.replica.info('replication')).master_link_status === 'up', { timeout, interval: 50, what: 'the replica to sync' })
-    await waitFor(async () => (await this.master.info('replication')).connected_slaves === '1', { timeout, interval: 50, what: 'the master to list its replica' })
+    await waitFor(async () => (await this.master.info('replication')).connected_slaves === '1', {
+      timeout,
+      interval: 50,
+      what: 'the master to list its replica',
+    })
     const name = this.masterName
     this.sentinel = await new RedisNode('sentinel', {
       dir: this.dir,
@@ -815,14 +867,20 @@ async function selfCheck() {
 
     const tlsOpt = new RedisNode('tls-optional', { tls: { certs, authClients: 'optional' } })
     const tlsReq = new RedisNode('tls-required', { tls: { certs, authClients: 'yes' } })
-    cleanup.push(() => tlsOpt.dispose(), () => tlsReq.dispose())
+    cleanup.push(
+      () => tlsOpt.dispose(),
+      () => tlsReq.dispose(),
+    )
     await Promise.all([tlsOpt.start(), tlsReq.start()])
     const cliTls = (node, extra) => ['-h', HOST, '-p', String(node.port), '--tls', ...extra]
     const okPing = async (node, extra) => (await redisCli([...cliTls(node, extra), 'PING'])).stdout.trim() === 'PONG'
     check(await okPing(tlsOpt, ['--cacert', certs.caFile]), 'TLS (optional client certs): redis-cli --tls with the private CA gets PONG')
     check(await cliFails([...cliTls(tlsOpt, ['--cacert', certs.otherCaFile]), 'PING']), 'TLS: redis-cli trusting only the other CA is refused')
     check(await cliFails(['-h', HOST, '-p', String(tlsOpt.port), 'PING']), 'TLS: a plaintext client is refused (port 0: no plain listener)')
-    check(await okPing(tlsReq, ['--cacert', certs.caFile, '--cert', certs.clientCertFile, '--key', certs.clientKeyFile]), 'mutual TLS: with the client certificate, PONG')
+    check(
+      await okPing(tlsReq, ['--cacert', certs.caFile, '--cert', certs.clientCertFile, '--key', certs.clientKeyFile]),
+      'mutual TLS: with the client certificate, PONG',
+    )
     check(await cliFails([...cliTls(tlsReq, ['--cacert', certs.caFile]), 'PING']), 'mutual TLS: without a client certificate, refused')
     check(
       await cliFails([...cliTls(tlsReq, ['--cacert', certs.caFile, '--cert', certs.otherClientCertFile, '--key', certs.otherClientKeyFile]), 'PING']),
@@ -861,9 +919,14 @@ async function selfCheck() {
     check((await victim.cmd('GET', 'ns:v:{a}')) === 'a', 'cluster: masterOfKey names the node that holds the key (redis-cli -c followed MOVED)')
     await sleep(200)
     const result = await cluster.killMaster(victim)
-    log(`cluster failover: replica :${result.newMaster.port} called itself master ${result.promotedMs} ms after the SIGKILL; all nodes agreed after ${result.settledMs} ms`)
+    log(
+      `cluster failover: replica :${result.newMaster.port} called itself master ${result.promotedMs} ms after the SIGKILL; all nodes agreed after ${result.settledMs} ms`,
+    )
     check((await cluster.masterOfKey('ns:v:{a}')) === result.newMaster, 'cluster: the promoted replica owns the slot')
-    check((await redisCli(['-h', HOST, '-p', String(result.newMaster.port), 'SET', 'ns:v:{a}', 'after'])).stdout.trim() === 'OK', 'cluster: a write to that slot lands after the failover')
+    check(
+      (await redisCli(['-h', HOST, '-p', String(result.newMaster.port), 'SET', 'ns:v:{a}', 'after'])).stdout.trim() === 'OK',
+      'cluster: a write to that slot lands after the failover',
+    )
     check((await result.newMaster.cmd('GET', 'ns:v:{a}')) === 'after', 'cluster: the new master holds it')
 
     // Sentinel.
@@ -878,7 +941,10 @@ async function selfCheck() {
     await group.master.cmd('SET', 'before', '1')
     const sres = await group.killMaster()
     log(`sentinel failover: the sentinel named the promoted replica ${sres.failoverMs} ms after the SIGKILL`)
-    check((await redisCli(['-h', HOST, '-p', String(sres.newMaster.port), 'SET', 'after', '1'])).stdout.trim() === 'OK', 'sentinel: the new master takes writes')
+    check(
+      (await redisCli(['-h', HOST, '-p', String(sres.newMaster.port), 'SET', 'after', '1'])).stdout.trim() === 'OK',
+      'sentinel: the new master takes writes',
+    )
 
     log('self-check passed')
   } finally {

@@ -6,7 +6,16 @@ const path = require('node:path')
 const { label, SELF } = require('./report')
 const { BASELINES } = require('./peers')
 
-const PEER_ORDER = ['stampede-cache', 'bentocache', 'cache-manager', '@epic-web/cachified', 'async-cache-dedupe', 'naive cache-aside', 'lru-cache 11 fetch', 'plain Map (limit)']
+const PEER_ORDER = [
+  'stampede-cache',
+  'bentocache',
+  'cache-manager',
+  '@epic-web/cachified',
+  'async-cache-dedupe',
+  'naive cache-aside',
+  'lru-cache 11 fetch',
+  'plain Map (limit)',
+]
 const COLORS = ['#d62728', '#1f77b4', '#ff7f0e', '#2ca02c', '#9467bd', '#7f7f7f', '#8c564b', '#111111']
 const colorOf = (peers) => ({
   field: 'peer',
@@ -16,7 +25,12 @@ const colorOf = (peers) => ({
   legend: { title: null, orient: 'bottom', columns: 4 },
 })
 const peersIn = (values) => [...new Set(values.map((v) => v.peer))]
-const CONFIG = { font: 'Helvetica, Arial, sans-serif', view: { stroke: null }, axis: { labelFontSize: 11, titleFontSize: 12 }, title: { fontSize: 14, anchor: 'start' } }
+const CONFIG = {
+  font: 'Helvetica, Arial, sans-serif',
+  view: { stroke: null },
+  axis: { labelFontSize: 11, titleFontSize: 12 },
+  title: { fontSize: 14, anchor: 'start' },
+}
 
 const SHORT = {
   1: '1. cold, 1 process',

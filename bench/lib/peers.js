@@ -21,7 +21,7 @@ const CONFIGS = {
   bentocache: {
     label: 'bentocache',
     config:
-      "bentostore().useL1Layer(memoryDriver({ maxItems: 10_000 })).useL2Layer(redisDriver(ioredis)).useBus(redisBusDriver(ioredis)); " +
+      'bentostore().useL1Layer(memoryDriver({ maxItems: 10_000 })).useL2Layer(redisDriver(ioredis)).useBus(redisBusDriver(ioredis)); ' +
       'getOrSet({ key, factory, ttl, grace: hardTtl }), graceBackoff 5 s, timeout 0 (the default: a graced value is returned at once and the factory runs in the background)',
   },
   'cache-manager': {

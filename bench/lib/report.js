@@ -27,21 +27,32 @@ function goalChecks(results) {
   const add = (name, pass, detail) => out.push({ name, pass, detail })
 
   const s2 = self(2)
-  if (s2) add('scenario 2: 1 load', s2.loads === 1, `${s2.loads} load(s); peers ${peers(2).map((r) => `${label(r.peer)} ${r.loads}`).join(', ')}`)
+  if (s2)
+    add(
+      'scenario 2: 1 load',
+      s2.loads === 1,
+      `${s2.loads} load(s); peers ${peers(2)
+        .map((r) => `${label(r.peer)} ${r.loads}`)
+        .join(', ')}`,
+    )
 
   const s3 = self(3)
   if (s3) {
     add(
       'scenario 3: <= 11 loads and no read slower than the loader',
       s3.loads <= 11 && s3.slowReads === 0,
-      `${s3.loads} loads, ${s3.slowReads} read(s) over 20 ms (max ${fmtMs(s3.max)} ms); peers ${peers(3).map((r) => `${label(r.peer)} ${r.loads}`).join(', ')}`,
+      `${s3.loads} loads, ${s3.slowReads} read(s) over 20 ms (max ${fmtMs(s3.max)} ms); peers ${peers(3)
+        .map((r) => `${label(r.peer)} ${r.loads}`)
+        .join(', ')}`,
     )
   }
 
   for (const size of ['small', '100 KB']) {
     const mine = cell(results, SELF, size, 'sequential')
     const map = cell(results, 'map', size, 'sequential')
-    const others = peers(4).map((r) => ({ peer: r.peer, ops: cell(results, r.peer, size, 'sequential') })).filter((x) => x.ops)
+    const others = peers(4)
+      .map((r) => ({ peer: r.peer, ops: cell(results, r.peer, size, 'sequential') }))
+      .filter((x) => x.ops)
     if (mine && map && others.length) {
       const best = others.reduce((a, b) => (b.ops > a.ops ? b : a))
       const vsPeer = mine / best.ops
@@ -259,7 +270,13 @@ function markdown(results, { chartDir, charts }) {
   L.push('')
   L.push('## Peers and their configuration')
   L.push('')
-  L.push(table(['peer', 'configuration'], Object.keys(CONFIGS).map((k) => [label(k), CONFIGS[k].config.replace(/\|/g, '\\|')]), ['---', '---']))
+  L.push(
+    table(
+      ['peer', 'configuration'],
+      Object.keys(CONFIGS).map((k) => [label(k), CONFIGS[k].config.replace(/\|/g, '\\|')]),
+      ['---', '---'],
+    ),
+  )
   L.push('')
   L.push('## Results')
   for (const sc of results.scenarios) {
@@ -270,15 +287,18 @@ function markdown(results, { chartDir, charts }) {
     L.push('')
     L.push(scenarioTable(sc))
   }
-  const counters = results.scenarios
-    .map((sc) => ({ sc, row: sc.rows.find((r) => r.peer === SELF && r.engineStats) }))
-    .filter((x) => x.row)
+  const counters = results.scenarios.map((sc) => ({ sc, row: sc.rows.find((r) => r.peer === SELF && r.engineStats) })).filter((x) => x.row)
   if (counters.length) {
     const keys = Object.keys(counters[0].row.engineStats)
     L.push('')
     L.push(`### stampede-cache's own counters (\`stats()\`, summed over its processes; they include the untimed fill and warm-up reads)`)
     L.push('')
-    L.push(table(['scenario', ...keys], counters.map(({ sc, row }) => [String(sc.id), ...keys.map((k) => fmtInt(row.engineStats[k]))])))
+    L.push(
+      table(
+        ['scenario', ...keys],
+        counters.map(({ sc, row }) => [String(sc.id), ...keys.map((k) => fmtInt(row.engineStats[k]))]),
+      ),
+    )
   }
   L.push('')
   return L.join('\n')

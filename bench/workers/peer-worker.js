@@ -216,4 +216,3 @@ const roles = {
     return { cells }
   },
 }
-

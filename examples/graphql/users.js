@@ -55,11 +55,13 @@ function createUserDb({ size = 10_000, broken = new Set() } = {}) {
 
 /** The root value: resolvers over `cache` and `db`. */
 function createRoot({ cache, db }) {
-  const users = (ids) => cache.getOrLoadMany(ids.map((id) => ['user', id]), (keys) => db.usersByIds(keys.map(([, id]) => id)))
+  const users = (ids) =>
+    cache.getOrLoadMany(
+      ids.map((id) => ['user', id]),
+      (keys) => db.usersByIds(keys.map(([, id]) => id)),
+    )
   const withTeam = (user) =>
-    user instanceof Error || user === null
-      ? user
-      : { ...user, team: () => cache.getOrLoad(['team', user.teamId], () => db.teamById(user.teamId)).then(team) }
+    user instanceof Error || user === null ? user : { ...user, team: () => cache.getOrLoad(['team', user.teamId], () => db.teamById(user.teamId)).then(team) }
   const team = (t) => t && { ...t, members: () => users(t.memberIds).then((list) => list.map(withTeam)) }
   return {
     users: ({ ids }) => users(ids).then((list) => list.map(withTeam)),

@@ -55,7 +55,10 @@ class FeedController {
 Controller('feed')(FeedController)
 Inject(FeedDb)(FeedController, undefined, 0)
 Inject(FeedSummaryService)(FeedController, undefined, 1)
-for (const [name, route] of [['summary', ':userId/summary'], ['feed', ':userId']]) {
+for (const [name, route] of [
+  ['summary', ':userId/summary'],
+  ['feed', ':userId'],
+]) {
   Get(route)(FeedController.prototype, name, Object.getOwnPropertyDescriptor(FeedController.prototype, name))
   Param('userId')(FeedController.prototype, name, 0)
 }
