@@ -14,7 +14,7 @@ const { RedisServer, killAllSync } = require('./helpers/redis-server')
 after(() => killAllSync())
 
 const CLIENT = path.join(__dirname, 'fixtures', 'wire-client.js')
-const SCENARIOS = ['extra-status', 'extra-integer', 'extra-error', 'extra-nil', 'duplicate', 'push', 'deep', 'huge']
+const SCENARIOS = ['extra-status', 'extra-integer', 'extra-error', 'extra-nil', 'duplicate', 'same-key-replay', 'push', 'deep', 'huge']
 
 let redis
 const started = (async () => {

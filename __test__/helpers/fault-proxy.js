@@ -2,8 +2,8 @@
 // A TCP proxy on 127.0.0.1 that can corrupt what Redis sends back (__test__/redis-wire.test.js):
 // every connection it accepts is forwarded to 127.0.0.1:`targetPort`, and `tamper(fn)` hands the
 // next chunk Redis sends on any connection to `fn(chunk)`, whose result is sent instead (an
-// extra reply in front, the chunk twice, crafted bytes). `tamperEvery(fn)` does it to every
-// chunk until `calm()`.
+// extra reply in front, the chunk twice, crafted bytes; null: leave this chunk alone and wait for
+// the next). `tamperEvery(fn)` does it to every chunk until `calm()`.
 
 const net = require('node:net')
 
@@ -19,6 +19,8 @@ class FaultProxy {
     this.accepted = 0
     /** Chunks changed so far. */
     this.tampered = 0
+    /** The last chunk Redis sent that starts with a bulk reply (a GET's), for replaying it. */
+    this.lastBulk = null
   }
 
   start() {
@@ -63,12 +65,16 @@ class FaultProxy {
     }
     client.on('data', (chunk) => upstream.write(chunk))
     upstream.on('data', (chunk) => {
+      if (chunk[0] === 0x24) this.lastBulk = chunk
       let out = chunk
       const fn = this.#once ?? this.#every
-      if (fn) {
+      // `fn` returning null passes the chunk on untouched and stays armed (not the reply it
+      // waits for: a bus message, say).
+      const changed = fn ? fn(chunk) : null
+      if (changed !== null) {
         if (this.#once) this.#once = null
         this.tampered++
-        out = fn(chunk)
+        out = changed
       }
       client.write(out)
     })

@@ -89,7 +89,19 @@ pub struct Lane {
     out: Vec<u8>,
     /// Replies not framed yet.
     input: Vec<u8>,
+    /// Reads sent and not yet delivered, oldest first. The first `framed.len()` have their
+    /// replies framed already, held until the batch's mark proves them aligned.
     sent: VecDeque<Sent>,
+    /// What the replies of the first reads of `sent` meant, not yet delivered.
+    framed: VecDeque<LaneRead>,
+    /// The marks written after batches of reads (see `mark`): how many reads were sent before
+    /// each (counted since the lane opened), and its sequence number, oldest first.
+    marks: VecDeque<(u64, u64)>,
+    /// Reads written since the lane opened, and delivered since it opened.
+    reads_written: u64,
+    reads_delivered: u64,
+    /// The sequence number of the next mark.
+    next_mark: u64,
     /// Watching for writability too (`out` is not empty).
     writable: bool,
     /// The poll handle keeps the loop alive (while reads are in flight).
@@ -267,6 +279,11 @@ impl Lane {
             out: Vec::new(),
             input: Vec::with_capacity(16 * 1024),
             sent: VecDeque::new(),
+            framed: VecDeque::new(),
+            marks: VecDeque::new(),
+            reads_written: 0,
+            reads_delivered: 0,
+            next_mark: 0,
             writable: false,
             refd: true,
             timer_armed: false,
@@ -302,6 +319,7 @@ impl Lane {
             let l = &mut *l;
             l.tier.lane_request(&sent.key, &mut l.out);
             l.sent.push_back(sent);
+            l.reads_written += 1;
             let failed = if l.writable || batching {
                 Ok(())
             } else {
@@ -319,9 +337,25 @@ impl Lane {
         }
     }
 
+    /// Ends the batch of reads written since the last mark with a mark of its own (an ECHO of
+    /// a sequence number). Replies are matched to reads by order only; the mark's echo, found
+    /// exactly where it must be, proves that none was added or lost in the batch (an extra
+    /// reply of the same key, which the envelope's key mark cannot tell, included), and only
+    /// then are the batch's answers delivered.
+    fn mark(&mut self) {
+        let marked = self.marks.back().map_or(self.reads_delivered, |&(n, _)| n);
+        if self.reads_written > marked && !self.shut {
+            let seq = self.next_mark;
+            self.next_mark += 1;
+            self.tier.lane_mark(seq, &mut self.out);
+            self.marks.push_back((self.reads_written, seq));
+        }
+    }
+
     /// Writes what it can of `out` (over TLS: encrypts it and writes the records); watches for
-    /// writability while some is left.
+    /// writability while some is left. Marks the reads written since the last mark first.
     fn flush(&mut self) -> io::Result<()> {
+        self.mark();
         let want = match &mut self.tls {
             None => {
                 let mut written = 0;
@@ -410,7 +444,28 @@ impl Lane {
                     break;
                 }
             };
-            let Some(sent) = self.sent.pop_front() else {
+            let position = self.reads_delivered + self.framed.len() as u64;
+            if let Some(&(before, seq)) = self.marks.front() {
+                if before == position {
+                    // This reply must be the mark's echo; then the batch before it is aligned.
+                    if !self.tier.lane_mark_answered(seq, reply) {
+                        failure = Some(
+                            "Redis's replies on the read lane are out of step with its requests"
+                                .into(),
+                        );
+                        break;
+                    }
+                    self.marks.pop_front();
+                    while let Some(read) = self.framed.pop_front() {
+                        let sent = self.sent.pop_front().expect("a framed read was sent");
+                        answered.push((sent, read));
+                    }
+                    self.reads_delivered = position;
+                    at += len;
+                    continue;
+                }
+            }
+            let Some(sent) = self.sent.get(self.framed.len()) else {
                 failure = Some("Redis answered a read the lane did not send".into());
                 break;
             };
@@ -418,13 +473,12 @@ impl Lane {
                 .tier
                 .lane_answer(&sent.key, sent.stamp, reply, sent.ask.counted());
             if let LaneRead::Misaligned(why) = read {
-                // Not this read's answer: it and every read after it are asked again when
-                // the lane shuts.
-                self.sent.push_front(sent);
+                // Not this read's answer: every read not delivered is asked again when the
+                // lane shuts.
                 failure = Some(why.to_string());
                 break;
             }
-            answered.push((sent, read));
+            self.framed.push_back(read);
             at += len;
         }
         self.input.drain(..at);
@@ -559,6 +613,8 @@ impl Lane {
                 (uv.close)(l.poll, Some(on_close_poll));
                 (uv.close)(l.timer, Some(on_close_timer));
             }
+            // Framed but not proven aligned: asked again, like the rest.
+            l.framed.clear();
             let left: Vec<Sent> = l.sent.drain(..).collect();
             (l.tier.clone(), l.env, left)
         };

@@ -31,6 +31,10 @@ pub fn classify(e: &RedisError) -> Fault {
     }
     match e.kind() {
         ErrorKind::Io => Fault::Down,
+        // A reply of a shape the command never gets: the connection is out of step with its
+        // requests (an extra reply from a proxy, say), and every later reply on it would be
+        // another command's. Replaced at once.
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => Fault::Reconnect,
         ErrorKind::Server(
             ServerErrorKind::ReadOnly | ServerErrorKind::BusyLoading | ServerErrorKind::MasterDown,
         ) => Fault::Reconnect,

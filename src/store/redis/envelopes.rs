@@ -18,6 +18,13 @@ use crate::inbox::{tag_bucket, Stamp};
 pub const GENERATION_TTL: Duration = Duration::from_secs(600);
 const GENERATION_MARGIN: Duration = Duration::from_secs(30);
 
+/// A fresh number for a GET's ECHO (see `fetch_uncounted`).
+fn next_echo() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        .to_string()
+}
+
 /// A read of one key.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Fetched {
@@ -114,18 +121,42 @@ impl RedisTier {
 
     async fn fetch_uncounted(&self, key: &str, stamp: Stamp) -> Fetched {
         let vkey = self.value_key(key);
+        // Off a Cluster, the GET travels with an ECHO of a fresh number: an extra reply in front
+        // of ours (an old reply of this very key, which its key mark cannot tell) moves ours
+        // into the echo's place, and the read is refused. A Cluster routes a keyless command
+        // apart, so there the key mark alone stands guard.
+        let echo = (!self.link.topology.is_cluster()).then(next_echo);
         let raw = self
             .run("get", key, |mut c| async move {
-                match redis::cmd("GET")
-                    .arg(&vkey)
-                    .query_async::<Option<Vec<u8>>>(&mut c)
-                    .await
-                {
-                    Err(e) if e.code() == Some("WRONGTYPE") => Ok(None),
+                let got = match &echo {
+                    None => redis::cmd("GET")
+                        .arg(&vkey)
+                        .query_async::<Option<Vec<u8>>>(&mut c)
+                        .await
+                        .map(|v| (v, true)),
+                    Some(n) => redis::pipe()
+                        .cmd("GET")
+                        .arg(&vkey)
+                        .cmd("ECHO")
+                        .arg(n)
+                        .query_async::<(Option<Vec<u8>>, Vec<u8>)>(&mut c)
+                        .await
+                        .map(|(v, echoed)| (v, echoed == n.as_bytes())),
+                };
+                match got {
+                    Err(e) if e.code() == Some("WRONGTYPE") => Ok((None, true)),
                     other => other,
                 }
             })
             .await;
+        let raw = match raw {
+            Ok((_, false)) => {
+                self.misdelivered("get", key);
+                return Fetched::Missing;
+            }
+            Ok((v, true)) => Ok(v),
+            Err(e) => Err(e),
+        };
         let found = match raw {
             Err(Unavailable) => return Fetched::Unavailable,
             Ok(None) => return Fetched::Missing,

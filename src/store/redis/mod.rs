@@ -438,7 +438,9 @@ impl RedisTier {
         self.report(
             op,
             Some(key),
-            "Redis answered with another key's entry: the connection is replaced".to_string(),
+            "Redis's replies are out of step with its requests (another key's entry, or a reply \
+             moved): the connection is replaced"
+                .to_string(),
         );
     }
 

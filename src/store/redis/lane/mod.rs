@@ -87,6 +87,23 @@ impl RedisTier {
         key::write_value_get(&self.namespace, key, out);
     }
 
+    /// The mark numbered `seq` that ends a batch of lane reads, appended to `out`: an ECHO,
+    /// answered with `seq` as a bulk string (see `lane_mark_answered`).
+    pub fn lane_mark(&self, seq: u64, out: &mut Vec<u8>) {
+        let n = seq.to_string();
+        out.extend_from_slice(format!("*2\r\n$4\r\nECHO\r\n${}\r\n{n}\r\n", n.len()).as_bytes());
+    }
+
+    /// Whether `reply` is the echo of mark `seq`; one that is not is counted as a Redis error
+    /// (the lane is then closed and its reads asked again).
+    pub fn lane_mark_answered(&self, seq: u64, reply: Reply<'_>) -> bool {
+        let answered = matches!(reply, Reply::Bulk(b) if b == seq.to_string().as_bytes());
+        if !answered {
+            self.stats.redis_errors.incr();
+        }
+        answered
+    }
+
     /// What the lane's reply to a read means. `stamp`: the key's invalidation stamp
     /// when the read was asked for; `count`: a `get()`, counted as an l2Hit or a miss (an `Ask`
     /// is counted where it is asked again).

@@ -112,6 +112,9 @@ impl LaneTarget {
             redis::cmd("CLIENT").arg("SETNAME").arg(LANE_NAME).clone(),
             false,
         ));
+        // The lane ends each batch of reads with an ECHO (its alignment mark): a server or
+        // an ACL that refuses it refuses the lane, so reads stay on the command connection.
+        out.push((redis::cmd("ECHO").arg(LANE_NAME).clone(), true));
         out
     }
 }
@@ -276,7 +279,7 @@ mod tests {
         let info: ConnectionInfo =
             redis::IntoConnectionInfo::into_connection_info("redis://127.0.0.1:6390").unwrap();
         let target = LaneTarget::of(&info).unwrap();
-        assert_eq!(target.handshake().len(), 1, "CLIENT SETNAME only");
+        assert_eq!(target.handshake().len(), 2, "CLIENT SETNAME and ECHO");
         let (mut client, mut server) = tokio::io::duplex(4096);
         server.write_all(b"+OK\r\n+OK\r\n+OK\r\n").await.unwrap();
         assert!(handshake(&mut client, &target).await.is_ok());
@@ -309,6 +312,10 @@ mod tests {
                     b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$24\r\nstampede-cache:read-lane\r\n"
                         .to_vec(),
                     false
+                ),
+                (
+                    b"*2\r\n$4\r\nECHO\r\n$24\r\nstampede-cache:read-lane\r\n".to_vec(),
+                    true
                 ),
             ]
         );
