@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use redis::Value;
+
 use super::{lock::Fence, new_token, RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Body, Envelope, Fmt, Serializer, State};
@@ -134,14 +136,25 @@ impl RedisTier {
                         .query_async::<Option<Vec<u8>>>(&mut c)
                         .await
                         .map(|v| (v, true)),
-                    Some(n) => redis::pipe()
-                        .cmd("GET")
-                        .arg(&vkey)
-                        .cmd("ECHO")
-                        .arg(n)
-                        .query_async::<(Option<Vec<u8>>, Vec<u8>)>(&mut c)
-                        .await
-                        .map(|(v, echoed)| (v, echoed == n.as_bytes())),
+                    Some(n) => {
+                        let replies = redis::pipe()
+                            .ignore_errors()
+                            .cmd("GET")
+                            .arg(&vkey)
+                            .cmd("ECHO")
+                            .arg(n)
+                            .query_async::<Vec<Value>>(&mut c)
+                            .await?;
+                        let echoed = matches!(replies.get(1), Some(Value::BulkString(b)) if b == n.as_bytes());
+                        match replies.into_iter().next() {
+                            _ if !echoed => Ok((None, false)),
+                            Some(Value::BulkString(b)) => Ok((Some(b), true)),
+                            Some(Value::Nil) => Ok((None, true)),
+                            Some(Value::ServerError(e)) => Err(e.into()),
+                            // A reply no GET gives: out of step.
+                            _ => Ok((None, false)),
+                        }
+                    }
                 };
                 match got {
                     Err(e) if e.code() == Some("WRONGTYPE") => Ok((None, true)),

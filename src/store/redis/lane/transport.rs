@@ -108,13 +108,13 @@ impl LaneTarget {
         if self.db != 0 {
             out.push((redis::cmd("SELECT").arg(self.db).clone(), true));
         }
+        // The lane ends each batch of reads with an ECHO (its alignment mark): a server or
+        // an ACL that refuses it refuses the lane, so reads stay on the command connection.
+        out.push((redis::cmd("ECHO").arg(LANE_NAME).clone(), true));
         out.push((
             redis::cmd("CLIENT").arg("SETNAME").arg(LANE_NAME).clone(),
             false,
         ));
-        // The lane ends each batch of reads with an ECHO (its alignment mark): a server or
-        // an ACL that refuses it refuses the lane, so reads stay on the command connection.
-        out.push((redis::cmd("ECHO").arg(LANE_NAME).clone(), true));
         out
     }
 }
@@ -285,7 +285,7 @@ mod tests {
         assert!(handshake(&mut client, &target).await.is_ok());
         let mut asked = vec![0u8; 64];
         let n = server.read(&mut asked).await.unwrap();
-        assert!(asked[..n].starts_with(b"*3\r\n$6\r\nCLIENT"));
+        assert!(asked[..n].starts_with(b"*2\r\n$4\r\nECHO"));
     }
 
     #[test]
@@ -309,13 +309,13 @@ mod tests {
                 ),
                 (b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n".to_vec(), true),
                 (
+                    b"*2\r\n$4\r\nECHO\r\n$24\r\nstampede-cache:read-lane\r\n".to_vec(),
+                    true
+                ),
+                (
                     b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$24\r\nstampede-cache:read-lane\r\n"
                         .to_vec(),
                     false
-                ),
-                (
-                    b"*2\r\n$4\r\nECHO\r\n$24\r\nstampede-cache:read-lane\r\n".to_vec(),
-                    true
                 ),
             ]
         );
