@@ -208,6 +208,13 @@ export interface StampedeCacheOptions<S extends SerializerOption = SerializerOpt
   /** Milliseconds after a failed background refresh before that key is refreshed again; default 5_000; 0 = none; at most a year. */
   errorBackoff?: number | undefined
   /**
+   * Milliseconds an entry carrying tags lives at most, stale included (its hardTtl, and ttl, are
+   * clamped to it, counted from its load's start); a deleteByTag's record in Redis expires this
+   * long (plus 2 x commandTimeout + 1 s) after the tag's last deletion. Default and maximum ten
+   * years (315_360_000_000); at least 1. Use the same value in every instance of a namespace.
+   */
+  tagTtl?: number | undefined
+  /**
    * The in-process tier; default `{ maxEntries: 10_000 }`, LRU-bounded. `maxBytes` bounds it by
    * the values' serialized size too: a value larger than it is served but kept only in Redis.
    * `false` keeps nothing in process. `maxEntries` at most 2 ** 32 - 1, `maxBytes` at most

@@ -54,6 +54,9 @@ function createStore(options, kind, where) {
   cacheOptions.serializer = 'v8'
   // Next's lifetimes are exact (an entry past `revalidate` is a miss): no jitter unless asked for.
   cacheOptions.jitter ??= 0
+  // Every entry here lives a year at most, so a revalidateTag's or revalidatePath's record in Redis
+  // need not outlive it by more: tag keys expire a year after their last revalidation.
+  cacheOptions.tagTtl ??= ONE_YEAR_MS
   // Nothing reaches Redis during `next build`: what it prerenders stays in this process, so a new
   // deployment never overwrites entries that running instances have revalidated since.
   if (process.env.NEXT_PHASE === PHASE_PRODUCTION_BUILD) delete cacheOptions.redis

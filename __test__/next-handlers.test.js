@@ -317,3 +317,36 @@ test('next build (NEXT_PHASE=phase-production-build): nothing is written to Redi
   assert.equal(out.trim(), 'done')
   assert.deepEqual(await command(redis.port, ['KEYS', `${ns}*`]), [])
 })
+
+test('tag keys expire a year after the last revalidation; entries live a year at most (issue 26)', async () => {
+  const YEAR = 365 * 24 * 3_600_000
+  // tagTtl plus the margin of 2 x commandTimeout (default 1 s) + 1 s (README, Tags).
+  const MARGIN = 3_000
+  const ns = newNamespace('nexttagttl')
+  const h = useCache({ namespace: ns })
+  const C = incremental({ namespace: ns })
+  const pttl = async (key) => Number(await command(redis.port, ['PTTL', key]))
+  await render(h, 'k', async () => ({ bytes: new Uint8Array([1]), tags: ['posts'], revalidate: 10 * YEAR, expire: 10 * YEAR }))
+  await h.set('long', Promise.resolve(entry(new Uint8Array([2]), { tags: ['posts'], revalidate: 10 * YEAR, expire: 10 * YEAR })))
+  await h.updateTags(['posts'])
+  await new C({}).revalidateTag('feed')
+  for (const tag of ['posts', 'feed']) {
+    const left = await pttl(`${ns}:tag:{${tag}}`)
+    assert.ok(left > YEAR - 60_000 && left <= YEAR + MARGIN, `${tag}: PTTL ${left} ≈ a year`)
+  }
+  // An entry given more than a year lives a year in Redis at most (as ever); so a tag key that
+  // expired has nothing left to kill.
+  await h.set('after', Promise.resolve(entry(new Uint8Array([3]), { tags: ['posts'], revalidate: 10 * YEAR, expire: 10 * YEAR })))
+  const values = await command(redis.port, ['KEYS', `${ns}:v*`])
+  assert.ok(values.length >= 1, 'the entry is in Redis')
+  for (const key of values) {
+    const left = await pttl(key)
+    assert.ok(left > 0 && left <= YEAR, `${key}: PTTL ${left} <= a year`)
+  }
+  // A tagTtl given to the handler is kept.
+  const ns2 = newNamespace('nexttagttl')
+  const short = useCache({ namespace: ns2, tagTtl: 60_000 })
+  await short.updateTags(['posts'])
+  const shortLeft = await pttl(`${ns2}:tag:{posts}`)
+  assert.ok(shortLeft > 0 && shortLeft <= 60_000 + MARGIN, `PTTL ${shortLeft} ≈ 60 s`)
+})

@@ -14,7 +14,7 @@ const { RedisServer } = require('./helpers/redis-server')
 
 const WAIT = 2 ** 31 - 1 // the longest JS timer: loadTimeout, lockTtl, redis timeouts
 const YEAR = 365 * 24 * 3_600_000 // ttl, negativeTtl, errorBackoff
-const TEN_YEARS = 10 * YEAR // hardTtl
+const TEN_YEARS = 10 * YEAR // hardTtl, tagTtl
 const MAX_BETA = 1e6
 const MAX_COUNT = 2 ** 32 - 1 // l1.maxEntries, maxConcurrentRefreshes
 const MAX_BYTES = Number.MAX_SAFE_INTEGER // l1.maxBytes
@@ -28,6 +28,7 @@ const CONSTRUCTOR = [
   ['beta', MAX_BETA, (v) => ({ beta: v })],
   ['lockTtl', WAIT, (v) => ({ lockTtl: v })],
   ['errorBackoff', YEAR, (v) => ({ errorBackoff: v })],
+  ['tagTtl', TEN_YEARS, (v) => ({ tagTtl: v })],
   ['loadTimeout', WAIT, (v) => ({ loadTimeout: v })],
   ['l1.maxEntries', MAX_COUNT, (v) => ({ l1: { maxEntries: v } })],
   ['l1.maxBytes', MAX_BYTES, (v) => ({ l1: { maxBytes: v } })],

@@ -17,7 +17,7 @@ use crate::envelope::{Envelope, State};
 use crate::error::{Error, ErrorCode, Result};
 use crate::inbox::{tag_bucket, Inbox, Stamp, Tentative};
 use crate::jitter;
-use crate::policy::{EntryPolicy, Options};
+use crate::policy::{self, EntryPolicy, Options};
 use crate::singleflight::{FlightId, FlightKind, Role, Singleflight};
 use crate::stats::Stats;
 use crate::store::memory::{MemoryStore, Slot, Tags};
@@ -500,7 +500,7 @@ impl<C: Clock> Cache<C> {
             }
         }
         Some(
-            self.entry_envelope(compute_ms, negative, policy)
+            self.entry_envelope(compute_ms, negative, policy, !extra.tags.is_empty())
                 .map(|e| Prepared {
                     envelope: e.born_at(born),
                     extra,
@@ -648,7 +648,7 @@ impl<C: Clock> Cache<C> {
         p: &EntryPolicy,
         extra: &Extra,
     ) -> Option<Written> {
-        match self.entry_envelope(compute_ms, negative, p) {
+        match self.entry_envelope(compute_ms, negative, p, !extra.tags.is_empty()) {
             Some(envelope) => {
                 let envelope = envelope.born_at(self.inbox.clock());
                 Some(Written {
@@ -666,13 +666,14 @@ impl<C: Clock> Cache<C> {
         }
     }
 
-    /// The envelope of an entry written now (ttls jittered), or `None` when its TTL caches
-    /// nothing.
+    /// The envelope of an entry written now (ttls jittered; a `tagged` one's clamped to
+    /// `tagTtl`, see [`policy::clamp_tagged`]), or `None` when its TTL caches nothing.
     fn entry_envelope(
         &mut self,
         compute_ms: f64,
         negative: bool,
         p: &EntryPolicy,
+        tagged: bool,
     ) -> Option<Envelope> {
         let factor = if p.jitter > 0.0 {
             jitter::factor(p.jitter, self.rng.random::<f64>())
@@ -683,6 +684,11 @@ impl<C: Clock> Cache<C> {
             (p.negative_ttl * factor, p.negative_ttl * factor)
         } else {
             (p.ttl * factor, p.hard_ttl * factor)
+        };
+        let (ttl, hard_ttl) = if tagged {
+            policy::clamp_tagged(ttl, hard_ttl, self.options.tag_ttl, compute_ms)
+        } else {
+            (ttl, hard_ttl)
         };
         if hard_ttl <= 0.0 {
             return None;
@@ -1542,7 +1548,7 @@ mod inbox_tests {
 mod tag_tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::policy::RawOptions;
+    use crate::policy::{RawOptions, TtlOverrides};
 
     fn cache(f: impl FnOnce(&mut RawOptions)) -> Cache<ManualClock> {
         let mut raw = RawOptions::default();
@@ -1573,6 +1579,54 @@ mod tag_tests {
         let p = c.options().defaults;
         let id = lead(c, key);
         c.complete(key, id, 1.0, false, &p, extra, false)?.slot
+    }
+
+    #[test]
+    fn tagged_entries_live_at_most_tag_ttl_from_their_loads_start() {
+        let mut c = cache(|r| {
+            r.ttls.ttl = Some(60_000.0);
+            r.ttls.hard_ttl = Some(600_000.0);
+            r.tag_ttl = Some(100_000.0);
+        });
+        let p = c.options().defaults;
+        // A load of 30 s began 30 s ago: 70 s left of its tag's bound.
+        let id = lead(&mut c, "slow");
+        c.complete("slow", id, 30_000.0, false, &p, tags(&["t"]), false);
+        let info = c.inspect("slow").unwrap().unwrap();
+        assert_eq!(info.hard_until - c.now(), 70_000.0);
+        assert_eq!(
+            info.fresh_until - c.now(),
+            60_000.0,
+            "ttl within reach stays"
+        );
+        // A set is born now: the full tagTtl, and its ttl never past its hardTtl.
+        let short = TtlOverrides {
+            ttl: Some(200_000.0),
+            ..Default::default()
+        };
+        let p2 = c.options().resolve(&short).unwrap();
+        c.set("set", false, &p2, &tags(&["t"])).unwrap();
+        let info = c.inspect("set").unwrap().unwrap();
+        assert_eq!(info.hard_until - c.now(), 100_000.0);
+        assert_eq!(info.fresh_until - c.now(), 100_000.0);
+        // Untagged entries keep their hardTtl.
+        let id = lead(&mut c, "plain");
+        c.complete("plain", id, 30_000.0, false, &p, Extra::default(), false);
+        let info = c.inspect("plain").unwrap().unwrap();
+        assert_eq!(info.hard_until - c.now(), 600_000.0);
+    }
+
+    #[test]
+    fn a_tagged_load_longer_than_tag_ttl_caches_nothing() {
+        let mut c = cache(|r| r.tag_ttl = Some(1_000.0));
+        let p = c.options().defaults;
+        load(&mut c, "k", tags(&["t"])).unwrap();
+        let Step::Lead(id) = c.lookup("k", 1.0, true).unwrap() else {
+            panic!("a forced refresh leads")
+        };
+        let written = c.complete("k", id, 1_000.0, false, &p, tags(&["t"]), false);
+        assert!(written.is_none_or(|w| w.slot.is_none()));
+        assert_eq!(c.peek("k", 1.0), None, "the older copy does not outlive it");
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub const CONSTRUCTOR_OPTIONS: &[&str] = &[
     "negativeTtl",
     "lockTtl",
     "errorBackoff",
+    "tagTtl",
     "l1",
     "loadTimeout",
     "maxConcurrentRefreshes",
@@ -93,6 +94,9 @@ pub struct Options {
     pub explicit_hard_ttl: Option<f64>,
     pub lock_ttl: f64,
     pub error_backoff: f64,
+    /// `tagTtl`: how long an entry carrying tags may live in all (its hardTtl is clamped to it),
+    /// so a deleteByTag's record in Redis needs to outlive it by that much only.
+    pub tag_ttl: f64,
     /// `None` when the in-process tier is off (`l1: false`).
     pub l1_max_entries: Option<usize>,
     /// `l1.maxBytes`: the in-process tier's budget of serialized bytes (`None`: count only).
@@ -120,6 +124,7 @@ impl Default for Options {
             explicit_hard_ttl: None,
             lock_ttl: DEFAULT_LOCK_TTL_MS,
             error_backoff: DEFAULT_ERROR_BACKOFF_MS,
+            tag_ttl: MAX_HARD_TTL_MS,
             l1_max_entries: Some(DEFAULT_L1_MAX_ENTRIES),
             l1_max_bytes: None,
             serializer: Serializer::Json,
@@ -136,6 +141,7 @@ pub struct RawOptions {
     pub ttls: TtlOverrides,
     pub lock_ttl: Option<f64>,
     pub error_backoff: Option<f64>,
+    pub tag_ttl: Option<f64>,
     /// `Some(None)`: `l1: false`; `Some(Some(n))`: `l1: { maxEntries: n }`.
     pub l1: Option<Option<f64>>,
     /// `l1: { maxBytes }`.
@@ -168,6 +174,16 @@ pub const MAX_BETA: f64 = 1e6;
 pub const MAX_COUNT: f64 = u32::MAX as f64;
 /// `l1.maxBytes`: 2^53-1 (`Number.MAX_SAFE_INTEGER`), the largest whole number a JS number holds.
 pub const MAX_BYTES: f64 = 9_007_199_254_740_991.0;
+
+/// The (ttl, hardTtl) an entry carrying tags is written with: it must die within `tag_ttl` of
+/// its birth, since a deleteByTag's record in Redis lives `tag_ttl` (plus a margin) and an
+/// entry born before a deletion must be gone before that record is. It was born as its load
+/// began, `compute_ms` before now, so that much comes off; its ttl stays within its hardTtl. A
+/// hardTtl of 0 or less (a load longer than `tag_ttl`) caches nothing.
+pub fn clamp_tagged(ttl: f64, hard_ttl: f64, tag_ttl: f64, compute_ms: f64) -> (f64, f64) {
+    let hard = hard_ttl.min(tag_ttl - compute_ms.max(0.0));
+    (ttl.min(hard), hard)
+}
 
 /// A number as a message shows it: JS's way for large ones (`1e+300`, not 301 digits).
 fn shown(v: f64) -> String {
@@ -721,6 +737,12 @@ impl Options {
         if let Some(v) = raw.error_backoff {
             o.error_backoff = duration("errorBackoff", v, MAX_TTL_MS)?;
         }
+        if let Some(v) = raw.tag_ttl {
+            o.tag_ttl = duration("tagTtl", v, MAX_HARD_TTL_MS)?;
+            if o.tag_ttl < 1.0 {
+                return Err(Error::invalid_option("tagTtl", "must be at least 1 ms"));
+            }
+        }
         if let Some(v) = raw.max_refreshes {
             o.max_refreshes = max_refreshes(v)?;
         }
@@ -793,6 +815,40 @@ mod tests {
         let e = Options::validate(r).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidOption);
         assert!(e.message.contains(name), "{} should name {name}", e.message);
+    }
+
+    #[test]
+    fn tag_ttl_defaults_to_the_longest_hard_ttl_and_is_checked() {
+        let o = Options::validate(RawOptions::default()).unwrap();
+        assert_eq!(o.tag_ttl, MAX_HARD_TTL_MS);
+        let o = Options::validate(raw(|r| r.tag_ttl = Some(300.0))).unwrap();
+        assert_eq!(o.tag_ttl, 300.0);
+        for bad in [
+            f64::NAN,
+            f64::INFINITY,
+            -1.0,
+            0.0,
+            0.5,
+            MAX_HARD_TTL_MS + 1.0,
+        ] {
+            err_names(raw(|r| r.tag_ttl = Some(bad)), "tagTtl");
+        }
+        let e = Options::validate(raw(|r| r.tag_ttl = Some(MAX_HARD_TTL_MS * 2.0))).unwrap_err();
+        assert!(e.message.contains("315360000000"), "{}", e.message);
+    }
+
+    #[test]
+    fn tagged_lifetimes_are_clamped_to_tag_ttl_from_birth() {
+        // Within the bound: unchanged.
+        assert_eq!(clamp_tagged(10.0, 100.0, 1_000.0, 5.0), (10.0, 100.0));
+        // The hardTtl is cut to what is left of tagTtl since the load began.
+        assert_eq!(clamp_tagged(10.0, 5_000.0, 1_000.0, 200.0), (10.0, 800.0));
+        // The ttl never outlives the hardTtl.
+        assert_eq!(clamp_tagged(900.0, 5_000.0, 1_000.0, 200.0), (800.0, 800.0));
+        // A load longer than tagTtl leaves nothing to cache.
+        assert!(clamp_tagged(10.0, 100.0, 1_000.0, 1_500.0).1 <= 0.0);
+        // A negative compute time (a clock step) never lengthens it.
+        assert_eq!(clamp_tagged(10.0, 5_000.0, 1_000.0, -50.0), (10.0, 1_000.0));
     }
 
     #[test]

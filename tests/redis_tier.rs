@@ -115,6 +115,7 @@ fn tier(url: &str) -> (Arc<RedisTier>, Arc<Stats>) {
         Arc::new(Inbox::default()),
         tokio::runtime::Handle::current(),
         Serializer::Json,
+        stampede_cache::policy::MAX_HARD_TTL_MS as u64,
     )
     .unwrap();
     tokio::spawn(tier.clone().run_bus());

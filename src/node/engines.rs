@@ -103,6 +103,7 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
                 cache.inbox().clone(),
                 runtime,
                 cache.options().serializer,
+                cache.options().tag_ttl as u64,
             )
             .map_err(|why| {
                 js_err(CoreError::invalid_option(

@@ -262,6 +262,7 @@ pub(super) fn engine_options(options: Option<&Object>) -> Result<Options, JsErr>
         raw.ttls = ttl_overrides(obj)?;
         raw.lock_ttl = number_option(obj, "lockTtl", "lockTtl")?;
         raw.error_backoff = number_option(obj, "errorBackoff", "errorBackoff")?;
+        raw.tag_ttl = number_option(obj, "tagTtl", "tagTtl")?;
         raw.max_refreshes = number_option(obj, "maxConcurrentRefreshes", "maxConcurrentRefreshes")?;
         // The facade turns `{ serialize, deserialize }` into 'custom' (the functions stay in JS).
         raw.serializer = string_option(obj, "serializer")?;

@@ -140,6 +140,8 @@ pub struct RedisTier {
     epoch: Instant,
     /// Envelopes written by another serializer are misses.
     serializer: Serializer,
+    /// `tagTtl`: no entry carrying tags outlives it, so neither need a deleteByTag's record.
+    tag_ttl_ms: u64,
     /// Envelopes other processes' announcements carried, for the next read of their key.
     carried: carried::Carried,
 }
@@ -206,6 +208,7 @@ impl RedisTier {
         inbox: Arc<Inbox>,
         runtime: Handle,
         serializer: Serializer,
+        tag_ttl_ms: u64,
     ) -> Result<Arc<Self>, String> {
         let link = Link::new(topology::Topology::new(config)?);
         let channel = channel(namespace, link.topology.db());
@@ -253,6 +256,7 @@ impl RedisTier {
             },
             epoch: Instant::now(),
             serializer,
+            tag_ttl_ms,
             carried: carried::Carried::default(),
         }))
     }

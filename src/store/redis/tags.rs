@@ -178,6 +178,7 @@ impl RedisTier {
         for tag in tags {
             self.inbox.invalidate_tag(tag_bucket(tag), clock);
         }
+        let px = self.tag_key_px();
         let writes = tags.iter().map(|tag| {
             let tkey = self.tag_key(tag);
             let mut msg = vec![NAMESPACE_MESSAGE];
@@ -189,6 +190,7 @@ impl RedisTier {
                     .arg(clock)
                     .arg(&self.channel)
                     .arg(msg)
+                    .arg(px)
                     .invoke_async::<i64>(&mut c)
                     .await
             })
@@ -198,6 +200,18 @@ impl RedisTier {
             return Err(TagFailure::Partial);
         }
         Ok(())
+    }
+
+    /// How long a deleteByTag's record lives in Redis (ms): `tagTtl`, the longest an entry
+    /// carrying tags lives after its birth, plus the slack between the clocks the two are
+    /// counted on. The entry's hardUntil counts from its load's start here, which follows the
+    /// gate's read of the namespace clock by at most that reply's trip; its PX counts from when
+    /// Redis applies its write, a trip after it was computed. The record's PX counts from when
+    /// Redis applied the deletion, after that read. Each trip is bounded by commandTimeout (a
+    /// later reply is abandoned), so two of them, and a second for the scheduling in between.
+    fn tag_key_px(&self) -> u64 {
+        let slack = 2 * self.link.command_timeout.as_millis() as u64 + 1_000;
+        self.tag_ttl_ms.saturating_add(slack)
     }
 
     /// `clear()` in Redis, already applied here as `tentative`: advances the namespace clock,
