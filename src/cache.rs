@@ -295,16 +295,7 @@ impl<C: Clock> Cache<C> {
             State::Expired => return None,
             _ if env.negative => Hit::Negative { slot },
             State::Fresh => {
-                let refresh = beta > 0.0
-                    && xfetch::should_refresh(
-                        now,
-                        env.fresh_until,
-                        env.hard_until,
-                        env.compute_ms,
-                        beta,
-                        1.0 - self.rng.random::<f64>(),
-                    )
-                    && self.may_refresh(key, &env, now);
+                let refresh = self.drawn_early(&env, now, beta) && self.may_refresh(key, &env, now);
                 Hit::Fresh { slot, refresh }
             }
             State::Stale if !self.inbox.trusts_stale() => return None,
@@ -355,19 +346,23 @@ impl<C: Clock> Cache<C> {
         let now = self.clock.now_ms();
         match env.state(now) {
             State::Fresh if !env.negative => {
-                beta > 0.0
-                    && env.refresh_allowed(now)
-                    && xfetch::should_refresh(
-                        now,
-                        env.fresh_until,
-                        env.hard_until,
-                        env.compute_ms,
-                        beta,
-                        1.0 - self.rng.random::<f64>(),
-                    )
+                env.refresh_allowed(now) && self.drawn_early(env, now, beta)
             }
             _ => env.refresh_due(now),
         }
+    }
+
+    /// One XFetch draw for a fresh entry at `beta` (0: off): refresh it early?
+    fn drawn_early(&mut self, env: &Envelope, now: f64, beta: f64) -> bool {
+        beta > 0.0
+            && xfetch::should_refresh(
+                now,
+                env.fresh_until,
+                env.hard_until,
+                env.compute_ms,
+                beta,
+                1.0 - self.rng.random::<f64>(),
+            )
     }
 
     /// Background refreshes running now (for tests and `debugCounts`).
