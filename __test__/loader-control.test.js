@@ -11,7 +11,7 @@
 const { describe, test } = require('node:test')
 const assert = require('node:assert/strict')
 const { StampedeCache } = require('..')
-const { deferred, rejectsWithCode, throwsWithCode, assertNoLeaks, within } = require('./fixtures/helpers')
+const { deferred, rejectsWithCode, throwsWithCode, assertNoLeaks, within } = require('./helpers/assertions')
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 

@@ -8,7 +8,7 @@
 const { describe, test } = require('node:test')
 const assert = require('node:assert/strict')
 const { StampedeCache } = require('..')
-const { deferred, throwsWithCode, assertNoLeaks, within, sleep } = require('./fixtures/helpers')
+const { deferred, throwsWithCode, assertNoLeaks, within, sleep } = require('./helpers/assertions')
 
 const KEYS = Array.from({ length: 40 }, (_, i) => `k${i}`)
 
