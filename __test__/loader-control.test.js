@@ -1,7 +1,7 @@
 'use strict'
-// Issue 11, in one process (docs/CONTRACT.md: LoaderContext, GetOrLoadOptions.tags, set,
-// deleteByTag, clear, l1.maxBytes, serializer, stats): the loader's own ttl, tags and
-// skipCache; deleteByTag and clear, fenced against loads that began before them; the byte budget
+// Loader control, tags and the byte budget, in one process (docs/CONTRACT.md: LoaderContext,
+// GetOrLoadOptions.tags, set, deleteByTag, clear, l1.maxBytes, serializer, stats): the loader's
+// own ttl, tags and skipCache; deleteByTag and clear, fenced against loads that began before them; the byte budget
 // of the in-process tier; the 'v8' and custom serializers. The Redis side, across processes, is
 // __test__/redis-tags.test.js.
 //

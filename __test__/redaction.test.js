@@ -1,6 +1,6 @@
 'use strict'
-// A password in a Redis URL, or TLS key material, never appears in anything the library says
-// (issue 27): a marker password goes through every option that takes a URL (`redis`,
+// A password in a Redis URL, or TLS key material, never appears in anything the library says:
+// a marker password goes through every option that takes a URL (`redis`,
 // `redis.url`, `redis.cluster`, `redis.sentinels`) and every fault that can be produced (malformed
 // URLs, a wrong password against a live server, a dead port, sentinel and cluster seeds, TLS to a
 // plain server); every error message and stack, every onError report, every diagnostics channel
