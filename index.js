@@ -1,8 +1,8 @@
 'use strict'
 // The package's CommonJS entry (index.mjs re-exports it). The facade lives in lib/: cache.js (the
-// StampedeCache class), errors.js, codec.js (serializers), channels.js (diagnostics channels),
-// scope.js (withWaitUntil), keys.js, tags.js, signal.js, batch.js, flights.js, and engine.js (the
-// binding as the facade calls it).
+// StampedeCache class), errors.js (and AbortSignals), codec.js (serializers), channels.js
+// (diagnostics channels), scope.js (withWaitUntil), keys.js (and tags), batch.js (getOrLoadMany's
+// batch) and engine.js (the binding as the facade calls it).
 
 const { StampedeCache } = require('./lib/cache.js')
 const { StampedeCacheError } = require('./lib/errors.js')

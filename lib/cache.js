@@ -10,7 +10,17 @@
 
 const native = require('../binding.js')
 const { engine, deleteTags, clearEntries } = require('./engine.js')
-const { StampedeCacheError, invalidArgument, invalidOption, closedError, redisError, abortError, isClosedError } = require('./errors.js')
+const {
+  StampedeCacheError,
+  invalidArgument,
+  invalidOption,
+  closedError,
+  redisError,
+  abortError,
+  isClosedError,
+  isAbortSignal,
+  withSignal,
+} = require('./errors.js')
 const {
   loadChannel,
   hitChannel,
@@ -24,15 +34,37 @@ const {
 } = require('./channels.js')
 const { requestScope, withWaitUntil } = require('./scope.js')
 const { UNREADABLE, codecOf, toStored } = require('./codec.js')
-const { checkTags, tagsOption } = require('./tags.js')
-const { isAbortSignal, withSignal } = require('./signal.js')
+const { checkTags, tagsOption } = require('./keys.js')
 const { Batch, checkBatchKeys } = require('./batch.js')
-const { Flights } = require('./flights.js')
 
 const { peek, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
 const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
 const { redisGateMany, redisFetchMany, noteBatchCall, beginBatchRefresh, GATE_WAIT } = native
+
+// The promises of the flights in progress, by flight id. Each sits in a holder that `delete`
+// empties: a V8 Map kept deleted values reachable until it next rehashed, so a promise resolved
+// after its flight was deleted kept its value alive through scavenges and into the old
+// generation (measured: MBs promoted per scavenge with 64 Redis reads of 10 KB in flight; none
+// with holders).
+class Flights {
+  #m = new Map()
+  get size() {
+    return this.#m.size
+  }
+  get(id) {
+    return this.#m.get(id)?.load
+  }
+  set(id, load) {
+    this.#m.set(id, { load })
+  }
+  delete(id) {
+    const held = this.#m.get(id)
+    if (held === undefined) return
+    held.load = undefined
+    this.#m.delete(id)
+  }
+}
 
 // The codes the engine answers with and the indexes of the arrays it takes, read once, here, from
 // the binding (src/node/codes.rs says what each means). A hit is one integer: the slot is

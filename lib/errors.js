@@ -1,6 +1,7 @@
 'use strict'
 // The errors stampede-cache raises itself (README, "Errors"): one class with a stable `code`, the
-// makers of each kind, and the rewrapping of the binding's errors.
+// makers of each kind, and the rewrapping of the binding's errors; and a caller's AbortSignal,
+// which rejects that caller alone with an AbortError.
 
 /** An error raised by stampede-cache itself; `code` is stable (see README, "Errors"). */
 class StampedeCacheError extends Error {
@@ -60,6 +61,28 @@ function isClosedError(err) {
   return err instanceof StampedeCacheError && err.code === 'ERR_CLOSED'
 }
 
+function isAbortSignal(s) {
+  return typeof s === 'object' && s !== null && typeof s.aborted === 'boolean' && typeof s.addEventListener === 'function'
+}
+
+// Rejects this caller when its signal aborts; the shared promise goes on for the others.
+function withSignal(promise, signal) {
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(abortError(signal))
+    signal.addEventListener('abort', onAbort, { once: true })
+    promise.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort)
+        resolve(v)
+      },
+      (e) => {
+        signal.removeEventListener('abort', onAbort)
+        reject(e)
+      },
+    )
+  })
+}
+
 module.exports = {
   StampedeCacheError,
   fromNative,
@@ -69,6 +92,8 @@ module.exports = {
   closedError,
   redisError,
   abortError,
+  isAbortSignal,
+  withSignal,
   notSerializable,
   isClosedError,
 }
