@@ -1,7 +1,7 @@
 'use strict'
 // What stampede-cache/otel and stampede-cache/prometheus share: the caches one exporter watches,
 // their stats() summed by namespace, and the events of their loads, lock bids and
-// invalidations, taken from the diagnostics channels the facade publishes (index.js).
+// invalidations, taken from the diagnostics channels the facade publishes (lib/channels.js).
 //
 // Counts that stats() already keeps (hits, misses, loads, ...) are read from it when the metrics
 // are collected, so the hot path publishes nothing for them; only what stats() cannot say (load

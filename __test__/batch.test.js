@@ -8,7 +8,7 @@
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { StampedeCache } = require('..')
-const { sleep, assertNoLeaks, rejectsWithCode } = require('./fixtures/helpers')
+const { sleep, assertNoLeaks, rejectsWithCode } = require('./helpers/assertions')
 const net = require('node:net')
 const { once } = require('node:events')
 const { setupRedis, barrier, killAllSync, waitFor } = require('./helpers/redis-server')

@@ -11,7 +11,7 @@ const path = require('node:path')
 const { spawnSync } = require('node:child_process')
 const { getEventListeners } = require('node:events')
 const { StampedeCache, StampedeCacheError } = require('..')
-const { sleep, tick, deferred, settledWithin, within, rejectsWithCode, throwsWithCode, assertNoLeaks, assertNothingInFlight } = require('./fixtures/helpers')
+const { sleep, tick, deferred, settledWithin, within, rejectsWithCode, throwsWithCode, assertNoLeaks, assertNothingInFlight } = require('./helpers/assertions')
 const { eventually } = require('./helpers/eventually')
 
 const STATS_KEYS = [

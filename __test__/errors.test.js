@@ -7,7 +7,7 @@
 const { describe, test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { StampedeCache, StampedeCacheError } = require('..')
-const { sleep, tick, deferred, within, rejectsWithCode, throwsWithCode, assertNoLeaks, assertNothingInFlight } = require('./fixtures/helpers')
+const { sleep, tick, deferred, within, rejectsWithCode, throwsWithCode, assertNoLeaks, assertNothingInFlight } = require('./helpers/assertions')
 
 const unhandled = []
 const onUnhandled = (reason) => unhandled.push(reason)

@@ -1,5 +1,5 @@
 'use strict'
-// The randomized history test of issue 8 (docs/CONTRACT.md getOrLoad 9-10, "The rest", "Redis"),
+// The randomized history test (docs/CONTRACT.md getOrLoad 9-10, "The rest", "Redis"),
 // Jepsen-style and small: 3 worker processes share one private redis-server, the test owns a
 // versioned database, seeded readers and writers run while connections are killed, Redis is
 // paused and restarted; then every instance and Redis must hold the database's version, no call
@@ -19,7 +19,7 @@
 // visibility across processes (after a write resolved and the bus bound passed, no other process
 // serves an older version), and load counts (at most one load per key per epoch, with slack).
 //
-// The same history also runs against a 3-master, 3-replica Redis Cluster (issue 9): keys on every
+// The same history also runs against a 3-master, 3-replica Redis Cluster: keys on every
 // master, CLIENT KILL and SIGSTOP of single nodes, and one master SIGKILLed mid-run while its
 // replica is promoted. One cluster serves this file (HISTORY_CLUSTER_SEEDS=1,2 picks the seeds;
 // each run kills one master, so a new cluster is started when none with a replica is left).
@@ -301,8 +301,8 @@ for (const seed of SEEDS) {
   })
 }
 
-// l1: false in every worker, without faults (issue 22: with l1: false a stale entry was served
-// and never refreshed; only workers reading straight from Redis show it, and faults would excuse
+// l1: false in every worker, without faults (with l1: false a stale entry was once served and
+// never refreshed; only workers reading straight from Redis show it, and faults would excuse
 // most of the run). The liveness check and the warm + final reads must find every stale entry
 // refreshed.
 test('history, l1: false in every worker, no faults: stale entries are refreshed (liveness), one load per epoch, final state matches', {

@@ -11,7 +11,7 @@
 const { describe, test } = require('node:test')
 const assert = require('node:assert/strict')
 const { StampedeCache } = require('..')
-const { deferred, within, rejectsWithCode, throwsWithCode, assertNoLeaks } = require('./fixtures/helpers')
+const { deferred, within, rejectsWithCode, throwsWithCode, assertNoLeaks } = require('./helpers/assertions')
 const { eventually } = require('./helpers/eventually')
 
 /** A loader that records its ctx and settles only when the test says: `release(value)`. */

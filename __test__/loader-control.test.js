@@ -1,7 +1,7 @@
 'use strict'
-// Issue 11, in one process (docs/CONTRACT.md: LoaderContext, GetOrLoadOptions.tags, set,
-// deleteByTag, clear, l1.maxBytes, serializer, stats): the loader's own ttl, tags and
-// skipCache; deleteByTag and clear, fenced against loads that began before them; the byte budget
+// Loader control, tags and the byte budget, in one process (docs/CONTRACT.md: LoaderContext,
+// GetOrLoadOptions.tags, set, deleteByTag, clear, l1.maxBytes, serializer, stats): the loader's
+// own ttl, tags and skipCache; deleteByTag and clear, fenced against loads that began before them; the byte budget
 // of the in-process tier; the 'v8' and custom serializers. The Redis side, across processes, is
 // __test__/redis-tags.test.js.
 //
@@ -11,7 +11,7 @@
 const { describe, test } = require('node:test')
 const assert = require('node:assert/strict')
 const { StampedeCache } = require('..')
-const { deferred, rejectsWithCode, throwsWithCode, assertNoLeaks, within } = require('./fixtures/helpers')
+const { deferred, rejectsWithCode, throwsWithCode, assertNoLeaks, within } = require('./helpers/assertions')
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 

@@ -7,7 +7,7 @@ const assert = require('node:assert/strict')
 const dc = require('node:diagnostics_channel')
 const { StampedeCache } = require('..')
 const { RedisServer, freePort, waitFor, killAllSync } = require('./helpers/redis-server')
-const { deferred, sleep } = require('./fixtures/helpers')
+const { deferred, sleep } = require('./helpers/assertions')
 
 after(() => killAllSync())
 

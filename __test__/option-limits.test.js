@@ -1,6 +1,6 @@
 'use strict'
-// No option value the constructor (or a call) accepts can abort the process (issue 21, item 3;
-// the contract's "What no bytes and no option can do"): every numeric option has a documented
+// No option value the constructor (or a call) accepts can abort the process (the
+// contract's "What no bytes and no option can do"): every numeric option has a documented
 // maximum (README, options table); at it the cache works, past it ERR_INVALID_OPTION names the
 // option and the maximum. The values that used to abort (Number.MAX_VALUE, 1e300, 1e22 as a
 // timeout) run in a child process, whose exit code and signal are checked.

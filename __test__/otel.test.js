@@ -13,7 +13,7 @@ const { BasicTracerProvider, SimpleSpanProcessor, InMemorySpanExporter } = requi
 const { StampedeCache } = require('..')
 const { instrument } = require('../otel')
 const { RedisServer, waitFor, killAllSync } = require('./helpers/redis-server')
-const { deferred, sleep, throwsWithCode } = require('./fixtures/helpers')
+const { deferred, sleep, throwsWithCode } = require('./helpers/assertions')
 
 let contextManager
 before(() => {

@@ -39,6 +39,14 @@ const MAIN_FILES = [
   'index.d.ts',
   'index.js',
   'index.mjs',
+  'lib/batch.js',
+  'lib/cache.js',
+  'lib/channels.js',
+  'lib/codec.js',
+  'lib/engine.js',
+  'lib/errors.js',
+  'lib/keys.js',
+  'lib/scope.js',
   'native.js',
   'nestjs.d.ts',
   'nestjs.js',
@@ -180,7 +188,7 @@ before(async () => {
   // Stage the package as a release checkout would have it after `napi artifacts`.
   const stage = path.join(work, 'stage')
   fs.mkdirSync(stage)
-  for (const file of ['package.json', 'README.md', 'LICENSE', ...pkg.files]) fs.copyFileSync(path.join(root, file), path.join(stage, file))
+  for (const file of ['package.json', 'README.md', 'LICENSE', ...pkg.files]) fs.cpSync(path.join(root, file), path.join(stage, file))
   // No binary in the main package, even though the working copy has one.
   fs.cpSync(path.join(root, 'npm'), path.join(stage, 'npm'), { recursive: true })
   for (const t of targets) {

@@ -8,7 +8,7 @@ const client = require('prom-client')
 const { StampedeCache } = require('..')
 const { register } = require('../prometheus')
 const { RedisServer, waitFor, killAllSync } = require('./helpers/redis-server')
-const { deferred, throwsWithCode } = require('./fixtures/helpers')
+const { deferred, throwsWithCode } = require('./helpers/assertions')
 
 after(() => killAllSync())
 

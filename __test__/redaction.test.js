@@ -1,6 +1,6 @@
 'use strict'
-// A password in a Redis URL, or TLS key material, never appears in anything the library says
-// (issue 27): a marker password goes through every option that takes a URL (`redis`,
+// A password in a Redis URL, or TLS key material, never appears in anything the library says:
+// a marker password goes through every option that takes a URL (`redis`,
 // `redis.url`, `redis.cluster`, `redis.sentinels`) and every fault that can be produced (malformed
 // URLs, a wrong password against a live server, a dead port, sentinel and cluster seeds, TLS to a
 // plain server); every error message and stack, every onError report, every diagnostics channel
@@ -46,8 +46,9 @@ function collectError(label, err) {
   collect(`${label} json`, JSON.stringify(err))
 }
 
-// Every channel index.js publishes on, read from its source so a new channel is covered too.
-const facade = require('node:fs').readFileSync(path.join(__dirname, '..', 'index.js'), 'utf8')
+// Every channel the facade publishes on, read from its source (lib/channels.js) so a new channel is
+// covered too.
+const facade = require('node:fs').readFileSync(path.join(__dirname, '..', 'lib', 'channels.js'), 'utf8')
 const CHANNELS = [...facade.matchAll(/dc\.channel\('([^']+)'\)/g)].map((m) => m[1])
 const TRACING = [...facade.matchAll(/dc\.tracingChannel\('([^']+)'\)/g)].map((m) => m[1])
 let payloads = 0

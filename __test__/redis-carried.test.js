@@ -1,5 +1,5 @@
 'use strict'
-// Issue 12, goal 3: a bus that carries values. A load's write-back announces its key with the
+// A bus that carries values. A load's write-back announces its key with the
 // envelope it wrote when that is small and untagged; another instance, which drops its copy on
 // hearing it, takes the new value from the message on its next read instead of asking Redis.
 // Whatever it heard or did to the key since (its own set/delete/clear, another announcement)

@@ -1,5 +1,5 @@
 'use strict'
-// Production Redis deployments (issue 9; docs/CONTRACT.md, RedisOptions and "Redis"): TLS with
+// Production Redis deployments (docs/CONTRACT.md, RedisOptions and "Redis"): TLS with
 // a private CA, mutual TLS, an untrusted server, an ACL user confined to the namespace, a wrong
 // password, a 3-master 3-replica Redis Cluster with a master killed, and a Sentinel-managed
 // primary with the master killed.

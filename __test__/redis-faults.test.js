@@ -1,12 +1,12 @@
 'use strict'
-// Faults of the Redis tier that production has and a private redis-server can reproduce (issue 8,
-// findings 3, 4, 7 and 9; docs/CONTRACT.md, "Redis" and "The rest"):
+// Faults of the Redis tier that production has and a private redis-server can reproduce
+// (docs/CONTRACT.md, "Redis" and "The rest"):
 //
-//   3. a connection that goes silent (a proxy stops forwarding, keeps the socket open) is replaced;
-//   4. a command error (READONLY after a REPLICAOF demotion) fails that command alone, and the
-//      tier works again once the node is writable;
-//   7. the invalidation inbox is deduplicated and capped (on overflow the in-process tier is dropped);
-//   9. after close(), lock releases share one connection; the bus is per db index.
+//   - a connection that goes silent (a proxy stops forwarding, keeps the socket open) is replaced;
+//   - a command error (READONLY after a REPLICAOF demotion) fails that command alone, and the
+//     tier works again once the node is writable;
+//   - the invalidation inbox is deduplicated and capped (on overflow the in-process tier is dropped);
+//   - after close(), lock releases share one connection; the bus is per db index.
 //
 // Every test starts its own redis-server(s) on free 127.0.0.1 ports and real worker processes
 // (__test__/fixtures/redis-worker.js, scripted with its `run` command). Assertions are on counts
@@ -56,7 +56,7 @@ async function publishAll(redis, channel, messages, batch = 2_000) {
 
 // ---------------------------------------------------------------------------------------------
 
-test('finding 3: a connection that goes silent is replaced: writes reach Redis again, reads never reject', { timeout: TEST_TIMEOUT }, async (t) => {
+test('a connection that goes silent is replaced: writes reach Redis again, reads never reject', { timeout: TEST_TIMEOUT }, async (t) => {
   const { redis, spawnWorker, vkey } = await setup(t)
   const proxy = new TcpProxy(redis.port)
   t.after(() => proxy.close())
@@ -144,7 +144,7 @@ test('finding 3: a connection that goes silent is replaced: writes reach Redis a
   }
 })
 
-test('finding 4: READONLY after a REPLICAOF demotion fails single commands; once writable, the tier coalesces again', { timeout: TEST_TIMEOUT }, async (t) => {
+test('READONLY after a REPLICAOF demotion fails single commands; once writable, the tier coalesces again', { timeout: TEST_TIMEOUT }, async (t) => {
   const { redis, ws, namespace, vkey } = await setup(t, { workers: 2 })
   const master = new RedisServer()
   t.after(() => master.dispose())
@@ -258,7 +258,7 @@ test('finding 4: READONLY after a REPLICAOF demotion fails single commands; once
   assert.ok(released, `no lock key is left behind 5 s after the loads ended: ${JSON.stringify(locks)}`)
 })
 
-test('finding 7: the invalidation inbox is deduplicated and capped; on overflow the in-process tier is dropped', { timeout: TEST_TIMEOUT }, async (t) => {
+test('the invalidation inbox is deduplicated and capped; on overflow the in-process tier is dropped', { timeout: TEST_TIMEOUT }, async (t) => {
   const origin = 'someone-else' // not any instance's origin
 
   /** Its own redis that lets a subscriber take a whole flood (no output-buffer limit disconnects it). */
@@ -354,7 +354,7 @@ test('finding 7: the invalidation inbox is deduplicated and capped; on overflow 
   })
 })
 
-test('finding 9: lock releases after close() share one connection; the bus does not cross db indexes', { timeout: TEST_TIMEOUT }, async (t) => {
+test('lock releases after close() share one connection; the bus does not cross db indexes', { timeout: TEST_TIMEOUT }, async (t) => {
   await t.test('50 loads holding locks at close(): their releases do not open a connection each', async (t) => {
     const { redis, namespace, spawnWorker } = await setup(t)
     const n = 50

@@ -1,7 +1,6 @@
 'use strict'
-// Issue 8, findings 1, 2, 5, 6 and 8 (docs/CONTRACT.md getOrLoad 9-10 and "Redis"): fenced,
-// ordered writes; lock waiters woken when the bus drops or the cache closes; a lock key without
-// an expiry; loadTimeout.
+// Fenced, ordered writes (docs/CONTRACT.md getOrLoad 9-10 and "Redis"); lock waiters woken when
+// the bus drops or the cache closes; a lock key without an expiry; loadTimeout.
 //
 // Every test starts its own redis-server on a free 127.0.0.1 port and real worker processes
 // (__test__/fixtures/redis-worker.js), each with its own StampedeCache. Races are made
@@ -125,7 +124,7 @@ async function assertAbsent(workers, key, label) {
 
 // ---------------------------------------------------------------------------------------------
 
-test('finding 1: a load or refresh that began before a newer write never writes its result over it', { timeout: TEST_TIMEOUT }, async (t) => {
+test('a load or refresh that began before a newer write never writes its result over it', { timeout: TEST_TIMEOUT }, async (t) => {
   await t.test('(a) set in B during a cold load in A: Redis, A and B all end with the set value', async (t) => {
     const { spawnWorker, stored } = await setup(t)
     const A = await spawnWorker('A')
@@ -283,7 +282,7 @@ test("a Redis restart without persistence between a set and an older load's writ
   assert.notEqual(r.results[0].value, 'A-old', 'B was served a value older than its own write')
 })
 
-test("finding 2: one instance's writes of a key reach Redis in call order", { timeout: TEST_TIMEOUT }, async (t) => {
+test("one instance's writes of a key reach Redis in call order", { timeout: TEST_TIMEOUT }, async (t) => {
   const { redis, spawnWorker, vkey } = await setup(t)
   const W = await spawnWorker('W')
   const B = await spawnWorker('B') // another instance, only reading
@@ -343,7 +342,7 @@ const GET_WITH_OWN_WRITE = `
   return wrong
 `
 
-test("finding 2 (history seeds 134, 152): a get overlapping its own instance's set or delete is not kept over it", { timeout: TEST_TIMEOUT }, async (t) => {
+test("a get overlapping its own instance's set or delete is not kept over it (found by history seeds 134, 152)", { timeout: TEST_TIMEOUT }, async (t) => {
   const { spawnWorker } = await setup(t)
   const A = await spawnWorker('A', { ttl: 60_000 })
   const B = await spawnWorker('B', { ttl: 60_000 })
@@ -410,7 +409,7 @@ test('a read started after its own instance called set or delete, while that wri
   }
 })
 
-test('finding 5: lock waiters wake when the bus drops and when their cache closes', { timeout: TEST_TIMEOUT }, async (t) => {
+test('lock waiters wake when the bus drops and when their cache closes', { timeout: TEST_TIMEOUT }, async (t) => {
   await t.test("(a) subscribers killed just before the holder's write: the waiter resolves with its value at once, not after lockTtl", async (t) => {
     // A long lockTtl: B waking at once and B waiting the lock out are seconds apart however
     // loaded the machine is.
@@ -477,7 +476,7 @@ test('finding 5: lock waiters wake when the bus drops and when their cache close
   })
 })
 
-test('finding 6: a lock key without an expiry counts as expiring in lockTtl', { timeout: TEST_TIMEOUT }, async (t) => {
+test('a lock key without an expiry counts as expiring in lockTtl', { timeout: TEST_TIMEOUT }, async (t) => {
   const { redis, spawnWorker, stored, lkey } = await setup(t, { lockTtl: 500 })
   const W = await spawnWorker('W')
   const B = await spawnWorker('B')
@@ -537,7 +536,7 @@ const NEXT_LOAD = `
   return { r, calls }
 `
 
-test('finding 8: a loader that never settles does not block its key past loadTimeout, and its late result is cached nowhere', {
+test('a loader that never settles does not block its key past loadTimeout, and its late result is cached nowhere', {
   timeout: TEST_TIMEOUT,
 }, async (t) => {
   await t.test('(a) loadTimeout 300: callers reject ERR_LOAD_TIMEOUT, signal aborted, lock released, the next call loads', async (t) => {

@@ -1,5 +1,5 @@
 'use strict'
-// Issue 12, goal 1: the read lane. Plain GETs of the read path go on a second connection whose
+// The read lane. Plain GETs of the read path go on a second connection whose
 // socket the JS thread's own event loop drives (src/node/lane.rs), not through the runtime's
 // threads. What it must keep: every read answered (by Redis or the loader), never hung, never
 // an older value after this instance's own write; a killed or silent lane costs the reads in

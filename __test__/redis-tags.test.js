@@ -1,5 +1,5 @@
 'use strict'
-// Issue 11 with Redis, across real processes (docs/CONTRACT.md: deleteByTag, clear, getOrLoad
+// Tags and clear with Redis, across real processes (docs/CONTRACT.md: deleteByTag, clear, getOrLoad
 // 10, l1.maxBytes, serializer, stats): tags and clear in three processes, and what they cost in
 // Redis; deleteByTag and clear fenced against a slow load; a set just after a deleteByTag made
 // elsewhere; deleteByTag and clear while Redis is down; skipCache and setTtl across processes;

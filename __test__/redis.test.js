@@ -684,7 +684,7 @@ test('13. an invalidation that arrives while a Redis read is in flight is not lo
     assert.ok(w.seen, `${via}: B still serves ${w.last} 1.5 s after A's set replaced it (Redis holds "v2")`)
   }
   // A busy JS thread is not a Redis failure: Redis answered at once, so neither instance may
-  // count an error or mark Redis down (issue 21 item 4).
+  // count an error or mark Redis down.
   for (const [label, w] of [
     ['A', A],
     ['B', B],
@@ -694,7 +694,7 @@ test('13. an invalidation that arrives while a Redis read is in flight is not lo
   }
 })
 
-test('13b. a JS thread busy past commandTimeout is not a Redis failure: no error counted, no stampede (issue 21 item 4)', {
+test('13b. a JS thread busy past commandTimeout is not a Redis failure: no error counted, no stampede', {
   timeout: TEST_TIMEOUT,
 }, async (t) => {
   const { redis, spawnWorker } = await setup(t)

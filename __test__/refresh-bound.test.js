@@ -1,5 +1,5 @@
 'use strict'
-// Issue 12, goal 2: a mass expiry reaches the database as a trickle. `maxConcurrentRefreshes`
+// A mass expiry reaches the database as a trickle. `maxConcurrentRefreshes`
 // (docs/CONTRACT.md, "Choices") bounds the background refreshes one instance runs at once; past
 // it, readers are served the stale value at once and a later read refreshes the key. Cold loads
 // are never held back. Gated loaders make every race deterministic: the assertions count loader
@@ -8,7 +8,7 @@
 const { describe, test } = require('node:test')
 const assert = require('node:assert/strict')
 const { StampedeCache } = require('..')
-const { deferred, throwsWithCode, assertNoLeaks, within, sleep } = require('./fixtures/helpers')
+const { deferred, throwsWithCode, assertNoLeaks, within, sleep } = require('./helpers/assertions')
 
 const KEYS = Array.from({ length: 40 }, (_, i) => `k${i}`)
 

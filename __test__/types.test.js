@@ -34,7 +34,7 @@ function makeApp(t, name, config) {
   const pkgDir = path.join(dir, 'node_modules', 'stampede-cache')
   fs.mkdirSync(pkgDir, { recursive: true })
   const pkg = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'))
-  for (const file of ['package.json', ...pkg.files]) fs.copyFileSync(path.join(root, file), path.join(pkgDir, file))
+  for (const file of ['package.json', ...pkg.files]) fs.cpSync(path.join(root, file), path.join(pkgDir, file))
   fs.mkdirSync(path.join(dir, 'node_modules', '@types'))
   fs.symlinkSync(path.join(root, 'node_modules', '@types', 'node'), path.join(dir, 'node_modules', '@types', 'node'), DIR_LINK)
   for (const file of ['cases.ts', 'lie.ts']) fs.copyFileSync(path.join(fixtures, file), path.join(dir, file))

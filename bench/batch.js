@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 'use strict'
-// Many keys at once (issue 24): getOrLoadMany side by side with what a user would do instead,
+// Many keys at once: getOrLoadMany side by side with what a user would do instead,
 // in one run, on one machine, against one private redis-server. Ratios, never absolute times.
 //
 //   node bench/batch.js [--quick] [--rounds 7] [--keys 1000] [--json out.json] [--docs]

@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 'use strict'
-// The soak of issue 8's randomized history test: many seeds of __test__/helpers/history.js, each a
+// The soak of the randomized history test: many seeds of __test__/helpers/history.js, each a
 // private redis-server, 3 worker processes, a versioned database and seeded faults (see there).
-// With --cluster, each seed runs against a 3-master, 3-replica Redis Cluster instead (issue 9):
+// With --cluster, each seed runs against a 3-master, 3-replica Redis Cluster instead:
 // node faults and one master SIGKILLed per run; a cluster serves runs until no master with a
 // replica is left, then a new one is started.
 //

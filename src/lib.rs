@@ -8,7 +8,7 @@
 //! Words this code uses in a sense of its own, roughly in the order a call meets them.
 //!
 //! * **Engine**: one cache instance's Rust side, a [`cache::Cache`] and its Redis tier, named by
-//!   a `u32` id in the binding's per-thread table. **Facade**: the JS class over it (`index.js`),
+//!   a `u32` id in the binding's per-thread table. **Facade**: the JS class over it (`lib/cache.js`),
 //!   which does what only JS can (call loaders, await, keep values).
 //! * **Tier**: a place entries live: the *in-process tier* (`l1`, [`store::memory`]) and the
 //!   *Redis tier* (`l2`, [`store::redis`]). `store/` is the module that implements the tiers;

@@ -968,7 +968,8 @@ mod tests {
         }
     }
 
-    /// The malformed URLs of issue 27, with the marker as password: every error quotes none.
+    /// Malformed URLs (as __test__/redaction.test.js sends them), with the marker as password:
+    /// every error quotes none.
     fn marked_urls() -> Vec<String> {
         [
             "redis://u:{}@127.0.0.1:notaport",

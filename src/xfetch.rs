@@ -6,7 +6,7 @@
 //! The paper's cache has no stale window: past expiry a reader waits for the value. Here an entry
 //! lives on as stale until `hard_until`, served at once while one refresh runs, so past expiry
 //! nobody waits either. An early refresh then buys nothing a stale read would not, and costs a load:
-//! each one shortens a cycle, and with several processes each may draw its own (issue 29: the
+//! each one shortens a cycle, and with several processes each may draw its own (the
 //! peer bench's hot key, ttl 1 s, hardTtl 10 s, 4 processes for 10 s, made 11-13 loads against 10
 //! ideal, and 9 with beta 0). So the draw is made only when the stale window is too short to
 //! cover a refresh: shorter than `horizon`, the furthest ahead of expiry a draw can refresh. A
@@ -183,7 +183,7 @@ mod tests {
 
     #[test]
     fn a_stale_window_that_covers_a_refresh_leaves_it_to_stale_while_revalidate() {
-        // The peer bench's hot key (issue 29): ttl 1 s, hardTtl 10 s, a 25 ms load, beta 1. A
+        // The peer bench's hot key: ttl 1 s, hardTtl 10 s, a 25 ms load, beta 1. A
         // reader every millisecond of the entry's fresh life never refreshes early; the first
         // read at expiry finds it stale (and refreshes it, served at once).
         let clock = ManualClock::new(1_000_000.0);

@@ -1,7 +1,7 @@
 'use strict'
-// The randomized history test of issue 8 (Jepsen-style, small), shared by __test__/history.test.js
-// (a few seeds in `npm test`) and scripts/soak.js (many seeds for minutes). Issue 9 runs the same
-// history against a Redis Cluster too (`cluster` option, see "Redis Cluster" below).
+// The randomized history test (Jepsen-style, small), shared by __test__/history.test.js (a few
+// seeds in `npm test`) and scripts/soak.js (many seeds for minutes). The same history also runs
+// against a Redis Cluster (`cluster` option, see "Redis Cluster" below).
 //
 // One run: a private redis-server, N worker processes (fixtures/history-worker.js) each with its own
 // StampedeCache on it, and a versioned "database" owned by this process (key -> version, served
@@ -732,8 +732,8 @@ async function runHistory(options = {}) {
     h.checkedAt = Date.now()
 
     // One read of every key in every worker, which refreshes what a silent change or a null
-    // load left stale; then those refreshes settle and their announcements pass. With l1: false
-    // (issue 22) a stale entry was served and never refreshed: the final reads below see that.
+    // load left stale; then those refreshes settle and their announcements pass. With l1: false a
+    // stale entry was once served and never refreshed: the final reads below see that.
     const warms = await Promise.allSettled(live.map((w) => w.request('warm', { keys, cfg }, { timeout: keys.length * cfg.hangBound + 5_000 })))
     warms.forEach((r, i) => {
       if (r.status === 'fulfilled') h.warms.push(...r.value.warms)

@@ -1,5 +1,5 @@
 'use strict'
-// Real Redis deployments for __test__/redis-deployments.test.js (issue 9): TLS with a throwaway
+// Real Redis deployments for __test__/redis-deployments.test.js: TLS with a throwaway
 // CA, ACL users, a 3-master 3-replica Redis Cluster and a Sentinel-managed primary, each built
 // from `redis-server` processes on free 127.0.0.1 ports (never 6379, never another address).
 //

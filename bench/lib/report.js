@@ -65,7 +65,7 @@ function goalChecks(results) {
     }
   }
 
-  // lru-cache is what most Node users reach for in process (issue 29): every mode at >= 1.0x.
+  // lru-cache is what most Node users reach for in process: every mode at >= 1.0x.
   for (const size of ['small', '100 KB']) {
     const modes = ['sequential', '64 in flight, 1 key', '64 in flight, 64 keys']
     const pairs = modes.map((mode) => [mode, cell(results, SELF, size, mode), cell(results, 'lru-cache', size, mode)])

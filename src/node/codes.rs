@@ -1,6 +1,6 @@
 //! The numbers the binding and the facade agree on: what a call answers, and the indexes of the
 //! arrays they pass. Each is exported to JS under the same name (`native.d.ts` lists them), and
-//! `index.js` reads them once, at load, so no number is declared twice.
+//! the facade (`lib/`) reads them once, at load, so no number is declared twice.
 
 use napi_derive::napi;
 

@@ -44,7 +44,7 @@ unsafe extern "C" fn peek_raw(
 
 /// `get`'s hot path: the same lookup, counted in the same stats as `getEntry` counts a hit, but
 /// with XFetch off (beta 0, no random draw) and never a refresh request: `get` never loads.
-/// `getEntry` took 3x as long per hit (profiled, issue 29): its `#[napi]` `String` argument
+/// `getEntry` took 3x as long per hit (profiled): its `#[napi]` `String` argument
 /// measures the key, then allocates, copies and frees it, on top of the macro's machinery.
 unsafe extern "C" fn peek_get_raw(
     env: sys::napi_env,

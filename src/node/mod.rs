@@ -1,5 +1,5 @@
 //! The Node.js binding: the only code that names napi. It converts arguments, finds the engine,
-//! and hands results back as small integers; the JS facade (`index.js`) calls loaders, keeps the
+//! and hands results back as small integers; the JS facade (`lib/cache.js`) calls loaders, keeps the
 //! values at the slots the engine hands out, and turns error codes into `StampedeCacheError`s.
 //!
 //! Engines live in a per-thread table and are named by a `u32` id, so the hot path (`peek`) needs
@@ -34,7 +34,7 @@
 //!    `finishWrite`, `adopt`, `setEntry`, `deleteEntry`'s freed slot), the facade stores the
 //!    value there (or drops it) in the same JS turn, since the engine may hand the slot to
 //!    another key at its next call, and a hit there (the hot path is synchronous) reads whatever
-//!    the slot holds. In `index.js`, `#fill(slot, value)` is the one place that stores a value
+//!    the slot holds. In `lib/cache.js`, `#fill(slot, value)` is the one place that stores a value
 //!    at a slot, and each call that answers a slot is its argument (or the statement before it).
 //!    Under `l1.maxBytes`, `#fill` first drops the values at the slots `takeReleased` lists.
 //! 4. **Codes cross as numbers the binding exports** (`codes.rs`); the facade reads them once,

@@ -1,0 +1,72 @@
+'use strict'
+// Many keys at once (getOrLoadMany, getMany): the batch a call's keys are loaded in, and the
+// check of its `keys` argument. The flights themselves are the cache's (lib/cache.js).
+const { invalidArgument } = require('./errors.js')
+
+const noop = () => {}
+/** Keys a getMany or getOrLoadMany call takes at most. */
+const MAX_BATCH_KEYS = 10_000
+
+// One loadMany call's worth of keys: a getOrLoadMany call's cold keys, or the refresh of its stale
+// keys. Each key it leads is an ordinary flight (its gate, fencing, write-back and end are
+// getOrLoad's) whose loader, once the key has passed its gate, hands the key to the batch
+// (#batchLoader). Once every led key has either asked or is decided otherwise (served from Redis,
+// waiting for another process's lock, failed), the keys that asked go to one loadMany call (a
+// round): so a batch never waits for keys someone else loads, and overlapping batches never wait
+// for each other. A key that asks later (the lock holder it waited for failed, or its lock
+// expired, and this process took over) goes to a later round.
+class Batch {
+  constructor(loadMany, purpose, keyPolicy, timeout) {
+    this.loadMany = loadMany
+    /** PURPOSE_COLD, PURPOSE_FORCE or PURPOSE_REFRESH. */
+    this.purpose = purpose
+    /** Each key's flight's policy: the call's, with no loadTimeout (the loadMany call is timed). */
+    this.keyPolicy = keyPolicy
+    /** ms the loadMany call may run (Infinity: none). */
+    this.timeout = timeout
+    /** The key as the caller gave it (what loadMany gets), by encoded key, in the order of `keys`. */
+    this.keyOf = new Map()
+    /** Each key's position in keyOf: loadMany gets its keys in that order, whichever asked first. */
+    this.rank = new Map()
+    /** Led keys that have neither asked nor been decided otherwise yet. */
+    this.undecided = new Set()
+    /** Every led key is decided: rounds fire as keys ask. */
+    this.gatesPassed = false
+    /** The keys waiting for the next loadMany call: { k, ctx, resolve, reject }. */
+    this.round = []
+    this.roundScheduled = false
+    /** With Redis, a cold key's gate answer (all passed in one go, #batchGates), by key. */
+    this.gates = null
+    /** Stale values found in Redis for cold keys, refreshed with the call's stale keys. */
+    this.staleFound = []
+    /** Takes stale entries found after the refresh batch started. */
+    this.refreshLate = noop
+    /** A loadMany result of the wrong length: the call rejects with it. */
+    this.error = null
+    /** Called once every led key is decided (a cold batch starts its stale keys' refresh). */
+    this.passed = null
+  }
+
+  // Registers a key this batch leads (`key`: as the caller gave it).
+  lead(k, key) {
+    this.rank.set(k, this.keyOf.size)
+    this.keyOf.set(k, key)
+    this.undecided.add(k)
+  }
+
+  // A cold key's flight found a stale value in Redis (served; refreshed in the background).
+  // `seen`: that value's freshUntil, the basis of its refresh.
+  stale(k, value, seen) {
+    const entry = { k, key: this.keyOf.get(k), value, seen }
+    if (this.staleFound !== null) this.staleFound.push(entry)
+    else this.refreshLate([entry])
+  }
+}
+
+// Checks a getMany/getOrLoadMany `keys` argument (each key is checked by encodeKey).
+function checkBatchKeys(keys) {
+  if (!Array.isArray(keys)) throw invalidArgument(`keys must be an array, got ${keys === null ? 'null' : typeof keys}`)
+  if (keys.length > MAX_BATCH_KEYS) throw invalidArgument(`at most ${MAX_BATCH_KEYS} keys a call, got ${keys.length}`)
+}
+
+module.exports = { Batch, checkBatchKeys }

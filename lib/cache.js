@@ -1,0 +1,1133 @@
+'use strict'
+// The JS facade over the Rust engine (native.js loads the addon built from src/).
+//
+// The engine decides (fresh, stale, lead, join, refresh, backoff) and keeps every entry's
+// envelope in LRU order; it hands out a dense slot number per entry, and this facade keeps the
+// value itself at that slot in `#values`. So a fresh hit is one synchronous native call that
+// returns an integer, then an array read: no thread hop, no copy, no deserialization, no new
+// object. The facade also does what only JS can: call loaders, await promises, hand refreshes
+// to `waitUntil`, honour AbortSignals, and run the serializer (once per write or Redis read).
+
+const native = require('../binding.js')
+const { engine, deleteTags, clearEntries } = require('./engine.js')
+const {
+  StampedeCacheError,
+  invalidArgument,
+  invalidOption,
+  closedError,
+  redisError,
+  abortError,
+  isClosedError,
+  isAbortSignal,
+  withSignal,
+} = require('./errors.js')
+const {
+  loadChannel,
+  hitChannel,
+  missChannel,
+  coalesceChannel,
+  lockChannel,
+  invalidateChannel,
+  loadTimeoutChannel,
+  redisErrorChannel,
+  loadTraced,
+} = require('./channels.js')
+const { requestScope, withWaitUntil } = require('./scope.js')
+const { UNREADABLE, codecOf, toStored } = require('./codec.js')
+const { checkTags, tagsOption } = require('./keys.js')
+const { Batch, checkBatchKeys } = require('./batch.js')
+
+const { peek, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
+const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
+const { observeInvalidations, takeInvalidations } = native
+const { redisGateMany, redisFetchMany, noteBatchCall, beginBatchRefresh, GATE_WAIT } = native
+
+// The promises of the flights in progress, by flight id. Each sits in a holder that `delete`
+// empties: a V8 Map kept deleted values reachable until it next rehashed, so a promise resolved
+// after its flight was deleted kept its value alive through scavenges and into the old
+// generation (measured: MBs promoted per scavenge with 64 Redis reads of 10 KB in flight; none
+// with holders).
+class Flights {
+  #m = new Map()
+  get size() {
+    return this.#m.size
+  }
+  get(id) {
+    return this.#m.get(id)?.load
+  }
+  set(id, load) {
+    this.#m.set(id, { load })
+  }
+  delete(id) {
+    const held = this.#m.get(id)
+    if (held === undefined) return
+    held.load = undefined
+    this.#m.delete(id)
+  }
+}
+
+// The codes the engine answers with and the indexes of the arrays it takes, read once, here, from
+// the binding (src/node/codes.rs says what each means). A hit is one integer: the slot is
+// `n >> HIT_SLOT_SHIFT`, the kind `(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK` (its state for the hit
+// channel is HIT_STATES[kind]), and `n & HIT_REFRESH` asks for a background refresh.
+const { HIT_SLOT_SHIFT, HIT_KIND_SHIFT, HIT_KIND_MASK, HIT_REFRESH, HIT_STATES } = native
+const { STEP_KINDS, STEP_SERVE, STEP_LEAD, WRITTEN_NOWHERE } = native
+const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT, POLICY_BETA } = native
+// What a flight is for (redisGate's purpose), and the reason the channels give it.
+const { PURPOSE_COLD, PURPOSE_REFRESH, PURPOSE_FORCE, PURPOSE_PAST_VALUE, REASONS } = native
+const { GATE_FOUND, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, UNAVAILABLE } = native
+const { FMT_JSON } = native
+const noop = () => {}
+/** What a call without options means (see #callOptions). */
+const NO_OPTIONS = Object.freeze({ policy: null, signal: undefined, waitUntil: undefined, force: false, tags: null })
+
+class StampedeCache {
+  /** Engine id in this thread's engine table. */
+  #id
+  /** Keeps the engine alive exactly as long as this object. */
+  #token
+  /** Values by slot; the engine says which slot holds which key's value. */
+  #values = []
+  /** Promises of running loads by flight id; joiners await the leader's promise. */
+  #flights = new Flights()
+  /** Background refreshes not yet ended, for settle(). */
+  #background = new Set()
+  /** Redis locks held by running loads, by flight: [key, token] (close() releases them). */
+  #held = new Map()
+  /** Per running loader, what aborts its ctx.signal (close() aborts them all). */
+  #loads = new Set()
+  /** The constructor's loadTimeout (ms; Infinity for none). */
+  #loadTimeout
+  #closed = false
+  /** Redis configured: loads go through the Redis tier (lock, bus, shared envelopes). */
+  #redis = false
+  #waitUntil
+  #onError
+  /** The Redis key prefix, for the channels' messages. */
+  #namespace
+  /** The engine keeps the invalidations it applies for us (someone listens to them). */
+  #watchingInvalidations = false
+  /** The serializer, as a codec (see JSON_CODEC). */
+  #codec
+  /** l1.maxBytes is set: slots the engine frees are released here too (see #fill). */
+  #bytesBounded = false
+
+  constructor(options) {
+    if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
+      throw new StampedeCacheError('ERR_INVALID_OPTION', 'options must be an object')
+    }
+    const waitUntil = options?.waitUntil
+    if (waitUntil !== undefined && typeof waitUntil !== 'function') throw invalidOption('waitUntil', 'must be a function')
+    const onError = options?.onError
+    if (onError !== undefined && typeof onError !== 'function') throw invalidOption('onError', 'must be a function')
+    this.#codec = codecOf(options?.serializer)
+    // The engine knows the serializer by name only (envelopes of another serializer are misses);
+    // its functions stay here.
+    this.#token = engine.create(options?.serializer === undefined ? options : { ...options, serializer: this.#codec.kind })
+    const l1 = options?.l1
+    this.#bytesBounded = typeof l1 === 'object' && l1 !== null && l1.maxBytes !== undefined
+    this.#id = engineId(this.#token)
+    this.#redis = hasRedis(this.#id)
+    this.#loadTimeout = defaultPolicy(this.#id)[POLICY_LOAD_TIMEOUT]
+    this.#waitUntil = waitUntil
+    this.#onError = onError
+    // Validated by the engine above.
+    this.#namespace = options?.namespace ?? 'sc'
+  }
+
+  getOrLoad(key, loader, options) {
+    if (typeof loader !== 'function') {
+      return Promise.reject(invalidArgument(`the loader must be a function, got ${loader === null ? 'null' : typeof loader}`))
+    }
+    if (options === undefined && typeof key === 'string') {
+      // The hot path: a hit (see HIT_SLOT_SHIFT), or a negative number for a miss.
+      const r = peek(this.#id, key)
+      if (r >= 0) {
+        const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
+        if (r & HIT_REFRESH) this.#refresh(key, loader, null, undefined, value)
+        return Promise.resolve(value)
+      }
+    }
+    return this.#getOrLoadSlow(key, loader, options)
+  }
+
+  /**
+   * Many keys at once (README, "Many keys at once"): every key answered as getOrLoad would answer
+   * it alone, and the keys this call must load, each once, in one `loadMany(keys, ctx)` call
+   * (DataLoader's convention: an array of the same length; an Error at a position fails that key).
+   */
+  getOrLoadMany(keys, loadMany, options) {
+    try {
+      return this.#startGetOrLoadMany(keys, loadMany, options)
+    } catch (err) {
+      return Promise.reject(err)
+    }
+  }
+
+  #startGetOrLoadMany(keys, loadMany, options) {
+    if (this.#closed) throw closedError()
+    checkBatchKeys(keys)
+    if (typeof loadMany !== 'function') {
+      throw invalidArgument(`loadMany must be a function, got ${loadMany === null ? 'null' : typeof loadMany}`)
+    }
+    const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : this.#callOptions(options)
+    const n = keys.length
+    const out = new Array(n)
+    // Hits first, on getOrLoad's hot path (a string key, no options); the other positions below.
+    let rest = null
+    let stale = null
+    if (options === undefined) {
+      for (let i = 0; i < n; i++) {
+        const key = keys[i]
+        const r = typeof key === 'string' ? peek(this.#id, key) : -1
+        if (r < 0) {
+          ;(rest ??= []).push(i)
+          continue
+        }
+        const value = this.#values[r >> HIT_SLOT_SHIFT]
+        out[i] = value
+        if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
+        if (r & HIT_REFRESH) (stale ??= []).push({ k: key, key, value })
+      }
+      if (rest === null) {
+        if (stale !== null) this.#refreshMany(stale, loadMany, policy, waitUntil, tags)
+        return Promise.resolve(out)
+      }
+    } else {
+      rest = Array.from({ length: n }, (_, i) => i)
+    }
+    // Every key is checked before anything is looked up or loaded.
+    const encoded = new Array(rest.length)
+    for (let j = 0; j < rest.length; j++) encoded[j] = engine.encodeKey(keys[rest[j]])
+    if (signal?.aborted) throw abortError(signal)
+    this.#watchInvalidations()
+    const b = this.#newBatch(loadMany, policy, force ? PURPOSE_FORCE : PURPOSE_COLD)
+    const gated = this.#redis && !force
+    if (gated) b.gates = new Map()
+    // Each distinct key once: `answers[u]` is its value or its flight's promise; `at[j]` says which.
+    const indexOf = new Map()
+    const answers = []
+    const at = new Array(rest.length)
+    const cold = []
+    for (let j = 0; j < rest.length; j++) {
+      const k = encoded[j]
+      const seen = indexOf.get(k)
+      if (seen !== undefined) {
+        at[j] = seen
+        continue
+      }
+      at[j] = answers.length
+      indexOf.set(k, answers.length)
+      const looked = engine.lookup(this.#id, k, policy, force)
+      const kind = looked % STEP_KINDS
+      const m = Math.floor(looked / STEP_KINDS)
+      if (kind === STEP_SERVE) {
+        const value = this.#values[m >> HIT_SLOT_SHIFT]
+        if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(m))
+        if (m & HIT_REFRESH) (stale ??= []).push({ k, key: keys[rest[j]], value })
+        answers.push(value)
+        continue
+      }
+      if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+      if (kind !== STEP_LEAD) {
+        if (coalesceChannel.hasSubscribers) coalesceChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+        answers.push(this.#flights.get(m))
+        continue
+      }
+      b.lead(k, keys[rest[j]])
+      const decided = () => this.#batchDecided(b, k)
+      if (gated) {
+        // The flight's promise now (callers join it); its gate answers with every cold key's
+        // (#batchGates), which serves what Redis has without running the flight at all.
+        const cold1 = { k, flight: m, resolve: null, reject: null }
+        const load = new Promise((resolve, reject) => {
+          cold1.resolve = resolve
+          cold1.reject = reject
+        })
+        this.#flights.set(m, load)
+        cold.push(cold1)
+        load.then(decided, decided)
+        answers.push(load)
+        continue
+      }
+      const load = this.#lead(k, m, this.#batchLoader(b, k), b.keyPolicy, force ? this.#currentValue(k) : undefined, b.purpose, waitUntil, tags, b)
+      load.then(decided, decided)
+      answers.push(load)
+    }
+    // Once the flights are registered: a subscriber that calls the cache joins them.
+    this.#publishInvalidations()
+    // The call's stale keys, and those its cold keys found stale in Redis, in one refresh.
+    b.refreshLate = (entries) => this.#refreshMany(entries, loadMany, policy, waitUntil, tags)
+    b.passed = () => {
+      const found = b.staleFound
+      b.staleFound = null
+      const entries = stale === null ? found : found.length === 0 ? stale : [...stale, ...found]
+      if (entries.length > 0) b.refreshLate(entries)
+    }
+    if (b.undecided.size === 0) {
+      b.gatesPassed = true
+      b.passed()
+    }
+    if (cold.length > 0) this.#batchGates(b, cold, waitUntil, tags)
+    const settled = Promise.allSettled(answers).then((results) => {
+      if (b.error !== null) throw b.error
+      for (let j = 0; j < rest.length; j++) {
+        const r = results[at[j]]
+        if (r.status === 'fulfilled') {
+          out[rest[j]] = r.value
+        } else {
+          if (isClosedError(r.reason)) throw r.reason
+          out[rest[j]] = r.reason
+        }
+      }
+      return out
+    })
+    return signal ? withSignal(settled, signal) : settled
+  }
+
+  #newBatch(loadMany, policy, purpose) {
+    const keyPolicy = [...(policy ?? defaultPolicy(this.#id))]
+    const timeout = keyPolicy[POLICY_LOAD_TIMEOUT]
+    keyPolicy[POLICY_LOAD_TIMEOUT] = Infinity
+    return new Batch(loadMany, purpose, keyPolicy, timeout)
+  }
+
+  // The cold keys' gates, in one go (one pipelined read, then one pipelined lock bid, per Redis
+  // node): a key Redis has is served at once; the others' flights run with their answers. A key
+  // another process holds is decided (the batch does not wait for it) and then waits for that
+  // process's value alone, as getOrLoad does. `cold`: { k, flight, resolve, reject }.
+  #batchGates(b, cold, waitUntil, tags) {
+    const run = (c, gate) => {
+      // Without a gate here, #runFlight asks for the key's own.
+      if (gate !== undefined) b.gates.set(c.k, gate)
+      this.#runFlight(c.k, c.flight, this.#batchLoader(b, c.k), b.keyPolicy, undefined, PURPOSE_COLD, waitUntil, tags, b).then(c.resolve, c.reject)
+    }
+    const each = (answers) => {
+      if (answers.some((a) => a.reported)) this.#drainRedisReports()
+      for (let i = 0; i < cold.length; i++) {
+        const c = cold[i]
+        const a = answers[i]
+        if (a.kind === GATE_WAIT) {
+          this.#batchDecided(b, c.k)
+          run(c, this.#gate(c.k, PURPOSE_COLD, PURPOSE_COLD))
+          continue
+        }
+        if (a.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
+          lockChannel.publish({ cache: this, namespace: this.#namespace, key: c.k, reason: REASONS[PURPOSE_COLD], outcome: LOCK_OUTCOMES[a.lock] })
+        }
+        if (a.kind !== GATE_FOUND || !this.#servedFromRedis(b, c, a)) run(c, a)
+      }
+    }
+    redisGateMany(
+      this.#id,
+      cold.map((c) => c.k),
+    ).then(each, () => {
+      // The binding could not ask (never expected): each key passes its own gate.
+      for (const c of cold) run(c, undefined)
+    })
+  }
+
+  // A cold key of a batch that Redis has: ends its flight with that value, as #runFlight does for
+  // one key (adopted, then its stale value refreshed with the batch's). False when this cache's
+  // serializer cannot read it: then the flight runs, and looks again past it.
+  #servedFromRedis(b, c, answer) {
+    const value = this.#decode(answer)
+    if (value === UNREADABLE) return false
+    this.#flights.delete(c.flight)
+    const refresh = this.#adoptDecoded(c.k, c.flight, true, answer, value, b.keyPolicy)
+    if (hitChannel.hasSubscribers) this.#publishHit(c.k, 'redis', answer.state)
+    if (refresh) b.stale(c.k, value, answer.freshUntil)
+    c.resolve(value)
+    return true
+  }
+
+  // A led key's loader: hands the key (and its ctx) to the batch's next loadMany call.
+  #batchLoader(b, k) {
+    return (ctx) =>
+      new Promise((resolve, reject) => {
+        b.round.push({ k, ctx, resolve, reject })
+        this.#batchDecided(b, k)
+      })
+  }
+
+  // Key `k` of batch `b` has asked or is decided otherwise; the first loadMany call goes once
+  // every led key is, later ones in the next microtask after a late key asks.
+  #batchDecided(b, k) {
+    if (!b.undecided.delete(k)) {
+      if (b.gatesPassed && b.round.length > 0 && !b.roundScheduled) {
+        b.roundScheduled = true
+        queueMicrotask(() => {
+          b.roundScheduled = false
+          this.#fireRound(b)
+        })
+      }
+      return
+    }
+    if (b.undecided.size > 0) return
+    b.gatesPassed = true
+    if (b.passed !== null) b.passed()
+    this.#fireRound(b)
+  }
+
+  #fireRound(b) {
+    const entries = b.round
+    if (entries.length === 0) return
+    b.round = []
+    // Keys ask as their gates answer (with Redis, in any order).
+    entries.sort((x, y) => b.rank.get(x.k) - b.rank.get(y.k))
+    this.#callLoadMany(b, entries)
+  }
+
+  // One loadMany call for `entries`, timed by loadTimeout; settles each key's loader with its
+  // result: a value (null/undefined: not found), or its Error.
+  #callLoadMany(b, entries) {
+    const keys = entries.map((e) => b.keyOf.get(e.k))
+    const names = entries.map((e) => e.k)
+    noteBatchCall(this.#id, b.purpose === PURPOSE_REFRESH)
+    const control = new AbortController()
+    this.#loads.add(control)
+    let timer
+    let settled = false
+    const settle = (each) => {
+      if (settled) return
+      settled = true
+      clearTimeout(timer)
+      this.#loads.delete(control)
+      for (let i = 0; i < entries.length; i++) each(entries[i], i)
+    }
+    const failAll = (err) => settle((e) => e.reject(err))
+    if (b.timeout !== Infinity) {
+      timer = setTimeout(() => {
+        const err = new StampedeCacheError('ERR_LOAD_TIMEOUT', `loadMany of ${keys.length} keys ran longer than loadTimeout (${b.timeout} ms)`)
+        if (loadTimeoutChannel.hasSubscribers) {
+          loadTimeoutChannel.publish({ cache: this, namespace: this.#namespace, key: names[0], keys: names, reason: REASONS[b.purpose], timeout: b.timeout })
+        }
+        control.abort(err)
+        failAll(err)
+      }, b.timeout)
+      // An idle cache never keeps the process alive; a loadMany that does work keeps it alive itself.
+      timer.unref()
+    }
+    const ctx = {
+      keys: names,
+      signal: control.signal,
+      // Every key of this call gets the ttl and tags; the first key's ctx checks them.
+      setTtl(ttl, hardTtl) {
+        for (const e of entries) e.ctx.setTtl(ttl, hardTtl)
+      },
+      setTags(tags) {
+        for (const e of entries) e.ctx.setTags(tags)
+      },
+    }
+    const call = () => b.loadMany(keys, ctx)
+    const started = loadTraced()
+      ? () => loadChannel.tracePromise(async () => call(), { cache: this, namespace: this.#namespace, key: names[0], keys: names, reason: REASONS[b.purpose] })
+      : call
+    Promise.resolve()
+      .then(started)
+      .then((results) => {
+        if (!Array.isArray(results) || results.length !== keys.length) {
+          const got = Array.isArray(results) ? `an array of ${results.length}` : results === null ? 'null' : typeof results
+          const err = invalidArgument(`loadMany must return an array of ${keys.length} results, one per key it was given, got ${got}`)
+          b.error ??= err
+          failAll(err)
+          return
+        }
+        settle((e, i) => {
+          const r = results[i]
+          if (r instanceof Error) e.reject(r)
+          else e.resolve(r)
+        })
+      }, failAll)
+  }
+
+  // Refreshes stale keys ({ k, key, value }) in the background in one loadMany call, as #refresh
+  // refreshes one: handed to waitUntil at once; failures reported per key.
+  #refreshMany(entries, loadMany, policy, waitUntil, tags) {
+    const b = this.#newBatch(loadMany, policy, PURPOSE_REFRESH)
+    const loads = []
+    for (const { k, key, value, seen = -1 } of entries) {
+      // The batch is one query: the bound on refreshes running holds its first key only.
+      const flight = beginBatchRefresh(this.#id, k, loads.length === 0, seen)
+      if (flight < 0) continue
+      b.lead(k, key)
+      const load = this.#lead(k, flight, this.#batchLoader(b, k), b.keyPolicy, value, PURPOSE_REFRESH, undefined, tags, b)
+      const decided = () => this.#batchDecided(b, k)
+      load.then(decided, decided)
+      loads.push(load.then(noop, (err) => this.#report(err, 'refresh', k)))
+    }
+    if (loads.length === 0) return
+    const done = Promise.all(loads).then(noop)
+    this.#background.add(done)
+    done.then(() => this.#background.delete(done))
+    const hook = waitUntil ?? requestScope.getStore() ?? this.#waitUntil
+    if (hook !== undefined) {
+      try {
+        hook(done)
+      } catch (err) {
+        this.#report(err, 'waitUntil', undefined)
+      }
+    }
+  }
+
+  /** Many keys at once, as `get` reads one: fresh or stale values (undefined where none); never loads. */
+  async getMany(keys) {
+    if (this.#closed) throw closedError()
+    checkBatchKeys(keys)
+    const n = keys.length
+    const encoded = new Array(n)
+    for (let i = 0; i < n; i++) encoded[i] = engine.encodeKey(keys[i])
+    const out = new Array(n).fill(undefined)
+    this.#watchInvalidations()
+    // Positions of the keys the in-process tier does not have, by key (each asked of Redis once).
+    const missed = new Map()
+    for (let i = 0; i < n; i++) {
+      const k = encoded[i]
+      const positions = missed.get(k)
+      if (positions !== undefined) {
+        positions.push(i)
+        continue
+      }
+      const hit = engine.getEntry(this.#id, k)
+      if (hit >= 0) {
+        if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(hit))
+        out[i] = this.#values[hit >> HIT_SLOT_SHIFT]
+        continue
+      }
+      if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+      missed.set(k, [i])
+    }
+    this.#publishInvalidations()
+    if (missed.size === 0 || !this.#redis) return out
+    const asked = [...missed.keys()]
+    const answers = await redisFetchMany(this.#id, asked)
+    if (answers.some((a) => a.reported)) this.#drainRedisReports()
+    for (let u = 0; u < asked.length; u++) {
+      const answer = answers[u]
+      if (answer.kind !== GATE_FOUND) continue
+      const value = this.#decode(answer)
+      if (value === UNREADABLE) continue
+      this.#adoptDecoded(asked[u], -1, false, answer, value)
+      if (hitChannel.hasSubscribers) this.#publishHit(asked[u], 'redis', answer.state)
+      for (const i of missed.get(asked[u])) out[i] = value
+    }
+    return out
+  }
+
+  // The flight's own promise when this call leads or joins one (no async wrapper around it: two
+  // microtask turns less per read), else a promise of the value or of the error.
+  #getOrLoadSlow(key, loader, options) {
+    try {
+      return this.#startGetOrLoad(key, loader, options)
+    } catch (err) {
+      return Promise.reject(err)
+    }
+  }
+
+  #startGetOrLoad(key, loader, options) {
+    if (this.#closed) throw closedError()
+    const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : this.#callOptions(options)
+    const k = engine.encodeKey(key)
+    if (signal?.aborted) throw abortError(signal)
+    this.#watchInvalidations()
+    // One number: n * STEP_KINDS + kind (see `lookup` in src/node/local.rs).
+    const looked = engine.lookup(this.#id, k, policy, force)
+    const step = { kind: looked % STEP_KINDS, n: Math.floor(looked / STEP_KINDS) }
+    if (step.kind === STEP_SERVE) {
+      const value = this.#values[step.n >> HIT_SLOT_SHIFT]
+      this.#publishInvalidations()
+      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(step.n))
+      if (step.n & HIT_REFRESH) this.#refresh(k, loader, policy, waitUntil, value, tags)
+      return Promise.resolve(value)
+    }
+    let load
+    if (step.kind === STEP_LEAD) {
+      const stale = force ? this.#currentValue(k) : undefined
+      load = this.#lead(k, step.n, loader, policy, stale, force ? PURPOSE_FORCE : PURPOSE_COLD, waitUntil, tags)
+    } else {
+      load = this.#flights.get(step.n)
+    }
+    // Once the flight is registered: a subscriber that calls the cache joins it.
+    this.#publishInvalidations()
+    if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+    if (step.kind !== STEP_LEAD && coalesceChannel.hasSubscribers) {
+      coalesceChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+    }
+    return signal ? withSignal(load, signal) : load
+  }
+
+  // A getOrLoad or getOrLoadMany call's options, checked.
+  #callOptions(options) {
+    if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
+    const policy = engine.resolvePolicy(this.#id, options, false)
+    const { signal, waitUntil } = options
+    const tags = options.tags === undefined ? null : tagsOption(options.tags)
+    if (signal !== undefined && !isAbortSignal(signal)) throw invalidOption('signal', 'must be an AbortSignal')
+    if (waitUntil !== undefined && typeof waitUntil !== 'function') throw invalidOption('waitUntil', 'must be a function')
+    if (options.forceRefresh !== undefined && typeof options.forceRefresh !== 'boolean') {
+      throw invalidOption('forceRefresh', 'must be a boolean')
+    }
+    return { policy, signal, waitUntil, force: options.forceRefresh === true, tags }
+  }
+
+  // The value of a live entry, for ctx.stale when forceRefresh replaces it (no stats counted).
+  #currentValue(k) {
+    const slot = native.currentSlot(this.#id, k)
+    return slot >= 0 ? this.#values[slot] : undefined
+  }
+
+  // `batch`: the getOrLoadMany call whose loadMany loads this key (see #batchOf), else undefined.
+  #lead(k, flight, loader, policy, stale, purpose, waitUntil, tags, batch) {
+    const load = this.#runFlight(k, flight, loader, policy, stale, purpose, waitUntil, tags, batch)
+    this.#flights.set(flight, load)
+    return load
+  }
+
+  // One flight: ask Redis first (if configured), then call the loader if still needed. Its
+  // first await comes before the loader runs, so the flight is registered by then (#lead): a
+  // loader that reads the same key joins its own flight instead of finding an unknown one.
+  async #runFlight(k, flight, loader, policy, stale, purpose, waitUntil, tags, batch) {
+    let gate = null
+    if (!this.#redis) {
+      await undefined
+    } else {
+      // A batch's cold keys passed their gates together (#batchGates).
+      const first = batch?.gates?.get(k)
+      gate = first === undefined ? await this.#gate(k, purpose, purpose) : await first
+      // A value this cache's serializer cannot read (another custom serializer, corrupt data)
+      // is a miss: look again, taking the lock past it. A few times at most, then load without
+      // Redis (nothing is written there).
+      for (let tries = 0; gate.kind === GATE_FOUND; tries++) {
+        const value = this.#decode(gate)
+        if (value !== UNREADABLE) {
+          this.#flights.delete(flight)
+          const refresh = this.#adoptDecoded(k, flight, purpose === PURPOSE_COLD, gate, value, policy)
+          // A cold load answered by Redis is that tier's hit; a refresh found refreshed
+          // elsewhere is not a read.
+          if (purpose === PURPOSE_COLD && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', gate.state)
+          // A cold caller given a stale value from Redis starts its refresh, as for a stale hit.
+          // Its basis is the copy Redis answered (the in-process tier may keep none of it).
+          if (refresh) {
+            // A batch refreshes all its stale keys in one loadMany call.
+            if (batch !== undefined) batch.stale(k, value, gate.freshUntil)
+            else this.#refresh(k, loader, policy, waitUntil, value, tags, gate.freshUntil)
+          }
+          return value
+        }
+        if (tries >= 2) {
+          gate = null
+          break
+        }
+        gate = await this.#gate(k, PURPOSE_PAST_VALUE, purpose)
+      }
+    }
+    if (gate !== null) {
+      if (gate.kind === GATE_SKIP) {
+        // Another process holds the refresh and will announce its result.
+        this.#flights.delete(flight)
+        abandon(this.#id, k, flight)
+        return stale
+      }
+      if (gate.kind === GATE_CLOSED) {
+        this.#flights.delete(flight)
+        // A background refresh just ends (the stale value it had is what its readers got).
+        if (purpose === PURPOSE_REFRESH) return stale
+        throw closedError()
+      }
+    }
+    if (gate?.token) this.#held.set(flight, [k, gate.token])
+    return this.#runLoader(k, flight, loader, policy, stale, purpose, gate, tags, batch)
+  }
+
+  // Asks Redis before a load (`ask`: the gate's purpose); publishes the lock outcome under the
+  // flight's `purpose`.
+  async #gate(k, ask, purpose) {
+    // A cold read first takes the value another process's announcement carried, if any.
+    // A cold read answered by the value another process's announcement carried is no promise.
+    const asked = redisGate(this.#id, k, ask)
+    const gate = asked instanceof Promise ? await asked : asked
+    if (gate.reported) this.#drainRedisReports()
+    if (gate.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
+      lockChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], outcome: LOCK_OUTCOMES[gate.lock] })
+    }
+    return gate
+  }
+
+  // The value of an envelope read from Redis, or UNREADABLE when this cache's serializer
+  // cannot read it (never a throw: a miss, as for any value this cache did not write).
+  #decode(answer) {
+    if (answer.json === undefined || answer.json === null) return undefined
+    try {
+      return answer.negative ? JSON.parse(answer.json) : this.#codec.decode(answer.json, answer.fmt)
+    } catch {
+      return UNREADABLE
+    }
+  }
+
+  // Takes an envelope read from Redis into the in-process tier, with its decoded value. Returns
+  // whether the caller (of a cold flight: `cold`) should start a refresh of the stale value.
+  // `policy`: the call's (its XFetch beta decides a cold caller's early refresh), or null.
+  #adoptDecoded(k, flight, cold, answer, value, policy = null) {
+    const size = answer.bytes
+    // One number: slot * 2 + refresh (see `adopt` in src/node/redis.rs).
+    const adopted = adopt(
+      this.#id,
+      k,
+      flight,
+      cold,
+      answer.freshUntil,
+      answer.hardUntil,
+      answer.computeMs,
+      answer.negative,
+      answer.retryAfter,
+      answer.stamp,
+      answer.born,
+      answer.tags ?? null,
+      size,
+      policy === null ? -1 : policy[POLICY_BETA],
+    )
+    this.#fill(adopted >> 1, value)
+    // After the value is in place: a subscriber may read the cache.
+    this.#publishInvalidations()
+    return (adopted & 1) === 1
+  }
+
+  // Keeps `value` at `slot`, what the engine call that wrote it answered (NO_SLOT or
+  // WRITTEN_NOWHERE: nothing to keep), and returns `slot`. The one place a value is stored at a
+  // slot, called in the JS turn of that engine call, before any await: the engine may hand the
+  // slot to another key at its next call (src/node/mod.rs, "Boundary rules"). Under l1.maxBytes,
+  // first drops the values at slots the engine freed since (evicted by size, removed), so memory,
+  // not just the count, stays within the budget; before writing, as `slot` may be one of them.
+  #fill(slot, value) {
+    if (this.#bytesBounded) {
+      for (const freed of takeReleased(this.#id)) this.#values[freed] = undefined
+    }
+    if (slot >= 0) this.#values[slot] = value
+    return slot
+  }
+
+  async #runLoader(k, flight, loader, policy, stale, purpose, gate, tags, batch) {
+    const token = gate?.token ?? null
+    // A batch's keys are counted (and traced) once per loadMany call instead (#fireBatch).
+    if (batch === undefined) noteLoaderCall(this.#id, k, flight)
+    const started = performance.now()
+    // What the loader says about its result (ctx.setTtl, setTags, skipCache).
+    const result = { policy, tags: null, skip: false, done: false }
+    let value
+    try {
+      if (batch === undefined && loadTraced()) {
+        const context = { cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose] }
+        value = await loadChannel.tracePromise(this.#callLoader, context, this, k, loader, stale, policy, purpose, result)
+      } else {
+        value = await this.#callLoader(k, loader, stale, policy, purpose, result)
+      }
+    } catch (err) {
+      result.done = true
+      await this.#loadFailed(k, flight, token)
+      // A caller that has a value (forceRefresh of a live entry) gets it instead of a timeout.
+      if (err instanceof StampedeCacheError && err.code === 'ERR_LOAD_TIMEOUT' && purpose === PURPOSE_FORCE && stale !== undefined) {
+        return stale
+      }
+      throw err
+    }
+    result.done = true
+    const computeMs = performance.now() - started
+    let text
+    let stored
+    let size
+    let fmt
+    try {
+      // Even a result not cached goes through the serializer: callers get what a hit returns.
+      ;({ text, stored, size, fmt } = toStored(this.#codec, value))
+    } catch (err) {
+      await this.#loadFailed(k, flight, token)
+      throw err
+    }
+    if (result.skip) {
+      await this.#skipped(k, flight, token)
+      return stored
+    }
+    policy = result.policy
+    const negative = stored === null || stored === undefined
+    // The call's tags and the loader's; with neither, a refresh keeps the tags of the entry
+    // it replaces (the engine knows them in process; the gate read them from Redis).
+    tags = tags === null ? result.tags : result.tags === null ? tags : [...new Set([...tags, ...result.tags])]
+    const inherit = purpose !== PURPOSE_COLD
+    if (tags === null && inherit && gate?.tags) tags = gate.tags
+    if (this.#redis) {
+      this.#held.delete(flight)
+      // In Redis (or dropped there as older than what Redis holds, and the lock released)
+      // before any caller sees it; the flight stays open meanwhile so callers keep joining it.
+      const written = writeBack(
+        this.#id,
+        k,
+        flight,
+        computeMs,
+        negative,
+        policy,
+        text,
+        token,
+        gate?.fence ?? null,
+        gate?.fencedAt ?? -1,
+        purpose === PURPOSE_FORCE,
+        tags,
+        inherit,
+        size,
+        gate?.born ?? -1,
+        fmt,
+      )
+      this.#publishInvalidations()
+      const outcome = await written
+      this.#flights.delete(flight)
+      this.#fill(finishWrite(this.#id, k, flight, outcome !== DROPPED, gate?.stamp ?? -1), stored)
+    } else {
+      this.#flights.delete(flight)
+      this.#fill(complete(this.#id, k, flight, computeMs, negative, policy, tags, inherit, size), stored)
+    }
+    this.#publishInvalidations()
+    this.#drainRedisReports()
+    return stored
+  }
+
+  // The loader called ctx.skipCache(): its callers get the result, nothing is written anywhere,
+  // and the lock is released (announced, so other processes waiting for it load themselves).
+  async #skipped(k, flight, token) {
+    this.#flights.delete(flight)
+    this.#held.delete(flight)
+    skip(this.#id, k, flight)
+    if (this.#redis && token !== null) {
+      await redisFailed(this.#id, k, token, 0)
+      this.#drainRedisReports()
+    }
+  }
+
+  // The loader's ctx. Its setters change `result` until the loader has settled, and are
+  // ignored after.
+  #context(k, stale, signal, result) {
+    const id = this.#id
+    return {
+      key: k,
+      stale,
+      signal,
+      setTtl(ttl, hardTtl) {
+        let own
+        try {
+          own = engine.resolvePolicy(id, hardTtl === undefined ? { ttl } : { ttl, hardTtl }, true)
+        } catch (err) {
+          throw new StampedeCacheError('ERR_INVALID_ARGUMENT', `ctx.setTtl: ${err.message}`)
+        }
+        if (result.done) return
+        const p = [...(result.policy ?? defaultPolicy(id))]
+        p[POLICY_TTL] = own[POLICY_TTL]
+        p[POLICY_HARD_TTL] = own[POLICY_HARD_TTL]
+        // A not-found result lives this ttl too.
+        p[POLICY_NEGATIVE_TTL] = own[POLICY_TTL]
+        result.policy = p
+      },
+      setTags(tags) {
+        const list = checkTags(tags, (why) => {
+          throw invalidArgument(`ctx.setTags: tags ${why}`)
+        })
+        if (result.done) return
+        result.tags = result.tags === null ? list : [...new Set([...result.tags, ...list])]
+      },
+      skipCache() {
+        if (!result.done) result.skip = true
+      },
+    }
+  }
+
+  // Calls the loader with its context; rejects with ERR_LOAD_TIMEOUT (and aborts ctx.signal)
+  // once it has run for loadTimeout. A late result is ignored by the caller of this.
+  #callLoader(k, loader, stale, policy, purpose, result) {
+    const control = new AbortController()
+    this.#loads.add(control)
+    const timeout = policy === null ? this.#loadTimeout : policy[POLICY_LOAD_TIMEOUT]
+    let timer
+    const loaded = new Promise((resolve, reject) => {
+      if (timeout !== Infinity) {
+        timer = setTimeout(() => {
+          const err = new StampedeCacheError('ERR_LOAD_TIMEOUT', `the loader of ${JSON.stringify(k)} ran longer than loadTimeout (${timeout} ms)`)
+          if (loadTimeoutChannel.hasSubscribers) {
+            loadTimeoutChannel.publish({ cache: this, namespace: this.#namespace, key: k, reason: REASONS[purpose], timeout })
+          }
+          control.abort(err)
+          reject(err)
+        }, timeout)
+        // An idle cache never keeps the process alive; a loader that does work keeps it alive itself.
+        timer.unref()
+      }
+      // A loader may throw synchronously or return a plain value: both become this promise.
+      Promise.resolve()
+        .then(() => loader(this.#context(k, stale, control.signal, result)))
+        .then(resolve, reject)
+    })
+    return loaded.finally(() => {
+      clearTimeout(timer)
+      this.#loads.delete(control)
+    })
+  }
+
+  async #loadFailed(k, flight, token) {
+    this.#flights.delete(flight)
+    this.#held.delete(flight)
+    const retryAfter = fail(this.#id, k, flight)
+    if (this.#redis && (token !== null || retryAfter > 0)) {
+      await redisFailed(this.#id, k, token, retryAfter)
+      this.#drainRedisReports()
+    }
+  }
+
+  #drainRedisReports() {
+    for (const r of takeRedisReports(this.#id)) {
+      const err = new StampedeCacheError('ERR_REDIS', r.message)
+      const key = r.key ?? undefined
+      if (redisErrorChannel.hasSubscribers) redisErrorChannel.publish({ cache: this, namespace: this.#namespace, op: r.op, key, error: err })
+      this.#report(err, `redis:${r.op}`, key)
+    }
+  }
+
+  #publishHit(key, tier, state) {
+    hitChannel.publish({ cache: this, namespace: this.#namespace, key, tier, state })
+  }
+
+  // Has the engine keep the invalidations it applies from other processes while anyone listens
+  // (checked before each call that may apply them; the hot path leaves pending ones to us).
+  #watchInvalidations() {
+    const on = invalidateChannel.hasSubscribers
+    if (on !== this.#watchingInvalidations) {
+      this.#watchingInvalidations = on
+      observeInvalidations(this.#id, on)
+    }
+  }
+
+  // Publishes what the engine applied from other processes since the last call.
+  #publishInvalidations() {
+    if (!this.#watchingInvalidations) return
+    const keys = takeInvalidations(this.#id)
+    for (let i = 0; i < keys.length; i++) {
+      this.#publishInvalidation(keys[i] ?? undefined, 'bus')
+    }
+  }
+
+  // `tags`: a deleteByTag here (no key).
+  #publishInvalidation(key, source, tags) {
+    if (!invalidateChannel.hasSubscribers) return
+    const message = { cache: this, namespace: this.#namespace, key, source }
+    if (tags !== undefined) message.tags = tags
+    invalidateChannel.publish(message)
+  }
+
+  // Starts the background refresh the engine asked for and hands it to waitUntil at once.
+  // `seen`: the fresh-until of the copy the caller was served from Redis (-1: from the
+  // in-process tier), the copy the refresh replaces.
+  #refresh(k, loader, policy, waitUntil, stale, tags = null, seen = -1) {
+    const flight = beginRefresh(this.#id, k, seen)
+    if (flight < 0) return
+    const load = this.#lead(k, flight, loader, policy, stale, PURPOSE_REFRESH, undefined, tags)
+    const done = load.then(noop, (err) => this.#report(err, 'refresh', k))
+    this.#background.add(done)
+    done.then(() => this.#background.delete(done))
+    // Per-call option, then the request's scope, then the constructor's.
+    const hook = waitUntil ?? requestScope.getStore() ?? this.#waitUntil
+    if (hook !== undefined) {
+      try {
+        hook(done)
+      } catch (err) {
+        this.#report(err, 'waitUntil', k)
+      }
+    }
+  }
+
+  #report(err, op, key) {
+    if (this.#onError === undefined) return
+    try {
+      this.#onError(err, { op, key })
+    } catch {
+      // An onError that throws must not break the refresh that reported.
+    }
+  }
+
+  get(key) {
+    if (typeof key === 'string') {
+      // The hot path, as getOrLoad's: a hit (see HIT_SLOT_SHIFT; never a refresh request), or a
+      // negative number. A miss, a closed cache or a bad key is the slow path's to answer.
+      const r = peekGet(this.#id, key)
+      if (r >= 0) {
+        const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
+        return Promise.resolve(value)
+      }
+    }
+    return this.#getSlow(key)
+  }
+
+  async #getSlow(key) {
+    if (this.#closed) throw closedError()
+    const k = engine.encodeKey(key)
+    this.#watchInvalidations()
+    const hit = engine.getEntry(this.#id, k)
+    this.#publishInvalidations()
+    if (hit >= 0) {
+      if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(hit))
+      return this.#values[hit >> HIT_SLOT_SHIFT]
+    }
+    if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+    if (!this.#redis) return undefined
+    const asked = redisFetch(this.#id, k, true)
+    const answer = asked instanceof Promise ? await asked : asked
+    if (answer.reported) this.#drainRedisReports()
+    // Closed while Redis was asked: the read was cut short, which says nothing of the key.
+    if (answer.kind !== GATE_FOUND && this.#closed) throw closedError()
+    if (answer.kind !== GATE_FOUND) return undefined
+    const value = this.#decode(answer)
+    if (value === UNREADABLE) return undefined
+    this.#adoptDecoded(k, -1, false, answer, value)
+    if (hitChannel.hasSubscribers) this.#publishHit(k, 'redis', answer.state)
+    return value
+  }
+
+  async set(key, value, options) {
+    if (this.#closed) throw closedError()
+    const k = engine.encodeKey(key)
+    let policy = null
+    let tags = null
+    if (options !== undefined) {
+      if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
+      policy = engine.resolvePolicy(this.#id, options, true)
+      if (options.tags !== undefined) tags = tagsOption(options.tags)
+    }
+    const { text, stored, size, fmt } = toStored(this.#codec, value)
+    this.#watchInvalidations()
+    const slot = this.#fill(engine.setEntry(this.#id, k, stored === null || stored === undefined, policy, tags, size), stored)
+    // Sent before any subscriber runs (one may write the key too): Redis gets the writes in call
+    // order. A zero TTL caches nothing: an older copy in Redis must not come back either.
+    const sent = this.#redis ? redisWrite(this.#id, k, text, slot === WRITTEN_NOWHERE, fmt) : null
+    this.#publishInvalidations()
+    this.#publishInvalidation(k, 'local')
+    if (sent === null) return
+    const outcome = await sent
+    this.#drainRedisReports()
+    if (outcome === UNAVAILABLE) throw redisError('set')
+  }
+
+  async delete(key) {
+    if (this.#closed) throw closedError()
+    const k = engine.encodeKey(key)
+    this.#watchInvalidations()
+    const [slot, removed] = engine.deleteEntry(this.#id, k)
+    this.#fill(slot, undefined)
+    // Sent before any subscriber runs, as for set.
+    const sent = this.#redis ? redisWrite(this.#id, k, undefined, true, FMT_JSON) : null
+    this.#publishInvalidations()
+    this.#publishInvalidation(k, 'local')
+    if (sent === null) return removed === 1
+    const removedRemote = await sent
+    this.#drainRedisReports()
+    if (removedRemote === UNAVAILABLE) throw redisError('delete')
+    return removed === 1 || removedRemote === 1
+  }
+
+  async inspect(key) {
+    if (this.#closed) throw closedError()
+    const k = engine.encodeKey(key)
+    this.#watchInvalidations()
+    const local = engine.inspectEntry(this.#id, k)
+    this.#publishInvalidations()
+    if (local || !this.#redis) return local ?? undefined
+    const answer = await redisFetch(this.#id, k, false)
+    if (answer.reported) this.#drainRedisReports()
+    if (answer.kind !== GATE_FOUND && this.#closed) throw closedError()
+    if (answer.kind !== GATE_FOUND) return undefined
+    return {
+      state: answer.state,
+      freshUntil: answer.freshUntil,
+      hardUntil: answer.hardUntil,
+      computeMs: answer.computeMs,
+    }
+  }
+
+  /**
+   * Removes every entry carrying one of `tags`, in this process at once and, with Redis, in every
+   * instance sharing it; a load that began before never writes its result back. Costs one Redis
+   * key per tag, however many entries carry it.
+   */
+  async deleteByTag(tags) {
+    if (this.#closed) throw closedError()
+    const list = checkTags(typeof tags === 'string' ? [tags] : tags, (why) => {
+      throw invalidArgument(`deleteByTag takes a tag or an array of tags: tags ${why}`)
+    })
+    if (list.length === 0) return
+    this.#watchInvalidations()
+    const sent = deleteTags(this.#id, list)
+    this.#publishInvalidations()
+    this.#publishInvalidation(undefined, 'local', list)
+    const outcome = await sent
+    this.#drainRedisReports()
+    if (outcome === UNAVAILABLE) throw redisError('deleteByTag')
+  }
+
+  /**
+   * Removes every entry of this namespace, in this process at once and, with Redis, in every
+   * instance sharing it (no KEYS: the namespace's value keys are swept with SCAN, one batch at a
+   * time); a load that began before never writes its result back. Other namespaces are untouched.
+   */
+  async clear() {
+    if (this.#closed) throw closedError()
+    this.#watchInvalidations()
+    const sent = clearEntries(this.#id)
+    // The engine dropped every entry; their values go too.
+    this.#values = []
+    this.#publishInvalidations()
+    this.#publishInvalidation(undefined, 'local')
+    const outcome = await sent
+    this.#drainRedisReports()
+    if (outcome === UNAVAILABLE) throw redisError('clear')
+  }
+
+  stats() {
+    return stats(this.#id)
+  }
+
+  /** The namespace this cache was built with (its Redis key prefix, and the metrics' label). */
+  get namespace() {
+    return this.#namespace
+  }
+
+  /**
+   * Runs `fn` with `waitUntil` as the hook for every background refresh started inside it (by
+   * any cache), unless a call gives its own. For frameworks that hand out `waitUntil` per request.
+   */
+  withWaitUntil(waitUntil, fn) {
+    return withWaitUntil(waitUntil, fn)
+  }
+
+  async settle() {
+    await Promise.all([...this.#background])
+  }
+
+  async close() {
+    if (this.#closed) return
+    this.#closed = true
+    closeEngine(this.#id, [...this.#held.values()])
+    this.#held.clear()
+    this.#values = []
+    for (const control of this.#loads) control.abort(closedError())
+    this.#loads.clear()
+  }
+
+  /** For tests: loads in flight (engine and facade) and entries held. Not part of the API. */
+  _debugCounts() {
+    const [engineFlights, entries, lockWaiters, unsentWrites, inboxKeys, keptInvalidations, refreshing] = debugCounts(this.#id)
+    const facadeFlights = this.#flights.size
+    return { engineFlights, facadeFlights, background: this.#background.size, entries, lockWaiters, unsentWrites, inboxKeys, keptInvalidations, refreshing }
+  }
+}
+
+// The state of a hit (see HIT_SLOT_SHIFT), as the hit channel names it.
+function hitState(n) {
+  return HIT_STATES[(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK]
+}
+
+module.exports = { StampedeCache }

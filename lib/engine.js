@@ -1,0 +1,89 @@
+'use strict'
+// The binding as the facade calls it: what runs once when the addon is loaded (the read lane's
+// refusal on Bun and Deno, the maker of Redis answers), and the native calls that can fail,
+// wrapped so they throw StampedeCacheErrors.
+const native = require('../binding.js')
+const { fromNative, rewrapped } = require('./errors.js')
+const { encodeKey } = require('./keys.js')
+
+// The read lane drives its socket from libuv directly. Bun exports `uv_*` functions that abort
+// and Deno's loop never polls them, so there every read takes the command connection.
+if (typeof process.versions.bun === 'string' || typeof process.versions.deno === 'string' || typeof globalThis.Deno !== 'undefined') {
+  native.refuseReadLane()
+}
+
+const { HIT_STATES, LOCK_NONE } = native
+
+// `lookup` is on every read that misses in process: called without the rest/spread of
+// fromNative.
+const nativeLookup = native.lookup
+function lookup(id, k, policy, force) {
+  try {
+    return nativeLookup(id, k, policy, force)
+  } catch (err) {
+    throw rewrapped(err)
+  }
+}
+
+const engine = {
+  create: fromNative(native.createEngine),
+  encodeKey,
+  resolvePolicy: fromNative(native.resolvePolicy),
+  lookup,
+  setEntry: fromNative(native.setEntry),
+  deleteEntry: fromNative(native.deleteEntry),
+  getEntry: fromNative(native.getEntry),
+  inspectEntry: fromNative(native.inspectEntry),
+}
+
+// A Redis answer crosses as the arguments of this function, which the binding calls to make it
+// (see `RedisAnswer` in src/node/redis.rs): an object literal made here is cheap, where one made
+// by N-API calls is not. `state` is an index in HIT_STATES, or -1; `reported`: failures wait
+// for onError (take them with #drainRedisReports).
+// The last five are left out of an answer that has none of them (a value found), and take
+// their defaults here.
+native.setAnswerMaker(function makeAnswer(
+  kind,
+  json,
+  freshUntil,
+  hardUntil,
+  computeMs,
+  negative,
+  retryAfter,
+  stamp,
+  born,
+  fmt,
+  state,
+  bytes,
+  reported,
+  lock = LOCK_NONE,
+  tags = null,
+  token = null,
+  fence = null,
+  fencedAt = -1,
+) {
+  return {
+    kind,
+    json,
+    freshUntil,
+    hardUntil,
+    computeMs,
+    negative,
+    retryAfter,
+    stamp,
+    lock,
+    born,
+    tags,
+    fmt,
+    state: state >= 0 ? HIT_STATES[state] : null,
+    bytes,
+    token,
+    fence,
+    fencedAt,
+    reported,
+  }
+})
+const deleteTags = fromNative(native.deleteTags)
+const clearEntries = fromNative(native.clearEntries)
+
+module.exports = { engine, deleteTags, clearEntries }

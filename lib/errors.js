@@ -1,0 +1,99 @@
+'use strict'
+// The errors stampede-cache raises itself (README, "Errors"): one class with a stable `code`, the
+// makers of each kind, and the rewrapping of the binding's errors; and a caller's AbortSignal,
+// which rejects that caller alone with an AbortError.
+
+/** An error raised by stampede-cache itself; `code` is stable (see README, "Errors"). */
+class StampedeCacheError extends Error {
+  constructor(code, message, options) {
+    super(message, options)
+    this.name = 'StampedeCacheError'
+    this.code = code
+  }
+}
+
+// Native calls that can fail throw plain errors whose `code` is one of ours; rewrap them so users
+// can rely on `instanceof StampedeCacheError`. Loader errors never pass through here.
+function fromNative(fn) {
+  return function (...args) {
+    try {
+      return fn(...args)
+    } catch (err) {
+      throw rewrapped(err)
+    }
+  }
+}
+
+function rewrapped(err) {
+  return err && typeof err.code === 'string' && err.code.startsWith('ERR_') ? new StampedeCacheError(err.code, err.message) : err
+}
+
+function invalidArgument(message) {
+  return new StampedeCacheError('ERR_INVALID_ARGUMENT', message)
+}
+
+function invalidOption(name, why) {
+  return new StampedeCacheError('ERR_INVALID_OPTION', `option \`${name}\` ${why}`)
+}
+
+function closedError() {
+  return new StampedeCacheError('ERR_CLOSED', 'the cache is closed')
+}
+
+function redisError(op) {
+  return new StampedeCacheError('ERR_REDIS', `Redis could not take the ${op}: it is applied in this process only (see onError for why)`)
+}
+
+function abortError(signal) {
+  const reason = signal.reason
+  if (reason instanceof Error && reason.name === 'AbortError') return reason
+  const err = new Error('The operation was aborted', { cause: reason })
+  err.name = 'AbortError'
+  err.code = 'ABORT_ERR'
+  return err
+}
+
+function notSerializable(message, cause) {
+  return new StampedeCacheError('ERR_VALUE_NOT_SERIALIZABLE', message, cause === undefined ? undefined : { cause })
+}
+
+function isClosedError(err) {
+  return err instanceof StampedeCacheError && err.code === 'ERR_CLOSED'
+}
+
+function isAbortSignal(s) {
+  return typeof s === 'object' && s !== null && typeof s.aborted === 'boolean' && typeof s.addEventListener === 'function'
+}
+
+// Rejects this caller when its signal aborts; the shared promise goes on for the others.
+function withSignal(promise, signal) {
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(abortError(signal))
+    signal.addEventListener('abort', onAbort, { once: true })
+    promise.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort)
+        resolve(v)
+      },
+      (e) => {
+        signal.removeEventListener('abort', onAbort)
+        reject(e)
+      },
+    )
+  })
+}
+
+module.exports = {
+  StampedeCacheError,
+  fromNative,
+  rewrapped,
+  invalidArgument,
+  invalidOption,
+  closedError,
+  redisError,
+  abortError,
+  isAbortSignal,
+  withSignal,
+  notSerializable,
+  isClosedError,
+}
