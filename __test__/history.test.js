@@ -342,7 +342,10 @@ for (const seed of TLS_SEEDS) {
 // Through Sentinel: the caches find the master through the sentinel; the faults hit the master and
 // the sentinel, and the master is SIGKILLed mid-run so that the sentinel promotes the replica
 // (`npm run soak -- --sentinel` also draws SENTINEL FAILOVER, which leaves the old master up).
-const SENTINEL_SEEDS = process.env.HISTORY_SENTINEL_SEEDS ? process.env.HISTORY_SENTINEL_SEEDS.split(',').map((s) => Number(s.trim())) : [1]
+// Seed 22: every fault kind (master kills and pauses, a sentinel pause) and silent changes early
+// in the clients' sequences. A failover costs seconds of degraded calls, so a run does fewer
+// operations than a plain one; seed 1's first silent change came too late to be reached reliably.
+const SENTINEL_SEEDS = process.env.HISTORY_SENTINEL_SEEDS ? process.env.HISTORY_SENTINEL_SEEDS.split(',').map((s) => Number(s.trim())) : [22]
 
 for (const seed of SENTINEL_SEEDS) {
   test(`Sentinel history, seed ${seed}: master faults and a failover (master killed, replica promoted); every instance and Redis hold the database's version, nothing hung`, {
