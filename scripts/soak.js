@@ -14,6 +14,10 @@
 //   --cluster        run against a Redis Cluster (npm run soak -- --cluster --minutes 10)
 //   --tls            run against a TLS-only redis-server (reads take the TLS read lane)
 //   --mtls           the same, requiring client certificates (mutual TLS): every cache presents one
+//   --sentinel       through Sentinel: a private master, replica and sentinel per seed; the caches
+//                    find the master through the sentinel; master faults, sentinel pauses and one
+//                    failover per run (SENTINEL FAILOVER or a SIGKILL of the master, drawn per seed)
+//   --failover HOW   with --sentinel: force the failover, `command` (SENTINEL FAILOVER) or `kill`
 //   --first S        start at seed S (then S+1, ...) instead of a random one
 //   --duration MS    how long each run's clients and faults go on (default 6000)
 //   --out DIR        write the full history (JSON) of every run with a violation there
@@ -33,7 +37,7 @@
 const fs = require('node:fs')
 const path = require('node:path')
 
-const state = { startedAt: Date.now(), runs: [], failed: [], clusters: 0, cluster: false, tls: false, interrupted: false }
+const state = { startedAt: Date.now(), runs: [], failed: [], clusters: 0, cluster: false, tls: false, sentinel: false, interrupted: false }
 
 // Registered before the helpers' own handler (which kills the children and exits), so an
 // interrupted soak still prints what it found.
@@ -48,7 +52,7 @@ const { RedisCluster } = require('../__test__/helpers/redis-topology')
 function usage(message) {
   if (message) console.error(`soak: ${message}`)
   console.error(
-    'usage: node scripts/soak.js [--cluster | --tls | --mtls] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--l1 off|BYTES] [--serializer json|v8|custom] [--tags on|off] [--no-faults] [--verbose]',
+    'usage: node scripts/soak.js [--cluster | --tls | --mtls | --sentinel [--failover command|kill]] [--seeds N] [--minutes M] [--seed S [--repeat R]] [--first S] [--duration MS] [--out DIR] [--l1 off|BYTES] [--serializer json|v8|custom] [--tags on|off] [--no-faults] [--verbose]',
   )
   process.exit(2)
 }
@@ -66,6 +70,8 @@ function parseArgs(argv) {
     cluster: false,
     tls: false,
     mtls: false,
+    sentinel: false,
+    failover: undefined,
     l1: undefined,
     serializer: undefined,
     tags: undefined,
@@ -133,6 +139,15 @@ function parseArgs(argv) {
       case '--mtls':
         args.mtls = true
         break
+      case '--sentinel':
+        args.sentinel = true
+        break
+      case '--failover': {
+        const v = value()
+        if (v !== 'command' && v !== 'kill') usage(`--failover is command or kill, got ${v}`)
+        args.failover = v === 'kill' ? 'SIGKILL' : 'SENTINEL FAILOVER'
+        break
+      }
       case '--help':
       case '-h':
         usage()
@@ -142,7 +157,8 @@ function parseArgs(argv) {
     }
   }
   if (args.seed === null && args.seeds === null && args.minutes === null) args.minutes = 5
-  if ([args.cluster, args.tls, args.mtls].filter(Boolean).length > 1) usage('--cluster, --tls and --mtls are separate modes')
+  if ([args.cluster, args.tls, args.mtls, args.sentinel].filter(Boolean).length > 1) usage('--cluster, --tls, --mtls and --sentinel are separate modes')
+  if (args.failover && !args.sentinel) usage('--failover needs --sentinel')
   return args
 }
 
@@ -179,6 +195,16 @@ function printSummary() {
     const moved = runs.reduce((s, h) => s + (h.cluster?.after ? h.keys.filter((k) => h.cluster.before.owners[k] !== h.cluster.after.owners[k]).length : 0), 0)
     console.log(
       `  cluster:    ${state.clusters} cluster(s) started; ${kills.length} masters killed and failed over${promoted.length ? ` (promotion ${promoted[0]}/${pct(0.5)}/${promoted[promoted.length - 1]} ms min/median/max)` : ''}; ${moved} key-master changes in all`,
+    )
+  }
+  if (state.sentinel) {
+    const fos = faults.filter((f) => f.kind === 'failover')
+    const byHow = countBy(fos, (f) => `${f.how}${f.newMaster ? '' : ' (failed)'}`)
+    const ms = fos.filter((f) => f.newMaster).map((f) => f.promotedMs)
+    console.log(
+      `  sentinel:   ${fos.length} failover(s) (${Object.entries(byHow)
+        .map(([k, n]) => `${k} ${n}`)
+        .join(', ')})${ms.length ? `, promotion ${Math.min(...ms)}-${Math.max(...ms)} ms` : ''}`,
     )
   }
   if (state.failed.length > 0) {
@@ -220,7 +246,7 @@ function printSummary() {
       console.log(`    ${kind} x${count} in seeds ${list.slice(0, 20).join(' ')}${list.length > 20 ? ` (+${list.length - 20})` : ''}`)
     }
     console.log(
-      `  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : state.mtls ? ' --mtls' : state.tls ? ' --tls' : ''}`,
+      `  replay:     npm run soak -- --seed ${failing[0]} --repeat 3${state.cluster ? ' --cluster' : state.sentinel ? ' --sentinel' : state.mtls ? ' --mtls' : state.tls ? ' --tls' : ''}`,
     )
   }
 }
@@ -242,13 +268,16 @@ async function main() {
   state.cluster = args.cluster
   state.tls = args.tls
   state.mtls = args.mtls
+  state.sentinel = args.sentinel
   const against = args.cluster
     ? ' against a Redis Cluster'
-    : args.mtls
-      ? ' against a redis-server requiring client certificates (mutual TLS)'
-      : args.tls
-        ? ' against a TLS-only redis-server'
-        : ''
+    : args.sentinel
+      ? ' through Sentinel (a master, a replica and a sentinel per seed; one failover per run)'
+      : args.mtls
+        ? ' against a redis-server requiring client certificates (mutual TLS)'
+        : args.tls
+          ? ' against a TLS-only redis-server'
+          : ''
   console.log(
     args.seed !== null
       ? `soak: replaying seed ${args.seed} ${args.repeat} time(s)${against}`
@@ -281,6 +310,8 @@ async function main() {
         cluster: args.cluster ? await usableCluster() : null,
         tls: args.tls,
         mtls: args.mtls,
+        sentinel: args.sentinel,
+        sentinelFailover: args.failover,
         l1: args.l1,
         serializer: args.serializer,
         tags: args.tags,

@@ -21,6 +21,11 @@
 // owning some of the keys is SIGKILLed mid-run and stays dead while its replica is promoted. The
 // operations of a seed are the same in both modes; the invariants are the same.
 //
+// In Sentinel mode each run has a private master, replica and sentinel; the caches find the master
+// through the sentinel (`redis: { sentinels, masterName }`). The faults hit whichever node is
+// master then (CLIENT KILL, SIGSTOP below down-after-milliseconds) and the sentinel (SIGSTOP), and
+// once per run the master fails over: SENTINEL FAILOVER or a SIGKILL of the master (seeded).
+//
 // Every operation, loader call, version bump and fault is recorded with its time; after the run
 // checkHistory() looks for (see there): hung calls, rejected reads, impossible values, writes that
 // failed or never resolved, an older value read by the process whose write of a newer one had
@@ -38,7 +43,7 @@ const v8 = require('node:v8')
 const os = require('node:os')
 const path = require('node:path')
 const { RedisServer, CacheWorker, waitFor, sleep } = require('./redis-server')
-const { parseClusterSlots, makeCertificates, RedisNode } = require('./redis-topology')
+const { parseClusterSlots, makeCertificates, RedisNode, RedisSentinelGroup } = require('./redis-topology')
 
 const WORKER_SCRIPT = path.join(__dirname, '..', 'fixtures', 'history-worker.js')
 
@@ -284,6 +289,144 @@ function tlsServerBackend({ mtls = false } = {}) {
       fs.rmSync(dir, { recursive: true, force: true })
     },
   }
+}
+
+// ---- Sentinel --------------------------------------------------------------------------------
+
+/**
+ * How a Sentinel run's faults are drawn, all on the master the sentinel names at that moment:
+ * CLIENT KILL (normal, pub/sub) and SIGSTOP; and SIGSTOP of the sentinel itself, which the caches
+ * ask for the master when they (re)connect. No empty restarts: under Sentinel an empty master
+ * would wipe its replica too (the operator's bug, not the cache's); the failover below is the
+ * fault that loses what was not yet replicated.
+ */
+const SENTINEL_FAULT_WEIGHTS = { 'kill-normal': 3, 'kill-pubsub': 2, pause: 3, 'pause-sentinel': 1 }
+
+/** down-after-milliseconds of the run's sentinel; pauses stay below it so that only the drawn failover fails over. */
+const SENTINEL_DOWN_AFTER = 1_500
+const SENTINEL_MAX_PAUSE = 900
+
+/**
+ * Seeded faults on a RedisSentinelGroup until `until`, one at a time, 150-700 ms apart; once, as
+ * the first fault due after a seeded moment in KILL_WINDOW, a failover: either SENTINEL FAILOVER
+ * (the old master is demoted to a replica of the new one) or a SIGKILL of the master (it stays
+ * dead; the sentinel promotes the replica after down-after-milliseconds). The failover is awaited
+ * until the sentinel names the replica and the replica says ROLE master.
+ */
+async function injectSentinelFaults({ group, seed, t0, durationMs, until, faults, failover }) {
+  const rand = makeRand(streamSeed(seed, 'sentinel faults'))
+  const foRand = makeRand(streamSeed(seed, 'sentinel failover'))
+  const failoverAt = t0 + Math.round(durationMs * (KILL_WINDOW[0] + (KILL_WINDOW[1] - KILL_WINDOW[0]) * foRand.next()))
+  const drawn = foRand.next() < 0.5 ? 'SENTINEL FAILOVER' : 'SIGKILL'
+  const how = failover ?? drawn
+  let failedOver = false
+  for (;;) {
+    await sleep(rand.int(150, 700))
+    if (Date.now() >= until) break
+    // Drawn whatever the kind, so one seed gives one sequence of faults.
+    const kind = rand.weighted(SENTINEL_FAULT_WEIGHTS)
+    const pauseMs = rand.int(200, SENTINEL_MAX_PAUSE)
+    if (!failedOver && Date.now() >= failoverAt) {
+      failedOver = true
+      await sentinelFailover(group, how, faults)
+      continue
+    }
+    const master = group.master
+    const f = { kind, start: Date.now(), end: null, node: kind === 'pause-sentinel' ? group.sentinel.port : master.port }
+    if (kind !== 'pause-sentinel') f.role = 'master'
+    faults.push(f)
+    const node = kind === 'pause-sentinel' ? group.sentinel : master
+    try {
+      if (kind === 'kill-normal') f.killed = await node.cmd('CLIENT', 'KILL', 'TYPE', 'normal')
+      else if (kind === 'kill-pubsub') f.killed = await node.cmd('CLIENT', 'KILL', 'TYPE', 'pubsub')
+      else {
+        f.ms = pauseMs
+        node.pause()
+        await sleep(pauseMs)
+        node.resume()
+      }
+    } catch (err) {
+      f.error = err.message.split('\n')[0]
+      node.resume()
+    }
+    f.end = Date.now()
+  }
+  // A run too short to reach the window still fails over once, so every Sentinel run has one.
+  if (!failedOver) await sentinelFailover(group, how, faults)
+}
+
+/** One failover of `group` (see injectSentinelFaults), recorded as a 'failover' fault. */
+async function sentinelFailover(group, how, faults) {
+  const old = group.master
+  const candidate = group.replica
+  const f = { kind: 'failover', how, node: old.port, start: Date.now(), end: null }
+  faults.push(f)
+  try {
+    if (!candidate) throw new Error('no replica left to promote')
+    if (how === 'SIGKILL') {
+      const r = await group.killMaster({ timeout: 30_000 })
+      f.newMaster = r.newMaster.port
+      f.promotedMs = r.failoverMs
+    } else {
+      await group.sentinel.cmd('SENTINEL', 'FAILOVER', group.masterName)
+      await waitFor(
+        async () => {
+          if ((await group.masterPort().catch(() => null)) !== candidate.port) return false
+          const role = await candidate.cmd('ROLE').catch(() => null)
+          return Array.isArray(role) && role[0] === 'master'
+        },
+        { timeout: 30_000, interval: 50, what: 'the sentinel to promote the replica (SENTINEL FAILOVER)' },
+      )
+      f.newMaster = candidate.port
+      f.promotedMs = Date.now() - f.start
+      // The sentinel turns the old master into a replica of the new one.
+      group.master = candidate
+      group.replica = old
+    }
+  } catch (err) {
+    f.error = err.message.split('\n')[0]
+  }
+  f.end = Date.now()
+}
+
+/**
+ * The Sentinel mode: a private RedisSentinelGroup per run (a master, a replica, one sentinel with
+ * down-after-milliseconds SENTINEL_DOWN_AFTER); the caches find the master through the sentinel
+ * (`redis: { sentinels, masterName }`) and must follow the run's failover.
+ */
+function sentinelBackend({ failover } = {}) {
+  const group = new RedisSentinelGroup({ downAfter: SENTINEL_DOWN_AFTER })
+  const info = { before: null, after: null }
+  const backend = {
+    mode: 'sentinel',
+    info,
+    async start() {
+      await group.start()
+      info.before = { master: group.master.port, replica: group.replica.port, sentinel: group.sentinel.port }
+    },
+    describe: () => `sentinel :${group.sentinel.port}, master :${group.master.port}, replica :${group.replica ? group.replica.port : '-'}`,
+    keys: async (namespace, n) => ({ keys: Array.from({ length: n }, (_, i) => `k${i}`) }),
+    cacheRedis: () => ({ sentinels: group.sentinelUrls, masterName: group.masterName }),
+    faults: ({ seed, t0, durationMs, until, faults }) => injectSentinelFaults({ group, seed, t0, durationMs, until, faults, failover }),
+    async recover() {
+      for (const n of [group.master, group.replica, group.sentinel]) if (n) n.resume()
+      // The sentinel names the master we think it is, and that master takes writes.
+      await waitFor(
+        async () => {
+          if ((await group.masterPort().catch(() => null)) !== group.master.port) return false
+          const role = await group.master.cmd('ROLE').catch(() => null)
+          return Array.isArray(role) && role[0] === 'master'
+        },
+        { timeout: 20_000, what: 'the sentinel and the master to agree' },
+      ).catch(async (err) => {
+        throw new Error(`${err.message}: the sentinel names :${await group.masterPort().catch((e) => e.message)}, expected :${group.master.port}`)
+      })
+      info.after = { master: group.master.port, replica: group.replica ? group.replica.port : null }
+    },
+    envelopes: async (namespace, keys) => parseEnvelopes(keys, await group.master.pipeline(keys.map((k) => ['GET', valueKey(namespace, k)]))),
+    dispose: () => group.dispose(),
+  }
+  return backend
 }
 
 // ---- Redis Cluster ---------------------------------------------------------------------------
@@ -581,6 +724,10 @@ const DEFAULTS = {
   tls: false,
   /** Over mutual TLS: as tls, and the server requires the client certificate every cache presents. */
   mtls: false,
+  /** Through Sentinel: a private master, replica and sentinel per run; the caches find the master through the sentinel and one failover is drawn. */
+  sentinel: false,
+  /** How the Sentinel run's failover is done: 'SENTINEL FAILOVER' or 'SIGKILL' (of the master); drawn per seed if undefined. */
+  sentinelFailover: undefined,
   /** Called with progress lines (the soak prints them with --verbose). */
   log: () => {},
 }
@@ -598,7 +745,13 @@ async function runHistory(options = {}) {
   const o = { ...DEFAULTS, ...options }
   const seed = o.seed >>> 0
   const rand = makeRand(streamSeed(seed, 'config'))
-  const backend = o.cluster ? clusterBackend(o.cluster) : o.tls || o.mtls ? tlsServerBackend({ mtls: Boolean(o.mtls) }) : serverBackend()
+  const backend = o.cluster
+    ? clusterBackend(o.cluster)
+    : o.sentinel
+      ? sentinelBackend({ failover: o.sentinelFailover })
+      : o.tls || o.mtls
+        ? tlsServerBackend({ mtls: Boolean(o.mtls) })
+        : serverBackend()
   const cfg = {
     maxLoadMs: 300,
     maxGapMs: 40,
@@ -636,6 +789,7 @@ async function runHistory(options = {}) {
     workerErrors: [],
     violations: [],
     cluster: backend.mode === 'cluster' ? backend.info : undefined,
+    sentinel: backend.mode === 'sentinel' ? backend.info : undefined,
   }
   const workers = []
   try {
@@ -1144,6 +1298,9 @@ function describeFault(h, f) {
   let what
   if (f.kind === 'pause') what = `pause ${f.ms} ms${on}`
   else if (f.kind === 'restart') what = `restart ${f.signal}`
+  else if (f.kind === 'pause-sentinel') what = `pause of the sentinel ${f.ms} ms${on}`
+  else if (f.kind === 'failover')
+    what = `failover (${f.how}) of master :${f.node}${f.newMaster ? `; replica :${f.newMaster} promoted after ${f.promotedMs} ms` : ''}`
   else if (f.kind === 'kill-master') {
     what = `kill-master SIGKILL :${f.node ?? '?'} (owns ${(f.keys ?? []).join(' ') || '?'})`
     if (f.newMaster)
@@ -1186,9 +1343,12 @@ function historyOf(h, key, until, n = 40, from = null) {
   return [...all.slice(0, head).map(line), `  ... ${all.length - n} events ...`, ...all.slice(-(n - head)).map(line)]
 }
 
+/** The modes a replay names (`npm run soak -- --seed S --<mode>`). */
+const SPECIAL_MODES = new Set(['cluster', 'tls', 'mtls', 'sentinel'])
+
 /** One violation, with the seed, how to replay it and the key's history. */
 function formatViolation(h, v, { historyLines = 40 } = {}) {
-  const special = h.mode === 'cluster' || h.mode === 'tls' || h.mode === 'mtls'
+  const special = SPECIAL_MODES.has(h.mode)
   const lines = [
     `[seed ${h.seed}${special ? ` ${h.mode}` : ''}] ${v.kind}: ${v.message}`,
     `  replay: npm run soak -- --seed ${h.seed}${special ? ` --${h.mode}` : ''}`,
@@ -1248,8 +1408,14 @@ function summarize(h) {
       `, cluster: ${kill ? (kill.newMaster ? `master :${kill.node} killed at ${rel(h, kill.killedAt)}, :${kill.newMaster} promoted after ${kill.promotedMs} ms (agreed ${kill.settledMs} ms)` : `master kill failed: ${kill.error}`) : 'no master killed'}` +
       `${others ? `, ${others} more failover(s) from pauses` : ''}, ${moved}/${h.keys.length} keys changed master`
   }
+  if (h.mode === 'sentinel') {
+    const fo = h.faults.find((f) => f.kind === 'failover')
+    cluster = `, sentinel: ${
+      !fo ? 'no failover' : fo.newMaster ? `${fo.how} of :${fo.node}, :${fo.newMaster} promoted after ${fo.promotedMs} ms` : `failover failed: ${fo.error}`
+    }`
+  }
   return (
-    `seed ${h.seed}${h.mode === 'cluster' || h.mode === 'tls' || h.mode === 'mtls' ? ` [${h.mode}]` : ''}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
+    `seed ${h.seed}${SPECIAL_MODES.has(h.mode) ? ` [${h.mode}]` : ''}: ${ops} ops (${h.ops.filter((o) => WRITES.has(o.op)).length} writes, ${rejectedWrites} met ERR_REDIS, ${retried} retried), ` +
     `${h.loads.length} loader calls, ${h.faults.length} faults (${
       Object.entries(faults)
         .map(([k, n]) => `${k} ${n}`)
