@@ -74,6 +74,7 @@ pub mod cache;
 pub mod clock;
 pub mod envelope;
 pub mod error;
+pub mod fresh;
 pub mod inbox;
 pub mod jitter;
 pub mod key;
