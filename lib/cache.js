@@ -3,10 +3,12 @@
 //
 // The engine decides (fresh, stale, lead, join, refresh, backoff) and keeps every entry's
 // envelope in LRU order; it hands out a dense slot number per entry, and this facade keeps the
-// value itself at that slot in `#values`. So a fresh hit is one synchronous native call that
-// returns an integer, then an array read: no thread hop, no copy, no deserialization, no new
-// object. The facade also does what only JS can: call loaders, await promises, hand refreshes
-// to `waitUntil`, honour AbortSignals, and run the serializer (once per write or Redis read).
+// value itself at that slot in `#values`. A fresh hit the engine has proved before is answered
+// from the index of fresh entries (lib/fresh.js) with no native call at all; any other hit is
+// one synchronous native call that returns an integer, then an array read: no thread hop, no
+// copy, no deserialization, no new object. The facade also does what only JS can: call
+// loaders, await promises, hand refreshes to `waitUntil`, honour AbortSignals, and run the
+// serializer (once per write or Redis read).
 
 const native = require('../binding.js')
 const { engine, deleteTags, clearEntries } = require('./engine.js')
