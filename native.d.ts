@@ -32,6 +32,9 @@ export declare function abandon(id: number, key: string, flight: number): void
  */
 export declare function adopt(id: number, key: string, flight: number, cold: boolean, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number, beta: number): number
 
+/** The facade's touch log of fresh hits it served itself is full: apply it to the LRU. */
+export declare function applyTouches(id: number): void
+
 /**
  * Registers the background refresh of one stale key of a batch (`beginRefresh` for a
  * `getOrLoadMany` call): its flight id, or -1 if one already runs or (`first`: no key of the batch
@@ -145,6 +148,23 @@ export declare const FMT_TEXT: number
 
 /** `node:v8` serialization, as base64. */
 export declare const FMT_V8: number
+
+/**
+ * The index of fresh entries' shared words (`freshIndex`, see `src/fresh.rs`): the 32-bit
+ * word indexes of the epoch, the touch generation, the touch log's length and its first slot,
+ * the f64 index of `until`, and how many slots the log holds.
+ */
+export declare const FRESH_EPOCH: number
+
+export declare const FRESH_TOUCH_CAP: number
+
+export declare const FRESH_TOUCH_GEN: number
+
+export declare const FRESH_TOUCH_LEN: number
+
+export declare const FRESH_TOUCHES: number
+
+export declare const FRESH_UNTIL: number
 
 /** The cache closed meanwhile: no loader runs. */
 export declare const GATE_CLOSED: number

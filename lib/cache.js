@@ -3,10 +3,12 @@
 //
 // The engine decides (fresh, stale, lead, join, refresh, backoff) and keeps every entry's
 // envelope in LRU order; it hands out a dense slot number per entry, and this facade keeps the
-// value itself at that slot in `#values`. So a fresh hit is one synchronous native call that
-// returns an integer, then an array read: no thread hop, no copy, no deserialization, no new
-// object. The facade also does what only JS can: call loaders, await promises, hand refreshes
-// to `waitUntil`, honour AbortSignals, and run the serializer (once per write or Redis read).
+// value itself at that slot in `#values`. A fresh hit the engine has proved before is answered
+// from the index of fresh entries (lib/fresh.js) with no native call at all; any other hit is
+// one synchronous native call that returns an integer, then an array read: no thread hop, no
+// copy, no deserialization, no new object. The facade also does what only JS can: call
+// loaders, await promises, hand refreshes to `waitUntil`, honour AbortSignals, and run the
+// serializer (once per write or Redis read).
 
 const native = require('../binding.js')
 const { engine, deleteTags, clearEntries } = require('./engine.js')
@@ -36,6 +38,7 @@ const { requestScope, withWaitUntil } = require('./scope.js')
 const { UNREADABLE, codecOf, toStored } = require('./codec.js')
 const { checkTags, tagsOption } = require('./keys.js')
 const { Batch, checkBatchKeys } = require('./batch.js')
+const { FreshIndex } = require('./fresh.js')
 
 const { peek, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
 const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
@@ -71,6 +74,9 @@ class Flights {
 // `n >> HIT_SLOT_SHIFT`, the kind `(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK` (its state for the hit
 // channel is HIT_STATES[kind]), and `n & HIT_REFRESH` asks for a background refresh.
 const { HIT_SLOT_SHIFT, HIT_KIND_SHIFT, HIT_KIND_MASK, HIT_REFRESH, HIT_STATES } = native
+// A hit with none of these bits is fresh (kind 0) and asks for no refresh: one the engine may
+// have offered to the index of fresh entries.
+const HIT_FLAGS = (1 << HIT_SLOT_SHIFT) - 1
 const { STEP_KINDS, STEP_SERVE, STEP_LEAD, WRITTEN_NOWHERE } = native
 const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT, POLICY_BETA } = native
 // What a flight is for (redisGate's purpose), and the reason the channels give it.
@@ -111,6 +117,11 @@ class StampedeCache {
   #codec
   /** l1.maxBytes is set: slots the engine frees are released here too (see #fill). */
   #bytesBounded = false
+  /**
+   * Fresh hits answered without a native call (lib/fresh.js), or null: l1 off, or a runtime
+   * that cannot share the engine's memory. Filled by the hot paths' native hits.
+   */
+  #fresh
 
   constructor(options) {
     if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
@@ -128,6 +139,7 @@ class StampedeCache {
     this.#bytesBounded = typeof l1 === 'object' && l1 !== null && l1.maxBytes !== undefined
     this.#id = engineId(this.#token)
     this.#redis = hasRedis(this.#id)
+    this.#fresh = FreshIndex.of(this.#id)
     this.#loadTimeout = defaultPolicy(this.#id)[POLICY_LOAD_TIMEOUT]
     this.#waitUntil = waitUntil
     this.#onError = onError
@@ -140,10 +152,22 @@ class StampedeCache {
       return Promise.reject(invalidArgument(`the loader must be a function, got ${loader === null ? 'null' : typeof loader}`))
     }
     if (options === undefined && typeof key === 'string') {
+      const fresh = this.#fresh
+      if (fresh !== null) {
+        // The hottest path: an entry the engine proved fresh, no native call.
+        const slot = fresh.find(key)
+        if (slot >= 0) {
+          fresh.served(slot)
+          if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', 'fresh')
+          return Promise.resolve(this.#values[slot])
+        }
+      }
       // The hot path: a hit (see HIT_SLOT_SHIFT), or a negative number for a miss.
+      const epoch = fresh === null ? 0 : fresh.epoch()
       const r = peek(this.#id, key)
       if (r >= 0) {
         const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (fresh !== null && (r & HIT_FLAGS) === 0) fresh.offer(key, r >> HIT_SLOT_SHIFT, epoch)
         if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
         if (r & HIT_REFRESH) this.#refresh(key, loader, null, undefined, value)
         return Promise.resolve(value)
@@ -178,14 +202,31 @@ class StampedeCache {
     let rest = null
     let stale = null
     if (options === undefined) {
+      const fresh = this.#fresh
+      const now = Date.now()
       for (let i = 0; i < n; i++) {
         const key = keys[i]
-        const r = typeof key === 'string' ? peek(this.#id, key) : -1
+        if (typeof key !== 'string') {
+          ;(rest ??= []).push(i)
+          continue
+        }
+        if (fresh !== null) {
+          const slot = fresh.findAt(key, now)
+          if (slot >= 0) {
+            fresh.served(slot)
+            out[i] = this.#values[slot]
+            if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', 'fresh')
+            continue
+          }
+        }
+        const epoch = fresh === null ? 0 : fresh.epoch()
+        const r = peek(this.#id, key)
         if (r < 0) {
           ;(rest ??= []).push(i)
           continue
         }
         const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (fresh !== null && (r & HIT_FLAGS) === 0) fresh.offer(key, r >> HIT_SLOT_SHIFT, epoch)
         out[i] = value
         if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
         if (r & HIT_REFRESH) (stale ??= []).push({ k: key, key, value })
@@ -476,20 +517,48 @@ class StampedeCache {
     if (this.#closed) throw closedError()
     checkBatchKeys(keys)
     const n = keys.length
-    const encoded = new Array(n)
-    for (let i = 0; i < n; i++) encoded[i] = engine.encodeKey(keys[i])
     const out = new Array(n).fill(undefined)
+    // Entries the engine proved fresh first, without a native call: `slots[i]` is key i's, or
+    // -1, and the hits are counted once every other key is checked (a bad key fails the call
+    // before anything is counted).
+    const fresh = this.#fresh
+    const now = Date.now()
+    const slots = new Int32Array(n)
+    let rest = null
+    for (let i = 0; i < n; i++) {
+      const key = keys[i]
+      const slot = fresh !== null && typeof key === 'string' ? fresh.findAt(key, now) : -1
+      slots[i] = slot
+      if (slot >= 0) out[i] = this.#values[slot]
+      else (rest ??= []).push(i)
+    }
+    const encoded = rest === null ? null : rest.map((i) => engine.encodeKey(keys[i]))
+    if (fresh !== null && (rest === null || rest.length < n)) {
+      for (let i = 0; i < n; i++) {
+        const slot = slots[i]
+        if (slot < 0) continue
+        fresh.served(slot)
+        if (hitChannel.hasSubscribers) this.#publishHit(keys[i], 'memory', 'fresh')
+      }
+    }
+    if (rest === null) return out
     this.#watchInvalidations()
     // Positions of the keys the in-process tier does not have, by key (each asked of Redis once).
     const missed = new Map()
-    for (let i = 0; i < n; i++) {
-      const k = encoded[i]
+    for (let j = 0; j < rest.length; j++) {
+      const i = rest[j]
+      const k = encoded[j]
       const positions = missed.get(k)
       if (positions !== undefined) {
         positions.push(i)
         continue
       }
-      const hit = engine.getEntry(this.#id, k)
+      // get's hot path first (it offers a fresh hit to the index); its misses are the engine's
+      // to count (getEntry).
+      const epoch = fresh === null ? 0 : fresh.epoch()
+      const peeked = peekGet(this.#id, k)
+      if (peeked >= 0 && fresh !== null && (peeked & HIT_FLAGS) === 0) fresh.offer(k, peeked >> HIT_SLOT_SHIFT, epoch)
+      const hit = peeked >= 0 ? peeked : engine.getEntry(this.#id, k)
       if (hit >= 0) {
         if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(hit))
         out[i] = this.#values[hit >> HIT_SLOT_SHIFT]
@@ -951,11 +1020,23 @@ class StampedeCache {
 
   get(key) {
     if (typeof key === 'string') {
+      const fresh = this.#fresh
+      if (fresh !== null) {
+        // As getOrLoad's: an entry the engine proved fresh, no native call.
+        const slot = fresh.find(key)
+        if (slot >= 0) {
+          fresh.served(slot)
+          if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', 'fresh')
+          return Promise.resolve(this.#values[slot])
+        }
+      }
       // The hot path, as getOrLoad's: a hit (see HIT_SLOT_SHIFT; never a refresh request), or a
       // negative number. A miss, a closed cache or a bad key is the slow path's to answer.
+      const epoch = fresh === null ? 0 : fresh.epoch()
       const r = peekGet(this.#id, key)
       if (r >= 0) {
         const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (fresh !== null && (r & HIT_FLAGS) === 0) fresh.offer(key, r >> HIT_SLOT_SHIFT, epoch)
         if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
         return Promise.resolve(value)
       }
@@ -1087,7 +1168,10 @@ class StampedeCache {
   }
 
   stats() {
-    return stats(this.#id)
+    const s = stats(this.#id)
+    // The fresh hits answered without the engine.
+    if (this.#fresh !== null) s.hits += this.#fresh.hits
+    return s
   }
 
   /** The namespace this cache was built with (its Redis key prefix, and the metrics' label). */
@@ -1112,6 +1196,8 @@ class StampedeCache {
     this.#closed = true
     closeEngine(this.#id, [...this.#held.values()])
     this.#held.clear()
+    // The engine's clear voided the index already; its keys go too.
+    this.#fresh?.clear()
     this.#values = []
     for (const control of this.#loads) control.abort(closedError())
     this.#loads.clear()

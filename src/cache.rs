@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Envelope, State};
 use crate::error::{Error, ErrorCode, Result};
+use crate::fresh::FreshWords;
 use crate::inbox::{tag_bucket, Inbox, Stamp, Tentative};
 use crate::jitter;
 use crate::policy::{self, EntryPolicy, Options};
@@ -171,12 +172,14 @@ impl Cache<SystemClock> {
 
 impl<C: Clock> Cache<C> {
     pub fn with_clock(options: Options, clock: C, rng: SmallRng) -> Self {
+        let inbox = Arc::new(Inbox::default());
         Cache {
-            store: MemoryStore::new(options.l1_max_entries, options.l1_max_bytes),
+            store: MemoryStore::new(options.l1_max_entries, options.l1_max_bytes)
+                .sharing(inbox.fresh().clone()),
             options,
             flights: Singleflight::default(),
             stats: Arc::new(Stats::default()),
-            inbox: Arc::new(Inbox::default()),
+            inbox,
             clock,
             rng,
             closed: false,
@@ -250,8 +253,32 @@ impl<C: Clock> Cache<C> {
         Ok(())
     }
 
+    /// The words shared with the embedder's index of fresh entries (see `fresh.rs`), or `None`
+    /// when the in-process tier keeps nothing to index.
+    pub fn fresh_words(&self) -> Option<&Arc<FreshWords>> {
+        self.store.indexes_fresh().then(|| self.inbox.fresh())
+    }
+
+    /// The embedder's touch log is full: apply it (LRU recency of the hits it served).
+    pub fn apply_touches(&mut self) {
+        self.store.apply_touches();
+    }
+
+    /// Offers a hit proven fresh to the embedder's index: until when no decision is due for
+    /// it, for a read without options (the constructor's beta), whatever this read's beta.
+    /// Whole milliseconds: `Date.now() < until` then holds for the precise time too.
+    #[inline]
+    fn offer_fresh(&self, env: &Envelope) {
+        let beta = self.options.defaults.beta;
+        let until = env.fresh_until
+            - xfetch::horizon(env.fresh_until, env.hard_until, env.compute_ms, beta);
+        self.inbox.fresh().offer(until.floor());
+    }
+
     /// The hot path: a usable entry for `key`, counted in the stats, or `None`.
     /// `beta` is the XFetch beta of this read (the constructor's unless the call gave one).
+    /// A fresh hit proven by the fast test is offered to the embedder's index (`offer_fresh`);
+    /// any other hit offers nothing (until 0).
     #[inline]
     pub fn peek(&mut self, key: &str, beta: f64) -> Option<Hit> {
         self.apply_inbox();
@@ -267,6 +294,7 @@ impl<C: Clock> Cache<C> {
                     - xfetch::horizon(env.fresh_until, env.hard_until, env.compute_ms, beta)
         {
             self.stats.hits.incr();
+            self.offer_fresh(&env);
             return Some(Hit::Fresh {
                 slot,
                 refresh: false,
@@ -284,12 +312,14 @@ impl<C: Clock> Cache<C> {
                         - xfetch::horizon(env.fresh_until, env.hard_until, env.compute_ms, beta)
             {
                 self.stats.hits.incr();
+                self.offer_fresh(&env);
                 return Some(Hit::Fresh {
                     slot,
                     refresh: false,
                 });
             }
         }
+        self.inbox.fresh().offer(0.0);
         let now = self.clock.now_ms();
         let hit = match env.state(now) {
             State::Expired => return None,
@@ -1154,6 +1184,37 @@ mod tests {
             !(0..1_000).any(|_| c.peek("k", 0.0).unwrap().wants_refresh()),
             "beta 0 turns it off"
         );
+    }
+
+    /// What a hit offers the embedder's index: until the earliest time a decision could be due
+    /// (expiry, or the first instant an XFetch draw at the constructor's beta could refresh),
+    /// whatever the read's own beta; nothing for a hit near it, stale or negative.
+    #[test]
+    fn a_fresh_hit_offers_the_index_until_no_decision_can_be_due() {
+        let (mut c, clock) = cache(|r| {
+            r.ttls.ttl = Some(10_000.0);
+            r.ttls.hard_ttl = Some(10_000.0);
+        });
+        load(&mut c, "k", 10.0);
+        let words = c.fresh_words().unwrap().clone();
+        // Reach: 10 ms x beta 1 x 37 = 370 ms before expiry at 1_010_000.
+        assert!(c.peek("k", 0.0).is_some());
+        assert_eq!(words.until(), 1_010_000.0 - 370.0);
+        clock.advance(9_700.0); // inside the reach: a draw may refresh, no index
+        assert!(matches!(c.peek("k", 1.0), Some(Hit::Fresh { .. })));
+        assert_eq!(words.until(), 0.0);
+        let (mut c, clock) = cache(|r| r.ttls.ttl = Some(10_000.0));
+        load(&mut c, "k", 10.0);
+        let words = c.fresh_words().unwrap().clone();
+        // A stale window that covers a refresh: no draw, fresh until expiry.
+        c.peek("k", 1.0);
+        assert_eq!(words.until(), 1_010_000.0);
+        clock.advance(10_000.0);
+        assert!(matches!(c.peek("k", 1.0), Some(Hit::Stale { .. })));
+        assert_eq!(words.until(), 0.0);
+        let (mut c, _) = cache(|r| r.l1 = Some(None));
+        assert!(c.fresh_words().is_none(), "l1 off: nothing to index");
+        assert!(c.peek("k", 1.0).is_none());
     }
 
     #[test]

@@ -100,6 +100,14 @@ pub fn skip(id: u32, key: String, flight: f64) {
     });
 }
 
+/// The facade's touch log of fresh hits it served itself is full: apply it to the LRU.
+#[napi]
+pub fn apply_touches(id: u32) {
+    if let Some(e) = engine(id) {
+        e.borrow_mut().cache.apply_touches();
+    }
+}
+
 /// Slots whose values the facade should drop (freed under `l1.maxBytes`); take them before
 /// keeping a value at a slot just handed out.
 #[napi]

@@ -6,7 +6,8 @@
 //! no handle unwrapping: each worker thread has its own table and its own instances.
 //!
 //! By concern: `engines` (the table, creating and closing an engine), `options` (what is read
-//! from JS values: options, policies, keys), `hot_path` (`peek`, and every `unsafe` block but
+//! from JS values: options, policies, keys), `hot_path` (`peek`, `freshIndex`: the engine's
+//! words shared with the facade's index of fresh entries, and every `unsafe` block but
 //! `settle`'s and `lane`'s), `local` (the in-process operations), `redis` (the Redis operations), `codes` (the numbers
 //! the facade and the binding agree on, exported to JS), `settle` (the one threadsafe function
 //! per JS thread that Redis promises settle through, in batches; its raw N-API calls), `lane`
