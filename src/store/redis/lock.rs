@@ -5,6 +5,7 @@
 //! The lock is an efficiency lock (it saves loads); the fence is what keeps an older value from
 //! winning.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -35,6 +36,45 @@ pub struct Fence {
     pub state: String,
     /// When it was read, in ms since the tier's epoch (see `fence_time`).
     pub read_at_ms: f64,
+}
+
+/// A lock this instance holds for a running load: released (and announced, so waiters take
+/// over at once) when dropped, unless `take`n by what releases it itself (a write-back, a
+/// failure's record). A load that ends any other way (its cache closed or collected, its
+/// record dropped on an error) so never leaves the lock to its TTL.
+pub struct HeldLock {
+    tier: Arc<RedisTier>,
+    key: String,
+    token: Option<String>,
+}
+
+impl HeldLock {
+    pub fn new(tier: Arc<RedisTier>, key: String, token: String) -> Self {
+        HeldLock {
+            tier,
+            key,
+            token: Some(token),
+        }
+    }
+
+    /// The token, for a release of the caller's own; the drop then releases nothing.
+    pub fn take(mut self) -> String {
+        self.token.take().expect("taken only once, by value")
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        let tier = self.tier.clone();
+        let key = self.key.clone();
+        // After this instance's earlier writes of the key, as every release is.
+        self.tier.in_order(&self.key, async move {
+            tier.release(&key, &token, true).await;
+        });
+    }
 }
 
 /// What a load should do after asking Redis.

@@ -47,7 +47,7 @@ pub use bus::{channel, Waiters};
 pub use connection::{classify, Fault};
 pub use envelopes::{Fetched, WriteBack};
 pub use lane::{frame, Landing, LaneRead, LaneSocket, Opened};
-pub use lock::{new_token, Fence, Gate, LockOutcome};
+pub use lock::{new_token, Fence, Gate, HeldLock, LockOutcome};
 pub use order::WriteOrder;
 pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
@@ -272,20 +272,12 @@ impl RedisTier {
         }
     }
 
-    /// Stops the bus, wakes every lock waiter (they end with `Gate::Closed`), and releases
-    /// `held` (`(key, token)` of locks that loads still running hold) after the writes already
+    /// Stops the bus and wakes every lock waiter (they end with `Gate::Closed`). The locks that
+    /// loads still running hold are released as their `HeldLock`s drop, after the writes already
     /// queued for their keys. The connection closes once the last task holding the tier ends.
-    pub fn close(self: &Arc<Self>, held: Vec<(String, String)>) {
+    pub fn close(&self) {
         self.shutdown.send_replace(true);
         self.waiters.wake_all();
-        for (key, token) in held {
-            let me = self.clone();
-            let job_key = key.clone();
-            self.in_order(
-                &key,
-                async move { me.release(&job_key, &token, true).await },
-            );
-        }
     }
 
     pub fn closed(&self) -> bool {
