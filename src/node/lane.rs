@@ -28,6 +28,7 @@ use crate::inbox::Stamp;
 use crate::store::redis::{
     frame, Landing, LaneRead, LaneSocket, Opened, RedisTier, PROBE_INTERVAL,
 };
+use crate::sync::LockOrRecover;
 
 /// An engine's read lane.
 #[derive(Default)]
@@ -183,7 +184,7 @@ pub fn ready(env: &Env, slot: &mut LaneSlot, tier: &Arc<RedisTier>) -> Option<Rc
             return None;
         }
         LaneSlot::Opening(result) => {
-            let opened = result.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+            let opened = result.lock_or_recover().take()?;
             match opened {
                 Err(_) => {
                     // The command connection reports Redis's trouble; the lane tries later.
