@@ -10,33 +10,12 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::envelopes::{usable, Fetched, Misdelivered, GENERATION_TTL};
+use super::envelopes::{new_token, usable, Fence, Fetched, Misdelivered, GENERATION_TTL};
 use super::{RedisTier, Remote, Unavailable};
 use crate::inbox::Stamp;
 
 /// While the bus is down, lock waiters look again this often (no notification can come).
 const POLL_WITHOUT_BUS: Duration = Duration::from_millis(100);
-
-/// A random token naming one lock holder, or one generation of a key: a version 4 UUID whose
-/// bytes come from the thread's CSPRNG (seeded by the OS, reseeded as it goes), not from a
-/// `getrandom` system call per token as `Uuid::new_v4` makes. Every read on the runtime path
-/// makes one, and the kernel's `getrandom` was visible in its profile.
-pub fn new_token() -> String {
-    uuid::Builder::from_random_bytes(rand::random())
-        .into_uuid()
-        .simple()
-        .to_string()
-}
-
-/// What a load's result is checked against when it is written back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fence {
-    /// The key's state when the load began: its generation key and its envelope's generation,
-    /// as the scripts compute it.
-    pub state: String,
-    /// When it was read, in ms since the tier's epoch (see `fence_time`).
-    pub read_at_ms: f64,
-}
 
 /// A lock this instance holds for a running load: released (and announced, so waiters take
 /// over at once) when dropped, unless `take`n by what releases it itself (a write-back, a
