@@ -837,6 +837,7 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.abandon = nativeBinding.abandon
 module.exports.adopt = nativeBinding.adopt
+module.exports.adoptRead = nativeBinding.adoptRead
 module.exports.applyTouches = nativeBinding.applyTouches
 module.exports.beginBatchRefresh = nativeBinding.beginBatchRefresh
 module.exports.beginRefresh = nativeBinding.beginRefresh

@@ -41,7 +41,7 @@ const { Batch, checkBatchKeys } = require('./batch.js')
 const { FreshIndex } = require('./fresh.js')
 
 const { peek, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
-const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
+const { redisGate, redisFetch, adopt, adoptRead, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
 const { redisGateMany, redisFetchMany, noteBatchCall, beginBatchRefresh, GATE_WAIT } = native
 
@@ -98,8 +98,6 @@ class StampedeCache {
   #flights = new Flights()
   /** Background refreshes not yet ended, for settle(). */
   #background = new Set()
-  /** Redis locks held by running loads, by flight: [key, token] (close() releases them). */
-  #held = new Map()
   /** Per running loader, what aborts its ctx.signal (close() aborts them all). */
   #loads = new Set()
   /** The constructor's loadTimeout (ms; Infinity for none). */
@@ -351,7 +349,7 @@ class StampedeCache {
         const a = answers[i]
         if (a.kind === GATE_WAIT) {
           this.#batchDecided(b, c.k)
-          run(c, this.#gate(c.k, PURPOSE_COLD, PURPOSE_COLD))
+          run(c, this.#gate(c.k, PURPOSE_COLD, PURPOSE_COLD, c.flight))
           continue
         }
         if (a.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
@@ -363,6 +361,7 @@ class StampedeCache {
     redisGateMany(
       this.#id,
       cold.map((c) => c.k),
+      cold.map((c) => c.flight),
     ).then(each, () => {
       // The binding could not ask (never expected): each key passes its own gate.
       for (const c of cold) run(c, undefined)
@@ -663,7 +662,7 @@ class StampedeCache {
     } else {
       // A batch's cold keys passed their gates together (#batchGates).
       const first = batch?.gates?.get(k)
-      gate = first === undefined ? await this.#gate(k, purpose, purpose) : await first
+      gate = first === undefined ? await this.#gate(k, purpose, purpose, flight) : await first
       // A value this cache's serializer cannot read (another custom serializer, corrupt data)
       // is a miss: look again, taking the lock past it. A few times at most, then load without
       // Redis (nothing is written there).
@@ -688,14 +687,14 @@ class StampedeCache {
           gate = null
           break
         }
-        gate = await this.#gate(k, PURPOSE_PAST_VALUE, purpose)
+        gate = await this.#gate(k, PURPOSE_PAST_VALUE, purpose, flight)
       }
     }
     if (gate !== null) {
       if (gate.kind === GATE_SKIP) {
         // Another process holds the refresh and will announce its result.
         this.#flights.delete(flight)
-        abandon(this.#id, k, flight)
+        abandon(this.#id, flight)
         return stale
       }
       if (gate.kind === GATE_CLOSED) {
@@ -705,16 +704,15 @@ class StampedeCache {
         throw closedError()
       }
     }
-    if (gate?.token) this.#held.set(flight, [k, gate.token])
-    return this.#runLoader(k, flight, loader, policy, stale, purpose, gate, tags, batch)
+    return this.#runLoader(k, flight, loader, policy, stale, purpose, tags, batch)
   }
 
-  // Asks Redis before a load (`ask`: the gate's purpose); publishes the lock outcome under the
-  // flight's `purpose`.
-  async #gate(k, ask, purpose) {
-    // A cold read first takes the value another process's announcement carried, if any.
+  // Asks Redis before `flight` loads (`ask`: the gate's purpose); publishes the lock outcome
+  // under the flight's `purpose`. What the gate answered for the flight's end (its lock, fence,
+  // stamp) stays in the engine: the answer says what to do and carries the value found.
+  async #gate(k, ask, purpose, flight) {
     // A cold read answered by the value another process's announcement carried is no promise.
-    const asked = redisGate(this.#id, k, ask)
+    const asked = redisGate(this.#id, k, ask, flight)
     const gate = asked instanceof Promise ? await asked : asked
     if (gate.reported) this.#drainRedisReports()
     if (gate.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
@@ -734,28 +732,14 @@ class StampedeCache {
     }
   }
 
-  // Takes an envelope read from Redis into the in-process tier, with its decoded value. Returns
-  // whether the caller (of a cold flight: `cold`) should start a refresh of the stale value.
-  // `policy`: the call's (its XFetch beta decides a cold caller's early refresh), or null.
+  // Takes an envelope read from Redis into the in-process tier, with its decoded value: for a
+  // flight (`flight` >= 0) the one its gate found, which the engine kept; for a read (-1), the
+  // one `answer` carries. Returns whether the caller (of a cold flight: `cold`) should start a
+  // refresh of the stale value. `policy`: the call's (its XFetch beta decides a cold caller's
+  // early refresh), or null.
   #adoptDecoded(k, flight, cold, answer, value, policy = null) {
-    const size = answer.bytes
     // One number: slot * 2 + refresh (see `adopt` in src/node/redis.rs).
-    const adopted = adopt(
-      this.#id,
-      k,
-      flight,
-      cold,
-      answer.freshUntil,
-      answer.hardUntil,
-      answer.computeMs,
-      answer.negative,
-      answer.retryAfter,
-      answer.stamp,
-      answer.born,
-      answer.tags ?? null,
-      size,
-      policy === null ? -1 : policy[POLICY_BETA],
-    )
+    const adopted = flight >= 0 ? adopt(this.#id, flight, cold, policy === null ? -1 : policy[POLICY_BETA]) : adoptRead(this.#id, k, answer)
     this.#fill(adopted >> 1, value)
     // After the value is in place: a subscriber may read the cache.
     this.#publishInvalidations()
@@ -776,8 +760,7 @@ class StampedeCache {
     return slot
   }
 
-  async #runLoader(k, flight, loader, policy, stale, purpose, gate, tags, batch) {
-    const token = gate?.token ?? null
+  async #runLoader(k, flight, loader, policy, stale, purpose, tags, batch) {
     // A batch's keys are counted (and traced) once per loadMany call instead (#fireBatch).
     if (batch === undefined) noteLoaderCall(this.#id, k, flight)
     const started = performance.now()
@@ -793,7 +776,7 @@ class StampedeCache {
       }
     } catch (err) {
       result.done = true
-      await this.#loadFailed(k, flight, token)
+      await this.#loadFailed(k, flight)
       // A caller that has a value (forceRefresh of a live entry) gets it instead of a timeout.
       if (err instanceof StampedeCacheError && err.code === 'ERR_LOAD_TIMEOUT' && purpose === PURPOSE_FORCE && stale !== undefined) {
         return stale
@@ -810,11 +793,11 @@ class StampedeCache {
       // Even a result not cached goes through the serializer: callers get what a hit returns.
       ;({ text, stored, size, fmt } = toStored(this.#codec, value))
     } catch (err) {
-      await this.#loadFailed(k, flight, token)
+      await this.#loadFailed(k, flight)
       throw err
     }
     if (result.skip) {
-      await this.#skipped(k, flight, token)
+      await this.#skipped(k, flight)
       return stored
     }
     policy = result.policy
@@ -822,37 +805,18 @@ class StampedeCache {
     // The call's tags and the loader's; with neither, a refresh keeps the tags of the entry
     // it replaces (the engine knows them in process; the gate read them from Redis).
     tags = tags === null ? result.tags : result.tags === null ? tags : [...new Set([...tags, ...result.tags])]
-    const inherit = purpose !== PURPOSE_COLD
-    if (tags === null && inherit && gate?.tags) tags = gate.tags
+    const loaded = { computeMs, negative, policy, tags, size }
     if (this.#redis) {
-      this.#held.delete(flight)
       // In Redis (or dropped there as older than what Redis holds, and the lock released)
       // before any caller sees it; the flight stays open meanwhile so callers keep joining it.
-      const written = writeBack(
-        this.#id,
-        k,
-        flight,
-        computeMs,
-        negative,
-        policy,
-        text,
-        token,
-        gate?.fence ?? null,
-        gate?.fencedAt ?? -1,
-        purpose === PURPOSE_FORCE,
-        tags,
-        inherit,
-        size,
-        gate?.born ?? -1,
-        fmt,
-      )
+      const written = writeBack(this.#id, flight, loaded, text, fmt)
       this.#publishInvalidations()
       const outcome = await written
       this.#flights.delete(flight)
-      this.#fill(finishWrite(this.#id, k, flight, outcome !== DROPPED, gate?.stamp ?? -1), stored)
+      this.#fill(finishWrite(this.#id, flight, outcome !== DROPPED), stored)
     } else {
       this.#flights.delete(flight)
-      this.#fill(complete(this.#id, k, flight, computeMs, negative, policy, tags, inherit, size), stored)
+      this.#fill(complete(this.#id, k, flight, loaded, purpose !== PURPOSE_COLD), stored)
     }
     this.#publishInvalidations()
     this.#drainRedisReports()
@@ -861,14 +825,11 @@ class StampedeCache {
 
   // The loader called ctx.skipCache(): its callers get the result, nothing is written anywhere,
   // and the lock is released (announced, so other processes waiting for it load themselves).
-  async #skipped(k, flight, token) {
+  async #skipped(k, flight) {
     this.#flights.delete(flight)
-    this.#held.delete(flight)
     skip(this.#id, k, flight)
-    if (this.#redis && token !== null) {
-      await redisFailed(this.#id, k, token, 0)
-      this.#drainRedisReports()
-    }
+    const sent = this.#redisFailed(flight, 0)
+    if (sent !== undefined) await sent
   }
 
   // The loader's ctx. Its setters change `result` until the loader has settled, and are
@@ -938,14 +899,19 @@ class StampedeCache {
     })
   }
 
-  async #loadFailed(k, flight, token) {
+  async #loadFailed(k, flight) {
     this.#flights.delete(flight)
-    this.#held.delete(flight)
     const retryAfter = fail(this.#id, k, flight)
-    if (this.#redis && (token !== null || retryAfter > 0)) {
-      await redisFailed(this.#id, k, token, retryAfter)
-      this.#drainRedisReports()
-    }
+    const sent = this.#redisFailed(flight, retryAfter)
+    if (sent !== undefined) await sent
+  }
+
+  // Ends a Redis flight's record after a failure or skipCache: its lock released, a failed
+  // refresh's retryAfter recorded. A promise while that is sent, else undefined.
+  #redisFailed(flight, retryAfter) {
+    if (!this.#redis) return undefined
+    const sent = redisFailed(this.#id, flight, retryAfter)
+    return sent === null ? undefined : sent.then(() => this.#drainRedisReports())
   }
 
   #drainRedisReports() {
@@ -1194,8 +1160,7 @@ class StampedeCache {
   async close() {
     if (this.#closed) return
     this.#closed = true
-    closeEngine(this.#id, [...this.#held.values()])
-    this.#held.clear()
+    closeEngine(this.#id)
     // The engine's clear voided the index already; its keys go too.
     this.#fresh?.clear()
     this.#values = []

@@ -14,6 +14,7 @@
 //!   by tags that hash alike, so a `deleteByTag` may also drop a few entries of an unrelated tag
 //!   (a reload, never a stale value).
 
+use crate::sync::LockOrRecover;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -129,7 +130,7 @@ impl Inbox {
         let epoch = self.epoch.load(Ordering::Acquire);
         let seq = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         self.stamps[bucket(key)].store(seq, Ordering::Release);
-        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys = self.keys.lock_or_recover();
         if !keys.contains(key) {
             if keys.len() >= MAX_PENDING_KEYS {
                 // Too many to remember: drop everything instead (stamps stay per key).
@@ -187,7 +188,7 @@ impl Inbox {
         self.pending.store(false, Ordering::Relaxed);
         // Acquire pairs with the writers' Release: their pushes are visible below.
         std::sync::atomic::fence(Ordering::Acquire);
-        let keys = std::mem::take(&mut *self.keys.lock().unwrap_or_else(|p| p.into_inner()));
+        let keys = std::mem::take(&mut *self.keys.lock_or_recover());
         let clear_all = self.clear_all.swap(false, Ordering::Relaxed);
         Delivery {
             clear_all,
@@ -197,7 +198,7 @@ impl Inbox {
 
     /// Keys waiting to be applied (for tests: bounded whatever is heard).
     pub fn pending_keys(&self) -> usize {
-        self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.keys.lock_or_recover().len()
     }
 
     pub fn set_trust_stale(&self, trust: bool) {

@@ -87,6 +87,7 @@ pub mod policy;
 pub mod singleflight;
 pub mod stats;
 pub mod store;
+pub mod sync;
 pub mod xfetch;
 
 // Not in `cargo test` builds: napi-derive registers exports only outside tests, and the binding

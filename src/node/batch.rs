@@ -7,9 +7,13 @@ use std::sync::Arc;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use super::codes::{lock_code, GATE_CLOSED, GATE_MISSING, GATE_UNAVAILABLE, GATE_WAIT};
+use super::answer::{answer_of, Landed, RedisAnswer};
+use super::codes::{
+    lock_code, GATE_CLOSED, GATE_MISSING, GATE_UNAVAILABLE, GATE_WAIT, PURPOSE_COLD,
+};
 use super::engines::engine;
-use super::redis::{answer_of, carried, RedisAnswer};
+use super::flight::{Flight, Gated};
+use super::reads::{carried, carried_gate, For};
 use super::settle;
 use crate::inbox::Stamp;
 use crate::store::redis::{Fetched, FirstLook, Gate, RedisTier};
@@ -27,17 +31,16 @@ fn asked(id: u32, keys: &[String]) -> Option<(Arc<RedisTier>, f64, Vec<Stamp>)> 
     Some((tier, e.cache.options().lock_ttl, stamps))
 }
 
-/// The keys an announcement carried a value for are answered from it (no Redis read); the
-/// others are returned with their positions.
-fn uncarried(
-    id: u32,
+/// The keys an announcement carried a value for are answered from it (`carried`: no Redis
+/// read); the others are returned with their positions.
+fn uncarried<A>(
     keys: Vec<String>,
-    count: bool,
-) -> (Vec<Option<RedisAnswer>>, Vec<(usize, String)>) {
-    let mut answers: Vec<Option<RedisAnswer>> = Vec::with_capacity(keys.len());
+    carried: impl Fn(usize, &str) -> Option<A>,
+) -> (Vec<Option<A>>, Vec<(usize, String)>) {
+    let mut answers: Vec<Option<A>> = Vec::with_capacity(keys.len());
     let mut rest = Vec::new();
     for (i, key) in keys.into_iter().enumerate() {
-        let found = carried(id, &key, count);
+        let found = carried(i, &key);
         if found.is_none() {
             rest.push((i, key));
         }
@@ -50,19 +53,36 @@ fn uncarried(
 /// `GATE_LEAD` (call the loader, holding the lock if a token is set), `GATE_WAIT` (another
 /// process holds the lock: ask `redisGate` for this key alone, which waits for its value) or
 /// `GATE_CLOSED`. The GETs go in one pipeline per cluster slot, then the lock bids likewise.
+/// `flights`: each key's flight, whose record begins here (see `flight.rs`).
 #[napi(ts_return_type = "Promise<unknown[]>")]
 pub fn redis_gate_many(
     env: &Env,
     id: u32,
     keys: Vec<String>,
-) -> napi::Result<PromiseRaw<'_, Vec<RedisAnswer>>> {
-    let (mut answers, rest) = uncarried(id, keys, false);
+    flights: Vec<f64>,
+) -> napi::Result<PromiseRaw<'_, Vec<Landed>>> {
+    let to = |i: usize| For {
+        id,
+        flight: flights.get(i).map_or(0, |f| *f as u64),
+    };
+    begin_flights(id, &keys, &flights);
+    let (mut answers, rest) = uncarried(keys, |i, key| carried_gate(to(i), key));
     let names: Vec<String> = rest.iter().map(|(_, k)| k.clone()).collect();
     let tier = asked(id, &names);
     settle::spawn_settled(env, async move {
+        let landed = |i: usize, answer: RedisAnswer, gated: Gated| Landed {
+            id,
+            flight: flights.get(i).map_or(0, |f| *f as u64),
+            answer,
+            gated,
+        };
         let Some((tier, lock_ttl, stamps)) = tier else {
             for (i, _) in &rest {
-                answers[*i] = Some(RedisAnswer::kind(GATE_CLOSED, None));
+                answers[*i] = Some(landed(
+                    *i,
+                    RedisAnswer::kind(GATE_CLOSED, None),
+                    Gated::Nothing,
+                ));
             }
             return Ok(answers.into_iter().flatten().collect());
         };
@@ -70,7 +90,7 @@ pub fn redis_gate_many(
         let looks = tier.cold_gate_many(&asks, lock_ttl as u64).await;
         let closed = tier.closed();
         for (((i, _), (key, stamp)), look) in rest.iter().zip(&asks).zip(looks) {
-            let answer = match look {
+            let (answer, gated) = match look {
                 FirstLook::Done(
                     Gate::Lead {
                         token: Some(token), ..
@@ -79,21 +99,43 @@ pub fn redis_gate_many(
                 ) if closed => {
                     // Closed while asking: no loader runs, and a lock just taken goes back.
                     tier.release(key, &token, true).await;
-                    RedisAnswer::kind(GATE_CLOSED, Some(*stamp))
+                    (RedisAnswer::kind(GATE_CLOSED, Some(*stamp)), Gated::Nothing)
                 }
-                _ if closed => RedisAnswer::kind(GATE_CLOSED, Some(*stamp)),
-                FirstLook::Done(gate, lock) => answer_of(gate, lock_code(lock), Some(*stamp)),
-                FirstLook::Wait => RedisAnswer::kind(GATE_WAIT, Some(*stamp)),
+                _ if closed => (RedisAnswer::kind(GATE_CLOSED, Some(*stamp)), Gated::Nothing),
+                FirstLook::Done(gate, lock) => {
+                    answer_of(&tier, key, gate, lock_code(lock), Some(*stamp))
+                }
+                FirstLook::Wait => (RedisAnswer::kind(GATE_WAIT, Some(*stamp)), Gated::Nothing),
             };
-            answers[*i] = Some(answer);
+            answers[*i] = Some(landed(*i, answer, gated));
         }
         let reported = tier.reports_waiting();
         Ok(answers
             .into_iter()
             .flatten()
-            .map(|a| RedisAnswer { reported, ..a })
+            .map(|l| Landed {
+                answer: RedisAnswer {
+                    reported,
+                    ..l.answer
+                },
+                ..l
+            })
             .collect())
     })
+}
+
+/// Begins the records of a batch's cold flights (`redisGate` begins one's).
+fn begin_flights(id: u32, keys: &[String], flights: &[f64]) {
+    let Some(e) = engine(id) else { return };
+    let mut e = e.borrow_mut();
+    if e.cache.is_closed() || e.redis.is_none() {
+        return;
+    }
+    for (key, flight) in keys.iter().zip(flights) {
+        e.flights
+            .entry(*flight as u64)
+            .or_insert_with(|| Flight::new(key.clone(), PURPOSE_COLD));
+    }
 }
 
 /// Reads many keys from Redis (for `getMany`), as `redisFetch` reads one with `count`: found /
@@ -104,7 +146,7 @@ pub fn redis_fetch_many(
     id: u32,
     keys: Vec<String>,
 ) -> napi::Result<PromiseRaw<'_, Vec<RedisAnswer>>> {
-    let (mut answers, rest) = uncarried(id, keys, true);
+    let (mut answers, rest) = uncarried(keys, |_, key| carried(id, key, true));
     let names: Vec<String> = rest.iter().map(|(_, k)| k.clone()).collect();
     let tier = asked(id, &names);
     settle::spawn_settled(env, async move {

@@ -15,8 +15,8 @@ use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 use redis::Value;
 
-use super::envelopes::{usable, Fetched, Misdelivered, GENERATION_TTL};
-use super::lock::{new_token, Fence, Gate, LockOutcome};
+use super::envelopes::{new_token, usable, Fence, Fetched, Misdelivered, GENERATION_TTL};
+use super::lock::{Gate, LockOutcome};
 use super::{RedisTier, Unavailable};
 use crate::inbox::Stamp;
 

@@ -9,10 +9,31 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::{lock::Fence, new_token, RedisTier, Remote, Unavailable};
+use super::{RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Body, Envelope, Fmt, Serializer, State};
 use crate::inbox::{tag_bucket, Stamp};
+
+/// A random token naming one lock holder, or one generation of a key: a version 4 UUID whose
+/// bytes come from the thread's CSPRNG (seeded by the OS, reseeded as it goes), not from a
+/// `getrandom` system call per token as `Uuid::new_v4` makes. Every read on the runtime path
+/// makes one, and the kernel's `getrandom` was visible in its profile.
+pub fn new_token() -> String {
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .simple()
+        .to_string()
+}
+
+/// What a load's result is checked against when it is written back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fence {
+    /// The key's state when the load began: its generation key and its envelope's generation,
+    /// as the scripts compute it.
+    pub state: String,
+    /// When it was read, in ms since the tier's epoch (see `fence_time`).
+    pub read_at_ms: f64,
+}
 
 /// How long a generation key lives after the `set`/`delete` that wrote it. A load whose fence is
 /// older than this (less a margin) is not written back: a generation key written after the

@@ -5,36 +5,55 @@
 //! The lock is an efficiency lock (it saves loads); the fence is what keeps an older value from
 //! winning.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::envelopes::{usable, Fetched, Misdelivered, GENERATION_TTL};
+use super::envelopes::{new_token, usable, Fence, Fetched, Misdelivered, GENERATION_TTL};
 use super::{RedisTier, Remote, Unavailable};
 use crate::inbox::Stamp;
 
 /// While the bus is down, lock waiters look again this often (no notification can come).
 const POLL_WITHOUT_BUS: Duration = Duration::from_millis(100);
 
-/// A random token naming one lock holder, or one generation of a key: a version 4 UUID whose
-/// bytes come from the thread's CSPRNG (seeded by the OS, reseeded as it goes), not from a
-/// `getrandom` system call per token as `Uuid::new_v4` makes. Every read on the runtime path
-/// makes one, and the kernel's `getrandom` was visible in its profile.
-pub fn new_token() -> String {
-    uuid::Builder::from_random_bytes(rand::random())
-        .into_uuid()
-        .simple()
-        .to_string()
+/// A lock this instance holds for a running load: released (and announced, so waiters take
+/// over at once) when dropped, unless `take`n by what releases it itself (a write-back, a
+/// failure's record). A load that ends any other way (its cache closed or collected, its
+/// record dropped on an error) so never leaves the lock to its TTL.
+pub struct HeldLock {
+    tier: Arc<RedisTier>,
+    key: String,
+    token: Option<String>,
 }
 
-/// What a load's result is checked against when it is written back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fence {
-    /// The key's state when the load began: its generation key and its envelope's generation,
-    /// as the scripts compute it.
-    pub state: String,
-    /// When it was read, in ms since the tier's epoch (see `fence_time`).
-    pub read_at_ms: f64,
+impl HeldLock {
+    pub fn new(tier: Arc<RedisTier>, key: String, token: String) -> Self {
+        HeldLock {
+            tier,
+            key,
+            token: Some(token),
+        }
+    }
+
+    /// The token, for a release of the caller's own; the drop then releases nothing.
+    pub fn take(mut self) -> String {
+        self.token.take().expect("taken only once, by value")
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        let tier = self.tier.clone();
+        let key = self.key.clone();
+        // After this instance's earlier writes of the key, as every release is.
+        self.tier.in_order(&self.key, async move {
+            tier.release(&key, &token, true).await;
+        });
+    }
 }
 
 /// What a load should do after asking Redis.

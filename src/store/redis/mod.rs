@@ -41,13 +41,14 @@ use crate::envelope::{Fmt, Serializer};
 use crate::inbox::{Inbox, Stamp};
 use crate::key;
 use crate::stats::Stats;
+use crate::sync::LockOrRecover;
 
 pub use batch::FirstLook;
 pub use bus::{channel, Waiters};
 pub use connection::{classify, Fault};
-pub use envelopes::{Fetched, WriteBack};
+pub use envelopes::{new_token, Fence, Fetched, WriteBack};
 pub use lane::{frame, Landing, LaneRead, LaneSocket, Opened};
-pub use lock::{new_token, Fence, Gate, LockOutcome};
+pub use lock::{Gate, HeldLock, LockOutcome};
 pub use order::WriteOrder;
 pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
@@ -164,7 +165,7 @@ struct ReportLog {
 
 impl Reports {
     fn push(&self, op: &'static str, key: Option<&str>, message: String) {
-        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = self.log.lock_or_recover();
         let now = Instant::now();
         if log
             .last
@@ -186,7 +187,7 @@ impl Reports {
     }
 
     pub fn take(&self) -> Vec<Report> {
-        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = self.log.lock_or_recover();
         self.waiting.store(false, Ordering::Release);
         log.queue.drain(..).collect()
     }
@@ -265,27 +266,19 @@ impl RedisTier {
     pub async fn connect(&self) {
         if self.connection(Instant::now()).await.is_err() {
             // Counted and reported as calls find it down; the first call probes again.
-            *self.health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Down {
+            *self.health.lock_or_recover() = Health::Down {
                 retry_at: Instant::now(),
                 probing: false,
             };
         }
     }
 
-    /// Stops the bus, wakes every lock waiter (they end with `Gate::Closed`), and releases
-    /// `held` (`(key, token)` of locks that loads still running hold) after the writes already
+    /// Stops the bus and wakes every lock waiter (they end with `Gate::Closed`). The locks that
+    /// loads still running hold are released as their `HeldLock`s drop, after the writes already
     /// queued for their keys. The connection closes once the last task holding the tier ends.
-    pub fn close(self: &Arc<Self>, held: Vec<(String, String)>) {
+    pub fn close(&self) {
         self.shutdown.send_replace(true);
         self.waiters.wake_all();
-        for (key, token) in held {
-            let me = self.clone();
-            let job_key = key.clone();
-            self.in_order(
-                &key,
-                async move { me.release(&job_key, &token, true).await },
-            );
-        }
     }
 
     pub fn closed(&self) -> bool {
@@ -352,7 +345,7 @@ impl RedisTier {
         if self.closed() && op != "unlock" {
             return false;
         }
-        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = self.health.lock_or_recover();
         match &mut *h {
             Health::Up => true,
             Health::Down { retry_at, probing } => {
@@ -394,7 +387,7 @@ impl RedisTier {
     }
 
     fn succeeded(&self) {
-        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = self.health.lock_or_recover();
         if !matches!(*h, Health::Up) {
             *h = Health::Up;
             drop(h);
@@ -404,7 +397,7 @@ impl RedisTier {
 
     fn went_down(&self, op: &'static str, key: Option<&str>, message: String) {
         self.stats.redis_errors.incr();
-        *self.health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Down {
+        *self.health.lock_or_recover() = Health::Down {
             retry_at: Instant::now() + PROBE_INTERVAL,
             probing: false,
         };
@@ -413,10 +406,7 @@ impl RedisTier {
     }
 
     fn redis_up(&self) -> bool {
-        matches!(
-            *self.health.lock().unwrap_or_else(|p| p.into_inner()),
-            Health::Up
-        )
+        matches!(*self.health.lock_or_recover(), Health::Up)
     }
 
     pub fn bus_up(&self) -> bool {
