@@ -11,6 +11,7 @@ const assert = require('node:assert/strict')
 const path = require('node:path')
 const { spawn } = require('node:child_process')
 const { RedisServer, killAllSync } = require('./helpers/redis-server')
+const { eventually } = require('./helpers/eventually')
 
 after(() => killAllSync())
 
@@ -71,3 +72,61 @@ for (const [path_, env] of [
     })
   }
 }
+
+// A script's reply moved by one: an extra integer reply in front of a load's write-back, whose
+// own reply says it was fenced out (a set of the key since the load began). Read as written, the
+// load's older value would be kept in process over the set's; proven out of step by the ECHO
+// that travels with every script call, the write-back counts as dropped and nothing is kept.
+// Bus messages to the reader are withheld, so only the write-back's reply decides.
+test('command connection: a write-back reply moved by an extra reply is not read as written', { timeout: 90_000 }, async () => {
+  await started
+  const { StampedeCache } = require('..')
+  const { FaultProxy } = require('./helpers/fault-proxy')
+  const namespace = `wireshift${process.pid}`
+  const proxy = await new FaultProxy(redis.port).start()
+  let injectInteger = false
+  proxy.tamperEvery((chunk) => {
+    // The bus's messages (RESP3 pushes): the reader hears no announcement.
+    if (chunk.toString('latin1', 0, 16).startsWith('>3\r\n$7\r\nmessage')) return Buffer.alloc(0)
+    if (injectInteger && chunk[0] === 0x3a) {
+      injectInteger = false
+      return Buffer.concat([Buffer.from(':1\r\n'), chunk])
+    }
+    return null
+  })
+  const errors = []
+  const reader = new StampedeCache({
+    redis: { url: `redis://127.0.0.1:${proxy.port}`, commandTimeout: 2_000 },
+    namespace,
+    ttl: 600_000,
+    onError: (err) => errors.push(err.message),
+  })
+  const writer = new StampedeCache({ redis: `redis://127.0.0.1:${redis.port}`, namespace, ttl: 600_000, l1: false })
+  try {
+    await reader.get('warm')
+    let release
+    const gate = new Promise((r) => (release = r))
+    let loading
+    const loaded = new Promise((r) => (loading = r))
+    const read = reader.getOrLoad('k', async () => {
+      loading()
+      await gate
+      return 'loaded before the set'
+    })
+    await loaded
+    await writer.set('k', 'set during the load')
+    injectInteger = true
+    release()
+    assert.equal(await read, 'loaded before the set', "the caller gets its own load's value")
+    // The write-back goes on after the caller has its value.
+    await eventually(() => !injectInteger, { what: 'the extra reply injected' })
+    await new Promise((r) => setTimeout(r, 200))
+    // Whatever the reader kept must not be the load's value: the set came after it began.
+    const after = await reader.get('k')
+    assert.notEqual(after, 'loaded before the set', `kept the fenced-out value; errors: ${errors.join(' | ')}`)
+  } finally {
+    await reader.close()
+    await writer.close()
+    await proxy.close()
+  }
+})
