@@ -183,7 +183,7 @@ fn client(info: ConnectionInfo, tls: Option<&TlsOptions>, resp3: bool) -> RedisR
 #[derive(Clone)]
 pub enum Connection {
     Single(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection<guard::GuardedNode>),
 }
 
 impl ConnectionLike for Connection {
@@ -529,7 +529,10 @@ impl Topology {
     pub async fn connect(&self, connect_timeout: Duration) -> RedisResult<Connection> {
         match &self.kind {
             Kind::Cluster { client, .. } => {
-                Ok(Connection::Cluster(client.get_async_connection().await?))
+                guard::cluster_connect_timeout(self.connect_timeout);
+                Ok(Connection::Cluster(
+                    client.get_async_generic_connection().await?,
+                ))
             }
             _ => {
                 let client = self.server(false).await?;

@@ -5,9 +5,10 @@
 //! do, Unix sockets) and hands the crate a stream whose reads pass through a `Scanner` first:
 //! a declared length over Redis's own ceiling, nesting deeper than any reply we ask for, or
 //! bytes that are not RESP fail the read at once, and the crate drops the connection (its
-//! commands fail as I/O errors; the tier replaces it).
+//! commands fail as I/O errors; the tier replaces it). A Cluster's nodes: see `node.rs`.
 
 mod dial;
+mod node;
 mod scan;
 
 use std::io;
@@ -17,6 +18,7 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 pub use dial::{open, tls_config};
+pub use node::{cluster_connect_timeout, GuardedNode};
 pub use scan::{Scanner, WireError};
 
 /// A stream whose input is scanned before the redis crate reads it.
@@ -96,7 +98,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
@@ -123,7 +125,10 @@ mod tests {
 
     /// A server that answers the crate's handshake, then answers the first command with a
     /// declared terabyte and streams filler until its writes fail: how much filler it sent.
-    async fn terabyte_server(mut server: tokio::io::DuplexStream, sent: Arc<AtomicU64>) {
+    pub(super) async fn terabyte_server(
+        mut server: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+        sent: Arc<AtomicU64>,
+    ) {
         let mut commands = Scanner::default();
         let mut buf = vec![0u8; 4096];
         loop {
