@@ -20,8 +20,8 @@ use crate::inbox::{tag_bucket, Stamp};
 pub const GENERATION_TTL: Duration = Duration::from_secs(600);
 const GENERATION_MARGIN: Duration = Duration::from_secs(30);
 
-/// A fresh number for a GET's or a script's ECHO (see `fetch_uncounted`, `invoke_echoed`).
-fn next_echo() -> String {
+/// A fresh number for a GET's ECHO (see `fetch_uncounted`).
+pub(super) fn next_echo() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         .to_string()
