@@ -38,9 +38,11 @@ impl<S> Guarded<S> {
     }
 }
 
+/// Aborted, as the redis crate counts a dropped connection: it drops it at once (an error it
+/// takes for recoverable would be polled again) and gives this reason to the first request.
 fn refused(why: WireError) -> io::Error {
     io::Error::new(
-        io::ErrorKind::InvalidData,
+        io::ErrorKind::ConnectionAborted,
         format!("the connection was closed: the server sent {why}"),
     )
 }
@@ -117,7 +119,7 @@ pub(super) mod tests {
             .await
             .unwrap();
         let e = guarded.read(&mut buf).await.unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
         assert!(e.to_string().contains("512 MiB"), "{e}");
         server.write_all(b"+OK\r\n").await.unwrap();
         assert!(guarded.read(&mut buf).await.is_err(), "refused for good");
