@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::envelopes::{new_token, usable, Fence, Fetched, Misdelivered, GENERATION_TTL};
+use super::envelopes::{
+    invoke_echoed, new_token, usable, Fence, Fetched, Misdelivered, GENERATION_TTL,
+};
 use super::{RedisTier, Remote, Unavailable};
 use crate::inbox::Stamp;
 
@@ -164,22 +166,26 @@ impl RedisTier {
             self.lock_key(key),
             self.generation_key(key),
         );
-        let reply: Vec<Value> = self
+        let echo = self.script_echo();
+        let reply: Option<Vec<Value>> = self
             .run("lock", key, |mut c| async move {
-                self.scripts
-                    .cold_gate
-                    .key(&keys.0)
-                    .key(&keys.1)
+                let mut call = self.scripts.cold_gate.key(&keys.0);
+                call.key(&keys.1)
                     .key(&keys.2)
                     .arg(token)
                     .arg(lock_ttl_ms.max(1))
                     .arg(if past_value { "1" } else { "0" })
                     .arg(new_token())
-                    .arg(GENERATION_TTL.as_millis() as u64)
-                    .invoke_async(&mut c)
-                    .await
+                    .arg(GENERATION_TTL.as_millis() as u64);
+                invoke_echoed(&call, &mut c, echo).await
             })
             .await?;
+        let Some(reply) = reply else {
+            // Out of step: the reply may be another key's bid (read as ours, a lock we do not
+            // hold). Load without Redis; a lock the script took expires in lockTtl.
+            self.misdelivered("lock", key);
+            return Err(Unavailable);
+        };
         let generation = reply.get(1).and_then(text).unwrap_or_default();
         Ok(match reply.get(2).map(number) {
             Some(0) => match reply.first() {
@@ -340,27 +346,31 @@ impl RedisTier {
             self.lock_key(key),
             self.generation_key(key),
         );
-        let reply: Result<Vec<Value>, Unavailable> = self
+        let echo = self.script_echo();
+        let reply: Result<Option<Vec<Value>>, Unavailable> = self
             .run("lock", key, |mut c| {
                 let token = token.clone();
                 async move {
-                    self.scripts
-                        .refresh_gate
-                        .key(&keys.0)
-                        .key(&keys.1)
+                    let mut call = self.scripts.refresh_gate.key(&keys.0);
+                    call.key(&keys.1)
                         .key(&keys.2)
                         .arg(token)
                         .arg(lock_ttl_ms.max(1))
                         .arg(new_token())
-                        .arg(GENERATION_TTL.as_millis() as u64)
-                        .invoke_async(&mut c)
-                        .await
+                        .arg(GENERATION_TTL.as_millis() as u64);
+                    invoke_echoed(&call, &mut c, echo).await
                 }
             })
             .await;
         let reply = match reply {
             Err(Unavailable) => return Gate::unfenced(),
-            Ok(r) => r,
+            Ok(None) => {
+                // Out of step: whether we hold the lock is unknown; free it if we do.
+                self.misdelivered("lock", key);
+                self.release(key, &token, false).await;
+                return Gate::unfenced();
+            }
+            Ok(Some(r)) => r,
         };
         if reply.first().map(number) != Some(1) {
             return Gate::Skip;
@@ -412,19 +422,22 @@ impl RedisTier {
     pub async fn force_gate(&self, key: &str) -> Gate {
         let stamp = self.inbox.stamp(key);
         let keys = (self.value_key(key), self.generation_key(key));
+        let echo = self.script_echo();
         let state = self.run("get", key, |mut c| async move {
-            self.scripts
-                .fence
-                .key(&keys.0)
-                .key(&keys.1)
+            let mut call = self.scripts.fence.key(&keys.0);
+            call.key(&keys.1)
                 .arg(new_token())
-                .arg(GENERATION_TTL.as_millis() as u64)
-                .invoke_async::<String>(&mut c)
-                .await
+                .arg(GENERATION_TTL.as_millis() as u64);
+            invoke_echoed::<String>(&call, &mut c, echo).await
         });
         let (state, born) = tokio::join!(state, self.clock_now(key));
         match state {
-            Ok(state) => Gate::Lead {
+            Ok(None) => {
+                // Out of step: the fence may be another key's; load unfenced.
+                self.misdelivered("get", key);
+                Gate::unfenced()
+            }
+            Ok(Some(state)) => Gate::Lead {
                 token: None,
                 fence: Some(self.fence(state)),
                 stamp: Some(stamp),
@@ -442,20 +455,20 @@ impl RedisTier {
         if announce {
             self.carried.expect_own(key);
         }
+        let echo = self.script_echo();
         let released = self
             .run("unlock", key, |mut c| async move {
                 let channel = if announce { self.channel.as_str() } else { "" };
-                self.scripts
-                    .release
-                    .key(&lkey)
-                    .arg(token)
-                    .arg(channel)
-                    .arg(&msg)
-                    .invoke_async::<i64>(&mut c)
-                    .await
+                let mut call = self.scripts.release.key(&lkey);
+                call.arg(token).arg(channel).arg(&msg);
+                invoke_echoed::<i64>(&call, &mut c, echo).await
             })
             .await;
-        if announce && released == Ok(0) {
+        if released == Ok(None) {
+            // Out of step: the lock, if still ours, expires in lockTtl.
+            self.misdelivered("unlock", key);
+        }
+        if announce && released == Ok(Some(0)) {
             // Not ours any more: nothing was announced.
             self.carried.own_heard(key);
         }

@@ -21,6 +21,7 @@ mod bus;
 mod carried;
 mod connection;
 mod envelopes;
+mod guard;
 mod lane;
 mod lock;
 mod order;

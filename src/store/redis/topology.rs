@@ -21,6 +21,7 @@ use redis::{
 };
 
 use super::connection::tcp_settings;
+use super::guard;
 use super::lane::LaneTarget;
 
 pub use crate::policy::{RedisConfig, TlsOptions};
@@ -182,7 +183,7 @@ fn client(info: ConnectionInfo, tls: Option<&TlsOptions>, resp3: bool) -> RedisR
 #[derive(Clone)]
 pub enum Connection {
     Single(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection<guard::GuardedNode>),
 }
 
 impl ConnectionLike for Connection {
@@ -280,6 +281,8 @@ pub struct Topology {
     tls: Option<TlsOptions>,
     /// The read lane's TLS client configuration, made from `tls` when a lane first opens.
     lane_tls: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
+    /// The command connections' and the bus's, made when the first one opens (see `guarded`).
+    command_tls: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
     /// The URL's host, for `tls.servername` (connect there, verify the name).
     resolver: Option<Arc<ServerNameResolver>>,
     db: i64,
@@ -422,6 +425,7 @@ impl Topology {
             kind,
             tls,
             lane_tls: std::sync::OnceLock::new(),
+            command_tls: std::sync::OnceLock::new(),
             resolver,
             db,
             connect_timeout: config.connect_timeout,
@@ -525,16 +529,52 @@ impl Topology {
     pub async fn connect(&self, connect_timeout: Duration) -> RedisResult<Connection> {
         match &self.kind {
             Kind::Cluster { client, .. } => {
-                Ok(Connection::Cluster(client.get_async_connection().await?))
+                guard::cluster_connect_timeout(self.connect_timeout);
+                Ok(Connection::Cluster(
+                    client.get_async_generic_connection().await?,
+                ))
             }
             _ => {
                 let client = self.server(false).await?;
-                let conn = client
-                    .get_multiplexed_async_connection_with_config(&self.config(connect_timeout))
-                    .await?;
+                let config = self.config(connect_timeout);
+                let conn = self.guarded(&client, config, connect_timeout).await?;
                 Ok(Connection::Single(conn))
             }
         }
+    }
+
+    /// A connection to `client`'s server opened by the guard (`guard.rs`: no reply may declare
+    /// more than Redis could send), with the TLS the redis crate would have made from `tls`.
+    async fn guarded(
+        &self,
+        client: &Client,
+        config: AsyncConnectionConfig,
+        connect_timeout: Duration,
+    ) -> RedisResult<MultiplexedConnection> {
+        let info = client.get_connection_info();
+        let tls = match info.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => Some(
+                self.command_tls
+                    .get_or_init(|| {
+                        let tls = self.tls.clone().unwrap_or_default();
+                        guard::tls_config(&tls, *insecure).map(Arc::new)
+                    })
+                    .clone()
+                    .map_err(|e| {
+                        redis::RedisError::from((
+                            redis::ErrorKind::InvalidClientConfig,
+                            "the TLS configuration",
+                            e,
+                        ))
+                    })?,
+            ),
+            _ => None,
+        };
+        let address = self
+            .resolver
+            .as_ref()
+            .map(|r| (r.servername.as_str(), r.address.as_str()));
+        guard::open(info, tls.as_ref(), address, config, connect_timeout).await
     }
 
     /// A connection subscribed to nothing yet whose push messages (RESP3) go to `pushes`: the
@@ -558,9 +598,7 @@ impl Topology {
             _ => self.server(true).await?,
         };
         let config = self.config(self.connect_timeout).set_push_sender(pushes);
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
+        self.guarded(&client, config, self.connect_timeout).await
     }
 }
 
