@@ -3,6 +3,12 @@
 //! Cluster; TLS with system roots, a private CA, client certificates, a server name to verify,
 //! or no verification. The redis crate does the work (rustls, `sentinel`, `cluster_async`);
 //! this module only configures it, and hands out command connections and bus subscriptions.
+//!
+//! Under Sentinel it also keeps where the master is: learned from the sentinels when a
+//! connection is first made or after one failed, and from what `sentinel.rs` hears of a
+//! failover (an announcement, or a poll); every connection goes there, and must find a node
+//! whose ROLE is master. A change of master is counted (`moves`), so that whatever still talks
+//! to the old one is replaced.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,10 +21,11 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::io::AsyncDNSResolver;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo,
-    FromRedisValue, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisFuture, RedisResult,
-    TlsCertificates, TlsMode, Value,
+    AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
+    FromRedisValue, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture,
+    RedisResult, Role, ServerErrorKind, TlsCertificates, TlsMode, Value,
 };
+use tokio::sync::watch;
 
 use super::connection::tcp_settings;
 use super::lane::LaneTarget;
@@ -261,12 +268,36 @@ impl Connection {
     }
 }
 
+/// A node's address as the sentinels give it.
+pub type Address = (String, u16);
+
+/// Where the Sentinel master was last learned to be.
+#[derive(Default)]
+struct Followed {
+    /// `None` until the sentinels were first asked.
+    at: Option<Address>,
+    /// The sentinels' config epoch of the answer followed (a lookup through the redis crate
+    /// names none and keeps it): an answer of an older epoch is a sentinel that has not heard
+    /// of the failover yet, and is not followed back.
+    epoch: u64,
+    /// A connection there failed: the next one asks the sentinels again.
+    stale: bool,
+}
+
 enum Kind {
     /// One server, named by `info` (the URL with the server name swapped in for TLS).
     Single { info: ConnectionInfo },
-    /// The primary found through the sentinels, asked again for every new connection.
+    /// The primary the sentinels name: asked when none is known or a connection failed, and
+    /// followed across failovers (`sentinel.rs`).
     Sentinel {
         sentinel: tokio::sync::Mutex<SentinelClient>,
+        master_name: String,
+        /// Each sentinel, with the credentials and TLS the redis crate's client uses, for the
+        /// announcements of failovers and the asks of the master's address.
+        sentinels: Vec<ConnectionInfo>,
+        /// How the master is reached at an address: the URL's user, password, db and scheme.
+        node: Box<ConnectionInfo>,
+        followed: std::sync::Mutex<Followed>,
     },
     /// A cluster; the bus subscribes on one node (plain PUBLISH reaches every node).
     Cluster {
@@ -285,6 +316,8 @@ pub struct Topology {
     db: i64,
     pub connect_timeout: Duration,
     pub command_timeout: Duration,
+    /// How many times the master moved (Sentinel): the bus resubscribes on a change.
+    moves: watch::Sender<u64>,
 }
 
 impl Topology {
@@ -352,7 +385,7 @@ impl Topology {
             let master_name = config.master_name.clone().unwrap_or_default();
             let mut builder = SentinelClientBuilder::new(
                 sentinels.iter().map(|i| i.addr().clone()),
-                master_name,
+                master_name.clone(),
                 SentinelServerType::Master,
             )
             .map_err(|e| e.to_string())?
@@ -396,9 +429,32 @@ impl Topology {
                 }
             }
             let sentinel = builder.build().map_err(|e| e.to_string())?;
+            // As the builder does: the first sentinel's credentials for every sentinel.
+            let credentials = sentinels
+                .first()
+                .map(|f| f.redis_settings().clone().set_db(0))
+                .unwrap_or_default();
+            let sentinels = sentinels
+                .into_iter()
+                .map(|s| {
+                    s.set_redis_settings(credentials.clone())
+                        .set_tcp_settings(tcp_settings())
+                })
+                .collect();
+            // Without a URL: no credentials, db 0, plain TCP (the address is replaced).
+            let node = match primary {
+                Some(primary) => primary,
+                None => ConnectionAddr::Tcp(String::new(), 0)
+                    .into_connection_info()
+                    .map_err(|e| e.to_string())?,
+            };
             (
                 Kind::Sentinel {
                     sentinel: tokio::sync::Mutex::new(sentinel),
+                    master_name,
+                    sentinels,
+                    node: Box::new(node),
+                    followed: std::sync::Mutex::new(Followed::default()),
                 },
                 db,
             )
@@ -426,6 +482,7 @@ impl Topology {
             db,
             connect_timeout: config.connect_timeout,
             command_timeout: config.command_timeout,
+            moves: watch::channel(0).0,
         })
     }
 
@@ -447,20 +504,240 @@ impl Topology {
         }
     }
 
-    /// A client for the one server commands go to now (the primary, for Sentinel).
+    /// A client for the one server commands go to now (the primary, for Sentinel: where it was
+    /// last learned to be, or where the sentinels name it if none is known or a connection to
+    /// it failed).
     async fn server(&self, resp3: bool) -> RedisResult<Client> {
         match &self.kind {
             Kind::Single { info } => client(info.clone(), self.tls.as_ref(), resp3),
-            Kind::Sentinel { sentinel } => {
-                let primary = sentinel.lock().await.async_get_client().await?;
-                client(
-                    primary.get_connection_info().clone(),
-                    self.tls.as_ref(),
-                    resp3,
-                )
+            Kind::Sentinel {
+                sentinel,
+                node,
+                followed,
+                ..
+            } => {
+                let known = {
+                    let f = followed.lock().unwrap_or_else(|p| p.into_inner());
+                    if f.stale {
+                        None
+                    } else {
+                        f.at.clone()
+                    }
+                };
+                let (host, port) = match known {
+                    Some(at) => at,
+                    None => {
+                        // The sentinels' newest answer; the redis crate's lookup (which checks
+                        // the node's ROLE, and says why it finds none) if none answers.
+                        match self.ask_master().await {
+                            Some((at, epoch)) => {
+                                self.learned(at, Some(epoch));
+                            }
+                            None => {
+                                let primary = sentinel.lock().await.async_get_client().await?;
+                                let at = address(primary.get_connection_info().addr()).ok_or_else(
+                                    || {
+                                        RedisError::from((
+                                            ErrorKind::InvalidClientConfig,
+                                            "the sentinels name the master by no TCP address",
+                                        ))
+                                    },
+                                )?;
+                                self.learned(at, None);
+                            }
+                        }
+                        // Where it was followed to: an answer older than the one followed is not.
+                        followed
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .at
+                            .clone()
+                            .ok_or_else(|| {
+                                RedisError::from((
+                                    ErrorKind::MasterNameNotFoundBySentinel,
+                                    "the sentinels name no master",
+                                ))
+                            })?
+                    }
+                };
+                client(at(node, host, port), self.tls.as_ref(), resp3)
             }
             Kind::Cluster { .. } => unreachable!("a cluster has no one server"),
         }
+    }
+
+    /// Whether the master is found through sentinels.
+    pub fn is_sentinel(&self) -> bool {
+        matches!(self.kind, Kind::Sentinel { .. })
+    }
+
+    /// How many times the master moved, to watch for the next move.
+    pub fn moves(&self) -> watch::Receiver<u64> {
+        self.moves.subscribe()
+    }
+
+    /// How many times the master moved so far.
+    pub fn moved(&self) -> u64 {
+        *self.moves.borrow()
+    }
+
+    /// The master is at `at` (with the sentinels' config `epoch`, if known). True if that is a
+    /// move from where it was (counted); an answer of an older epoch than the one followed
+    /// changes nothing.
+    pub fn learned(&self, at: Address, epoch: Option<u64>) -> bool {
+        let Kind::Sentinel { followed, .. } = &self.kind else {
+            return false;
+        };
+        let mut f = followed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(epoch) = epoch {
+            if epoch < f.epoch {
+                return false;
+            }
+            f.epoch = epoch;
+        }
+        f.stale = false;
+        if f.at.as_ref() == Some(&at) {
+            return false;
+        }
+        let moved = f.at.is_some();
+        f.at = Some(at);
+        drop(f);
+        if moved {
+            self.moves.send_modify(|n| *n += 1);
+        }
+        moved
+    }
+
+    /// A connection to the master failed: the next one asks the sentinels where it is.
+    pub fn forget_master(&self) {
+        if let Kind::Sentinel { followed, .. } = &self.kind {
+            followed.lock().unwrap_or_else(|p| p.into_inner()).stale = true;
+        }
+    }
+
+    /// The master's name under Sentinel.
+    pub fn master_name(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Sentinel { master_name, .. } => Some(master_name),
+            _ => None,
+        }
+    }
+
+    /// How many sentinels there are (none unless Sentinel).
+    pub fn sentinel_count(&self) -> usize {
+        match &self.kind {
+            Kind::Sentinel { sentinels, .. } => sentinels.len(),
+            _ => 0,
+        }
+    }
+
+    /// A client for sentinel `index`, as the redis crate's sentinel client reaches it.
+    fn sentinel_client(&self, index: usize) -> RedisResult<Option<(Client, &str)>> {
+        let Kind::Sentinel {
+            sentinels,
+            master_name,
+            ..
+        } = &self.kind
+        else {
+            return Ok(None);
+        };
+        let Some(info) = sentinels.get(index) else {
+            return Ok(None);
+        };
+        let client = match (info.addr(), &self.tls) {
+            (ConnectionAddr::TcpTls { .. }, Some(tls)) => {
+                Client::build_with_tls(info.clone(), certificates(tls))?
+            }
+            _ => Client::open(info.clone())?,
+        };
+        Ok(Some((client, master_name.as_str())))
+    }
+
+    /// Sentinel `index`'s announcements of a failover (`FAILOVER_CHANNELS`), subscribed within
+    /// the connect timeout; the stream ends when the connection does.
+    pub async fn failover_announcements(
+        &self,
+        index: usize,
+    ) -> RedisResult<redis::aio::PubSubStream> {
+        let Some((client, _)) = self.sentinel_client(index)? else {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "no such sentinel",
+            )));
+        };
+        let subscribed = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&FAILOVER_CHANNELS[..]).await?;
+            RedisResult::Ok(pubsub.into_on_message())
+        };
+        tokio::time::timeout(self.connect_timeout, subscribed)
+            .await
+            .map_err(|_| super::connection::timed_out("timed out subscribing on a sentinel"))?
+    }
+
+    /// Where the sentinels name the master now, and that answer's config epoch: every sentinel
+    /// is asked within the command timeout, and the newest epoch wins, so a sentinel that has
+    /// not heard of a failover yet is outvoted by one that has. The address is the one a
+    /// sentinel gives its clients (`GET-MASTER-ADDR-BY-NAME`), which is the promoted replica's
+    /// from its promotion on, before the switch is announced; the epoch (`SENTINEL MASTER`)
+    /// changes at the promotion too. `None` if none answered.
+    pub async fn ask_master(&self) -> Option<(Address, u64)> {
+        let asks = (0..self.sentinel_count()).map(|index| async move {
+            let (client, name) = self.sentinel_client(index).ok()??;
+            let asked = async {
+                let mut conn = client
+                    .get_multiplexed_async_connection_with_config(
+                        &self.config(self.connect_timeout),
+                    )
+                    .await?;
+                redis::pipe()
+                    .cmd("SENTINEL")
+                    .arg("MASTER")
+                    .arg(name)
+                    .cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(name)
+                    .query_async::<(std::collections::HashMap<String, String>, (String, u16))>(
+                        &mut conn,
+                    )
+                    .await
+            };
+            let (fields, at) = tokio::time::timeout(self.command_timeout, asked)
+                .await
+                .ok()?
+                .ok()?;
+            let epoch = fields
+                .get("config-epoch")
+                .and_then(|e| e.parse::<u64>().ok())
+                .unwrap_or(0);
+            Some((at, epoch))
+        });
+        futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            // The first of the newest: `max_by_key` would take the last.
+            .fold(None, |best: Option<(Address, u64)>, answer| match &best {
+                Some(b) if b.1 >= answer.1 => best,
+                _ => Some(answer),
+            })
+    }
+
+    /// A connection under Sentinel must reach a master: right after a failover the node the
+    /// sentinels named a moment ago may already be, or be about to be, a replica.
+    async fn confirm_master(&self, conn: &mut MultiplexedConnection) -> RedisResult<()> {
+        if !self.is_sentinel() {
+            return Ok(());
+        }
+        let role: Role = redis::cmd("ROLE").query_async(conn).await?;
+        if matches!(role, Role::Primary { .. }) {
+            return Ok(());
+        }
+        self.forget_master();
+        Err(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "the node the sentinels named is not a master (ROLE)",
+        )))
     }
 
     /// Whether a read lane (see `lane.rs`) may reach this server: one server or a Sentinel
@@ -529,9 +806,10 @@ impl Topology {
             }
             _ => {
                 let client = self.server(false).await?;
-                let conn = client
+                let mut conn = client
                     .get_multiplexed_async_connection_with_config(&self.config(connect_timeout))
                     .await?;
+                self.confirm_master(&mut conn).await?;
                 Ok(Connection::Single(conn))
             }
         }
@@ -558,10 +836,56 @@ impl Topology {
             _ => self.server(true).await?,
         };
         let config = self.config(self.connect_timeout).set_push_sender(pushes);
-        client
+        let mut conn = client
             .get_multiplexed_async_connection_with_config(&config)
-            .await
+            .await?;
+        self.confirm_master(&mut conn).await?;
+        Ok(conn)
     }
+}
+
+/// The sentinels' channels that name a new master: a replica promoted by a failover (the
+/// sentinel names it to its clients from then on: `slave <ip:port> <ip> <port> @ <name> <old ip>
+/// <old port>`), and the failover's end (`<name> <old ip> <old port> <new ip> <new port>`),
+/// which every sentinel announces as it learns of it.
+pub const FAILOVER_CHANNELS: [&str; 2] = ["+promoted-slave", "+switch-master"];
+
+/// The new master an announcement on `channel` names, if it is `name`'s.
+pub fn announced_master(channel: &str, payload: &str, name: &str) -> Option<Address> {
+    let parts: Vec<&str> = payload.split(' ').collect();
+    match (channel, parts.as_slice()) {
+        ("+switch-master", [n, _, _, ip, port]) if *n == name => {
+            Some((ip.to_string(), port.parse().ok()?))
+        }
+        ("+promoted-slave", ["slave", _, ip, port, "@", n, _, _]) if *n == name => {
+            Some((ip.to_string(), port.parse().ok()?))
+        }
+        _ => None,
+    }
+}
+
+/// A TCP address's host and port.
+fn address(addr: &ConnectionAddr) -> Option<Address> {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            Some((host.clone(), *port))
+        }
+        _ => None,
+    }
+}
+
+/// `template` (user, password, db, scheme) at `host:port`.
+fn at(template: &ConnectionInfo, host: String, port: u16) -> ConnectionInfo {
+    let addr = match template.addr() {
+        ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: None,
+        },
+        _ => ConnectionAddr::Tcp(host, port),
+    };
+    template.clone().set_addr(addr)
 }
 
 /// The nodes a cluster names (`CLUSTER SLOTS`), addressed like `template` (scheme, user,
