@@ -805,8 +805,9 @@ class RedisSentinelGroup {
   /**
    * SENTINEL FAILOVER (the old master stays up, writable until the sentinel demotes it seconds
    * later) and waits until the sentinel names the replica and the replica says ROLE master.
-   * `switchedAt`: when the sentinel first named the replica (polled every `interval` ms), which
-   * is when it announces +switch-master. `master`/`replica` are swapped.
+   * `switchedAt`: when the sentinel first named the replica (polled every `interval` ms): from
+   * the replica's promotion on (+promoted-slave), before the failover ends (+switch-master).
+   * `master`/`replica` are swapped.
    */
   async commandFailover({ timeout = 30_000, interval = 10 } = {}) {
     const old = this.master
