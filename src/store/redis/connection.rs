@@ -132,9 +132,17 @@ impl Link {
             // A connection made while the master moved may reach the old one: made again.
             let moves = self.topology.moved();
             let made = self.topology.connect(left());
-            let inner = tokio::time::timeout(left(), made)
-                .await
-                .map_err(|_| timed_out("timed out connecting to Redis"))??;
+            let inner = match tokio::time::timeout(left(), made).await {
+                Ok(Ok(inner)) => inner,
+                failed => {
+                    // The master may be gone from where it was followed to: ask again next time.
+                    self.topology.forget_master();
+                    return Err(match failed {
+                        Ok(Err(e)) => e,
+                        _ => timed_out("timed out connecting to Redis"),
+                    });
+                }
+            };
             let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
             if self.topology.moved() != moves {
                 drop(current);

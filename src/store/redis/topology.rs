@@ -676,51 +676,68 @@ impl Topology {
     }
 
     /// Where the sentinels name the master now, and that answer's config epoch: every sentinel
-    /// is asked within the command timeout, and the newest epoch wins, so a sentinel that has
-    /// not heard of a failover yet is outvoted by one that has. The address is the one a
+    /// is asked, each within the command timeout, and the newest epoch among those that answer
+    /// within `ASK_GRACE` of the first wins, so a sentinel that has not heard of a failover yet
+    /// is outvoted by one that has, and a paused one delays nothing. The address is the one a
     /// sentinel gives its clients (`GET-MASTER-ADDR-BY-NAME`), which is the promoted replica's
     /// from its promotion on, before the switch is announced; the epoch (`SENTINEL MASTER`)
     /// changes at the promotion too. `None` if none answered.
     pub async fn ask_master(&self) -> Option<(Address, u64)> {
-        let asks = (0..self.sentinel_count()).map(|index| async move {
-            let (client, name) = self.sentinel_client(index).ok()??;
-            let asked = async {
-                let mut conn = client
-                    .get_multiplexed_async_connection_with_config(
-                        &self.config(self.connect_timeout),
-                    )
-                    .await?;
-                redis::pipe()
-                    .cmd("SENTINEL")
-                    .arg("MASTER")
-                    .arg(name)
-                    .cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(name)
-                    .query_async::<(std::collections::HashMap<String, String>, (String, u16))>(
-                        &mut conn,
-                    )
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let mut asks: FuturesUnordered<_> = (0..self.sentinel_count())
+            .map(|index| async move {
+                let (client, name) = self.sentinel_client(index).ok()??;
+                let asked = async {
+                    let mut conn = client
+                        .get_multiplexed_async_connection_with_config(
+                            &self.config(self.connect_timeout),
+                        )
+                        .await?;
+                    redis::pipe()
+                        .cmd("SENTINEL")
+                        .arg("MASTER")
+                        .arg(name)
+                        .cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(name)
+                        .query_async::<(std::collections::HashMap<String, String>, Address)>(
+                            &mut conn,
+                        )
+                        .await
+                };
+                let (fields, at) = tokio::time::timeout(self.command_timeout, asked)
                     .await
-            };
-            let (fields, at) = tokio::time::timeout(self.command_timeout, asked)
-                .await
-                .ok()?
-                .ok()?;
-            let epoch = fields
-                .get("config-epoch")
-                .and_then(|e| e.parse::<u64>().ok())
-                .unwrap_or(0);
-            Some((at, epoch))
-        });
-        futures_util::future::join_all(asks)
-            .await
-            .into_iter()
-            .flatten()
-            // The first of the newest: `max_by_key` would take the last.
-            .fold(None, |best: Option<(Address, u64)>, answer| match &best {
-                Some(b) if b.1 >= answer.1 => best,
-                _ => Some(answer),
+                    .ok()?
+                    .ok()?;
+                let epoch = fields
+                    .get("config-epoch")
+                    .and_then(|e| e.parse::<u64>().ok())
+                    .unwrap_or(0);
+                Some((at, epoch))
             })
+            .collect();
+        let mut best: Option<(Address, u64)> = None;
+        let mut until = None;
+        loop {
+            let next = match until {
+                None => asks.next().await,
+                Some(until) => match tokio::time::timeout_at(until, asks.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            match next {
+                None => break,
+                Some(None) => {}
+                Some(Some(answer)) => {
+                    until.get_or_insert_with(|| tokio::time::Instant::now() + ASK_GRACE);
+                    if best.as_ref().is_none_or(|b| answer.1 > b.1) {
+                        best = Some(answer);
+                    }
+                }
+            }
+        }
+        best
     }
 
     /// A connection under Sentinel must reach a master: right after a failover the node the
@@ -843,6 +860,9 @@ impl Topology {
         Ok(conn)
     }
 }
+
+/// How long the other sentinels' answers are awaited once one answered (`ask_master`).
+const ASK_GRACE: Duration = Duration::from_millis(100);
 
 /// The sentinels' channels that name a new master: a replica promoted by a failover (the
 /// sentinel names it to its clients from then on: `slave <ip:port> <ip> <port> @ <name> <old ip>
