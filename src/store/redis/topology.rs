@@ -949,6 +949,55 @@ async fn cluster_nodes(conn: &mut Connection, template: &ConnectionInfo) -> Vec<
 mod tests {
     use super::*;
 
+    fn sentinel_topology() -> Topology {
+        let mut config = RedisConfig::from_url("redis://127.0.0.1:1");
+        config.url = None;
+        config.sentinels = vec!["redis://127.0.0.1:2".into(), "redis://127.0.0.1:3".into()];
+        config.master_name = Some("mymaster".into());
+        Topology::new(&config).expect("a sentinel topology")
+    }
+
+    /// A move is counted once per new address; a sentinel that has not heard of the failover
+    /// (an older epoch) does not move the master back; the redis crate's lookup (no epoch) may.
+    #[test]
+    fn the_master_moves_only_to_a_new_address_of_an_epoch_not_older() {
+        let t = sentinel_topology();
+        let a = ("10.0.0.1".to_string(), 6379);
+        let b = ("10.0.0.2".to_string(), 6379);
+        assert!(
+            !t.learned(a.clone(), Some(0)),
+            "the first address is no move"
+        );
+        assert!(!t.learned(a.clone(), Some(0)));
+        assert_eq!(t.moved(), 0);
+        assert!(t.learned(b.clone(), Some(1)), "the promoted replica");
+        assert_eq!(t.moved(), 1);
+        assert!(
+            !t.learned(a.clone(), Some(0)),
+            "a lagging sentinel's answer"
+        );
+        assert_eq!(t.moved(), 1);
+        t.forget_master();
+        assert!(
+            !t.learned(b.clone(), Some(1)),
+            "asked again after a failure: same master"
+        );
+        assert_eq!(t.moved(), 1);
+        assert!(t.learned(a, None), "the crate's lookup names no epoch");
+        assert_eq!(t.moved(), 2);
+        assert_eq!(t.sentinel_count(), 2);
+        assert_eq!(t.master_name(), Some("mymaster"));
+    }
+
+    #[test]
+    fn only_sentinel_masters_move() {
+        let t = Topology::new(&RedisConfig::from_url("redis://127.0.0.1:1")).unwrap();
+        assert!(!t.learned(("10.0.0.1".to_string(), 1), Some(5)));
+        assert!(!t.learned(("10.0.0.2".to_string(), 1), Some(6)));
+        assert_eq!(t.moved(), 0);
+        assert_eq!(t.sentinel_count(), 0);
+    }
+
     const MARK: &str = "S3cretKeyBodyQUJDREVGR0g";
 
     /// Bad PEM in every shape the PEM library quotes: the message names the option, never the
