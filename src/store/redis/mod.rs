@@ -13,7 +13,7 @@
 //! By concern: `connection` (making, replacing and classifying), `order` (one instance's
 //! writes in call order), `bus` (pub/sub and lock waiters), `carried` (values announcements
 //! carry, read instead of Redis), `lock` (the gates a load passes),
-//! `envelopes` (reads and fenced writes), `lane` (the read lane the embedder's event loop drives), `tags` (deleteByTag, clear, and whether an entry read
+//! `envelopes` (reads and fenced writes), `sentinel` (following the master across failovers), `lane` (the read lane the embedder's event loop drives), `tags` (deleteByTag, clear, and whether an entry read
 //! is still alive), `scripts/*.lua` (each names its KEYS/ARGV).
 
 mod batch;
@@ -25,6 +25,7 @@ mod guard;
 mod lane;
 mod lock;
 mod order;
+mod sentinel;
 mod tags;
 mod topology;
 
@@ -263,8 +264,12 @@ impl RedisTier {
         }))
     }
 
-    /// Makes the first connection ahead of the first call (calls made meanwhile share it).
+    /// Makes the first connection ahead of the first call (calls made meanwhile share it), and
+    /// under Sentinel starts following the master (`sentinel.rs`).
     pub async fn connect(&self) {
+        if let (true, Some(me)) = (self.link.topology.is_sentinel(), self.me.upgrade()) {
+            self.runtime.spawn(me.follow_master());
+        }
         if self.connection(Instant::now()).await.is_err() {
             // Counted and reported as calls find it down; the first call probes again.
             *self.health.lock_or_recover() = Health::Down {
