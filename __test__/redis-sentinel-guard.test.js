@@ -152,6 +152,6 @@ for (const [name, attack] of Object.entries(ATTACKS)) {
     for (const c of closed) {
       assert.ok(c.accepted < ACCEPTED_BOUND, `filler taken before the connection closed: ${c.accepted} bytes`)
     }
-    assert.equal(await cache.get('s'), 'v', 'Redis still serves the set value')
+    assert.equal(await cache.get('s'), 'v', 'the set value is still served')
   })
 }
