@@ -669,8 +669,13 @@ impl Topology {
                 "no such sentinel",
             )));
         };
+        // Opened by the guard, as command connections are: a sentinel's reply is no more
+        // trusted than a master's.
         let subscribed = async {
-            let mut pubsub = client.get_async_pubsub().await?;
+            let info = client.get_connection_info();
+            let (tls, address) = self.guard_route(info)?;
+            let mut pubsub =
+                guard::open_pubsub(info, tls.as_ref(), address, self.connect_timeout).await?;
             pubsub.subscribe(&FAILOVER_CHANNELS[..]).await?;
             RedisResult::Ok(pubsub.into_on_message())
         };
@@ -692,11 +697,8 @@ impl Topology {
             .map(|index| async move {
                 let (client, name) = self.sentinel_client(index).ok()??;
                 let asked = async {
-                    let mut conn = client
-                        .get_multiplexed_async_connection_with_config(
-                            &self.config(self.connect_timeout),
-                        )
-                        .await?;
+                    let config = self.config(self.connect_timeout);
+                    let mut conn = self.guarded(&client, config, self.connect_timeout).await?;
                     redis::pipe()
                         .cmd("SENTINEL")
                         .arg("MASTER")
@@ -847,6 +849,17 @@ impl Topology {
         connect_timeout: Duration,
     ) -> RedisResult<MultiplexedConnection> {
         let info = client.get_connection_info();
+        let (tls, address) = self.guard_route(info)?;
+        guard::open(info, tls.as_ref(), address, config, connect_timeout).await
+    }
+
+    /// The TLS client (the one the redis crate would have made from `tls`) and the address
+    /// `tls.servername` stands for, with which the guard opens a connection to `info`.
+    #[allow(clippy::type_complexity)]
+    fn guard_route(
+        &self,
+        info: &ConnectionInfo,
+    ) -> RedisResult<(Option<Arc<rustls::ClientConfig>>, Option<(&str, &str)>)> {
         let tls = match info.addr() {
             ConnectionAddr::TcpTls { insecure, .. } => Some(
                 self.command_tls
@@ -869,7 +882,7 @@ impl Topology {
             .resolver
             .as_ref()
             .map(|r| (r.servername.as_str(), r.address.as_str()));
-        guard::open(info, tls.as_ref(), address, config, connect_timeout).await
+        Ok((tls, address))
     }
 
     /// A connection subscribed to nothing yet whose push messages (RESP3) go to `pushes`: the

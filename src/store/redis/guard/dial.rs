@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::select_ok;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{MultiplexedConnection, PubSub};
 use redis::io::tcp::socket2;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisError, RedisResult};
 use rustls::pki_types::ServerName;
@@ -191,6 +191,24 @@ async fn stream(
             redis::ErrorKind::InvalidClientConfig,
             "an address kind this cache does not connect to",
         ))),
+    }
+}
+
+/// A RESP2 pub/sub connection to `info` (a sentinel's: sentinels need not speak RESP3), its
+/// input guarded, within `connect_timeout` (the connection, TLS and the crate's handshake).
+pub async fn open_pubsub(
+    info: &ConnectionInfo,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    address: Option<(&str, &str)>,
+    connect_timeout: Duration,
+) -> RedisResult<PubSub> {
+    let opening = async {
+        let stream = stream(info, tls, address).await?;
+        PubSub::new(info.redis_settings(), Guarded::new(stream)).await
+    };
+    match tokio::time::timeout(connect_timeout, opening).await {
+        Ok(result) => result,
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connecting timed out").into()),
     }
 }
 

@@ -17,7 +17,7 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub use dial::{open, tls_config};
+pub use dial::{open, open_pubsub, tls_config};
 pub use node::{cluster_connect_timeout, GuardedNode};
 pub use scan::{Scanner, WireError};
 
