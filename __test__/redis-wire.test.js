@@ -130,3 +130,23 @@ test('command connection: a write-back reply moved by an extra reply is not read
     await proxy.close()
   }
 })
+
+// A tag clock read off a moved reply (fixtures/wire-client.js, tag-clock-moved): an entry
+// deleted by tag, or a load's result whose tag was deleted after it, is never served; the moved
+// replies are counted and reported. On both read paths (a tagged entry's clocks are read on the
+// command connection either way).
+for (const [path_, env] of [
+  ['read lane', {}],
+  ['command connection', { STAMPEDE_CACHE_NO_LANE: '1' }],
+]) {
+  test(`${path_}: a tag clock read off a moved reply never serves an entry deleted by tag`, { timeout: 90_000 }, async () => {
+    await started
+    const { code, signal, out, err } = await runClient('tag-clock-moved', env)
+    assert.equal(signal, null, `the process was killed by ${signal}: ${err.slice(-2000)}`)
+    assert.equal(code, 0, `exit ${code}: ${err.slice(-2000)}`)
+    const r = JSON.parse(out.trim().split('\n').pop())
+    assert.ok(r.moved.tagRead === 1 && r.moved.clockRead === 1, `the replies were moved: ${out}`)
+    assert.deepEqual(r.served, [], `entries deleted by tag were served: ${out}`)
+    assert.ok(r.redisErrors >= 2, `the moved replies were counted: ${out}`)
+  })
+}

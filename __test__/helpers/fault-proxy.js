@@ -7,6 +7,9 @@
 // `{ head, flood }`: `head` is sent instead of the chunk, then `flood` bytes of filler follow on
 // that connection as fast as the client takes them, until it closes; `floods` records each
 // (bytes sent, milliseconds until the client closed, null while it has not).
+// `tamperReplyTo(asked, fn)` waits for a client to send a chunk for which `asked(request)` is
+// true, then hands the next chunk Redis sends on that connection to `fn` (once): on a connection
+// with nothing else in flight, the reply to that very command.
 
 const net = require('node:net')
 
@@ -15,6 +18,7 @@ class FaultProxy {
   #pairs = new Set()
   #once = null
   #every = null
+  #replyTo = null
 
   constructor(targetPort) {
     this.targetPort = targetPort
@@ -47,9 +51,14 @@ class FaultProxy {
     this.#every = fn
   }
 
+  tamperReplyTo(asked, fn) {
+    this.#replyTo = { asked, fn }
+  }
+
   calm() {
     this.#once = null
     this.#every = null
+    this.#replyTo = null
   }
 
   /** Sends `bytes` to every client now, as if Redis had (an unsolicited reply). */
@@ -60,17 +69,30 @@ class FaultProxy {
   #onConnection(client) {
     this.accepted++
     const upstream = net.connect({ host: '127.0.0.1', port: this.targetPort })
-    const pair = { client, upstream }
+    const pair = { client, upstream, armed: null }
     this.#pairs.add(pair)
     const teardown = () => {
       this.#pairs.delete(pair)
       client.destroy()
       upstream.destroy()
     }
-    client.on('data', (chunk) => upstream.write(chunk))
+    client.on('data', (chunk) => {
+      if (this.#replyTo?.asked(chunk)) {
+        pair.armed = this.#replyTo.fn
+        this.#replyTo = null
+      }
+      upstream.write(chunk)
+    })
     upstream.on('data', (chunk) => {
       if (chunk[0] === 0x24) this.lastBulk = chunk
       let out = chunk
+      if (pair.armed) {
+        const fn = pair.armed
+        pair.armed = null
+        this.tampered++
+        client.write(fn(chunk))
+        return
+      }
       const fn = this.#once ?? this.#every
       // `fn` returning null passes the chunk on untouched and stays armed (not the reply it
       // waits for: a bus message, say).

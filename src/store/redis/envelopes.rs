@@ -41,11 +41,41 @@ pub struct Fence {
 pub const GENERATION_TTL: Duration = Duration::from_secs(600);
 const GENERATION_MARGIN: Duration = Duration::from_secs(30);
 
-/// A fresh number for a GET's ECHO (see `fetch_uncounted`).
+/// A fresh mark for a GET's ECHO (see `fetch_uncounted`). Never a bare number: a tag key or
+/// the namespace clock holds one, and a moved clock landing in the echo's place must not match.
 pub(super) fn next_echo() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        .to_string()
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("e{n}")
+}
+
+/// Runs `cmd` with an ECHO of `echo` pipelined after it, as `invoke_echoed` does for a script:
+/// `Ok(None)` when the echo's place holds anything else (the command's reply was moved), so a
+/// clock is never read from another command's reply. `echo: None` (a Cluster): the command
+/// alone. An error reply is the command's error.
+pub(super) async fn query_echoed<T: redis::FromRedisValue>(
+    cmd: &redis::Cmd,
+    c: &mut super::topology::Connection,
+    echo: Option<String>,
+) -> redis::RedisResult<Option<T>> {
+    let Some(n) = echo else {
+        return cmd.query_async(c).await.map(Some);
+    };
+    let replies: Vec<Value> = redis::pipe()
+        .ignore_errors()
+        .add_command(cmd.clone())
+        .cmd("ECHO")
+        .arg(&n)
+        .query_async(c)
+        .await?;
+    if !matches!(replies.get(1), Some(Value::BulkString(b)) if b == n.as_bytes()) {
+        return Ok(None);
+    }
+    match replies.into_iter().next() {
+        Some(Value::ServerError(e)) => Err(e.into()),
+        Some(v) => Ok(Some(redis::from_redis_value(v)?)),
+        None => Ok(None),
+    }
 }
 
 /// Runs a script with an ECHO of a fresh number (`echo`) pipelined after it, in one round
@@ -585,6 +615,52 @@ mod tests {
         .await;
         let got: Option<Vec<Value>> = invoke_echoed(&call, &mut c, None).await.unwrap();
         assert_eq!(got.unwrap().get(2), Some(&Value::Int(1)));
+    }
+
+    /// A number in front of a clock's read: the clock read in our place is proven out of step
+    /// by the echo, even when the clock moved into the echo's place is a number like the marks.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_clock_read_moved_by_an_extra_number_is_refused() {
+        let answer = |command: &[String]| match command[0].as_str() {
+            "HGET" => b":9\r\n$2\r\n42\r\n".to_vec(),
+            "ECHO" => echo_of(command),
+            _ => b"-ERR unexpected\r\n".to_vec(),
+        };
+        let mut read = redis::cmd("HGET");
+        read.arg("ns:meta").arg("clock");
+        let mark = next_echo();
+        assert!(mark.parse::<u64>().is_err(), "{mark}");
+        let mut c = connection(answer).await;
+        let got: Option<Option<String>> = query_echoed(&read, &mut c, Some(mark)).await.unwrap();
+        assert_eq!(got, None);
+        // Without the echo, the extra number is read as the clock.
+        let mut c = connection(answer).await;
+        let got: Option<Option<String>> = query_echoed(&read, &mut c, None).await.unwrap();
+        assert_eq!(got, Some(Some("9".to_string())));
+    }
+
+    /// In step: the command's reply, or its error.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_aligned_clock_read_is_read_and_an_error_is_its_own() {
+        let mut c = connection(|command| match command[0].as_str() {
+            "GET" if command[1] == "bad" => b"-WRONGTYPE not a string\r\n".to_vec(),
+            "GET" => b"$2\r\n42\r\n".to_vec(),
+            "ECHO" => echo_of(command),
+            _ => b"-ERR unexpected\r\n".to_vec(),
+        })
+        .await;
+        let mut read = redis::cmd("GET");
+        read.arg("ns:tag:{t}");
+        let got: Option<Option<String>> = query_echoed(&read, &mut c, Some(next_echo()))
+            .await
+            .unwrap();
+        assert_eq!(got, Some(Some("42".to_string())));
+        let mut bad = redis::cmd("GET");
+        bad.arg("bad");
+        let e = query_echoed::<Option<String>>(&bad, &mut c, Some(next_echo()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some("WRONGTYPE"));
     }
 
     /// In step: the script's reply; NOSCRIPT loads the script and calls it again; an error

@@ -437,7 +437,7 @@ impl RedisTier {
         self.stats.redis_errors.incr();
         self.report(
             op,
-            Some(key),
+            (!key.is_empty()).then_some(key),
             "Redis's replies are out of step with its requests (another key's entry, or a reply \
              moved): the connection is replaced"
                 .to_string(),

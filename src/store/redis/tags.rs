@@ -14,6 +14,12 @@
 //! together), since deletions made before this process subscribed were never heard here. While
 //! the bus is down, the clear clock is read from Redis too.
 //!
+//! Every clock is read with an ECHO pipelined after it (off a Cluster; see `invoke_echoed`): a
+//! clock read off another command's reply could make an entry born after a deletion it predates
+//! (a moved number in front of the namespace clock's read) or older than one that killed it (in
+//! front of a tag key's), so a deleted entry would be served. A moved reply leaves the clock
+//! unknown: the read counts as Redis unavailable and the connection is replaced.
+//!
 //! `clear` then sweeps the namespace's value keys (SCAN, on every master of a cluster, one batch
 //! at a time), deleting the entries born before it, to give their memory back.
 
@@ -21,6 +27,7 @@ use std::time::Instant;
 
 use futures_util::future::join_all;
 
+use super::envelopes::{invoke_echoed, query_echoed};
 use super::{RedisTier, Unavailable};
 use crate::inbox::{tag_bucket, Tentative};
 
@@ -60,20 +67,23 @@ fn glob_escape(text: &str) -> String {
 
 impl RedisTier {
     /// The namespace clock now, as Redis has it (also known here from then on); `None` when
-    /// Redis could not be asked.
+    /// Redis could not be asked or its reply was moved (the caller's entry is then born at the
+    /// clock known here, never later than Redis's).
     pub async fn clock_now(&self, key: &str) -> Option<u64> {
-        let meta = self.meta_key();
+        let mut read = redis::cmd("HGET");
+        read.arg(self.meta_key()).arg("clock");
+        let echo = self.script_echo();
         let clock = self
             .run("get", key, |mut c| async move {
-                redis::cmd("HGET")
-                    .arg(&meta)
-                    .arg("clock")
-                    .query_async::<Option<String>>(&mut c)
-                    .await
+                query_echoed::<Option<String>>(&read, &mut c, echo).await
             })
             .await
-            .ok()
-            .map(clock_of)?;
+            .ok()?;
+        let Some(clock) = clock else {
+            self.misdelivered("get", key);
+            return None;
+        };
+        let clock = clock_of(clock);
         if clock < self.inbox.clock() {
             // Redis lost the clock (see advance.lua): raise it before anything is born here.
             return self.advance_clock("get", key, 0).await.ok();
@@ -92,17 +102,20 @@ impl RedisTier {
     ) -> Result<u64, Unavailable> {
         let meta = self.meta_key();
         let known = self.inbox.clock();
+        let echo = self.script_echo();
         let clock = self
             .run(op, key, |mut c| async move {
-                self.scripts
-                    .advance
-                    .key(&meta)
-                    .arg(known)
-                    .arg(step)
-                    .invoke_async::<u64>(&mut c)
-                    .await
+                let mut call = self.scripts.advance.key(&meta);
+                call.arg(known).arg(step);
+                invoke_echoed::<u64>(&call, &mut c, echo).await
             })
             .await?;
+        let Some(clock) = clock else {
+            // Out of step: the clock Redis gave is unknown, so nothing may be born at it (a
+            // deleteByTag counts as not taken: no tag key was written).
+            self.misdelivered(op, key);
+            return Err(Unavailable);
+        };
         self.inbox.observe_clock(clock);
         Ok(clock)
     }
@@ -123,41 +136,42 @@ impl RedisTier {
         if tags.is_empty() && bus_up {
             return Ok(true);
         }
-        let reads = tags.iter().map(|tag| {
-            let tkey = self.tag_key(tag);
+        // `Ok(None)`: the reply was moved. A key of another type holds no clock.
+        let clock_at = |read: redis::Cmd| {
+            let echo = self.script_echo();
             self.run("get", key, |mut c| async move {
-                match redis::cmd("GET")
-                    .arg(&tkey)
-                    .query_async::<Option<String>>(&mut c)
-                    .await
-                {
-                    Err(e) if e.code() == Some("WRONGTYPE") => Ok(None),
+                match query_echoed::<Option<String>>(&read, &mut c, echo).await {
+                    Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(None)),
                     other => other,
                 }
             })
+        };
+        let reads = tags.iter().map(|tag| {
+            let mut read = redis::cmd("GET");
+            read.arg(self.tag_key(tag));
+            clock_at(read)
         });
         let cleared = async {
             if bus_up {
-                return Ok(None);
+                return Ok(Some(None));
             }
-            let meta = self.meta_key();
-            self.run("get", key, |mut c| async move {
-                redis::cmd("HGET")
-                    .arg(&meta)
-                    .arg("cleared")
-                    .query_async::<Option<String>>(&mut c)
-                    .await
-            })
-            .await
-            .map(Some)
+            let mut read = redis::cmd("HGET");
+            read.arg(self.meta_key()).arg("cleared");
+            clock_at(read).await.map(|c| c.map(Some))
         };
         let (clocks, cleared) = tokio::join!(join_all(reads), cleared);
-        if let Some(cleared) = cleared? {
+        let clocks: Vec<Option<Option<String>>> = clocks.into_iter().collect::<Result<_, _>>()?;
+        let (Some(cleared), true) = (cleared?, clocks.iter().all(Option::is_some)) else {
+            // Out of step: a clock is unknown, so whether the entry was deleted is too.
+            self.misdelivered("get", key);
+            return Err(Unavailable);
+        };
+        if let Some(cleared) = cleared {
             self.inbox.clear_at(clock_of(cleared));
         }
-        for (bucket, clock) in buckets.iter().zip(clocks) {
+        for (bucket, clock) in buckets.iter().zip(clocks.into_iter().flatten()) {
             // Known here from now on: a deletion that did happen (only ever conservative).
-            self.inbox.invalidate_tag(*bucket, clock_of(clock?));
+            self.inbox.invalidate_tag(*bucket, clock_of(clock));
         }
         Ok(!self.inbox.dead(born, &buckets))
     }
@@ -183,19 +197,19 @@ impl RedisTier {
             let tkey = self.tag_key(tag);
             let mut msg = vec![NAMESPACE_MESSAGE];
             msg.extend_from_slice(format!("T {} {clock} {tag}", self.origin).as_bytes());
+            let echo = self.script_echo();
             self.run("deleteByTag", tag, |mut c| async move {
-                self.scripts
-                    .tag
-                    .key(&tkey)
-                    .arg(clock)
-                    .arg(&self.channel)
-                    .arg(msg)
-                    .arg(px)
-                    .invoke_async::<i64>(&mut c)
-                    .await
+                let mut call = self.scripts.tag.key(&tkey);
+                call.arg(clock).arg(&self.channel).arg(msg).arg(px);
+                invoke_echoed::<i64>(&call, &mut c, echo).await
             })
         });
         let written = join_all(writes).await;
+        if written.contains(&Ok(None)) {
+            // Out of step: whether that tag's key was written is unknown.
+            self.misdelivered("deleteByTag", first);
+            return Err(TagFailure::Partial);
+        }
         if written.iter().any(Result::is_err) {
             return Err(TagFailure::Partial);
         }
@@ -222,20 +236,22 @@ impl RedisTier {
         let mut prefix = vec![NAMESPACE_MESSAGE];
         prefix.extend_from_slice(format!("C {} ", self.origin).as_bytes());
         let known = self.inbox.clock();
+        let echo = self.script_echo();
         let clock = self
             .run("clear", "", |mut c| async move {
-                self.scripts
-                    .clear
-                    .key(&meta)
-                    .arg(&self.channel)
-                    .arg(prefix)
-                    .arg(known)
-                    .invoke_async::<u64>(&mut c)
-                    .await
+                let mut call = self.scripts.clear.key(&meta);
+                call.arg(&self.channel).arg(prefix).arg(known);
+                invoke_echoed::<u64>(&call, &mut c, echo).await
             })
             .await;
         let clock = match clock {
-            Ok(c) => c,
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                // Out of step: the clear may have run in Redis, at a clock unknown here. The
+                // effect here stays (entries dead, never wrongly alive) and nothing is swept.
+                self.misdelivered("clear", "");
+                return Err(Unavailable);
+            }
             Err(Unavailable) => {
                 self.inbox.revert(tentative);
                 return Err(Unavailable);
@@ -303,17 +319,16 @@ impl RedisTier {
     pub(super) async fn sync_namespace(&self) {
         let started = Instant::now();
         let meta = self.meta_key();
+        let echo = self.script_echo();
         let read = async {
             let mut conn = self.link.get(started).await?;
-            redis::cmd("HMGET")
-                .arg(&meta)
-                .arg("clock")
-                .arg("cleared")
-                .query_async::<(Option<String>, Option<String>)>(&mut conn.inner)
-                .await
+            let mut read = redis::cmd("HMGET");
+            read.arg(&meta).arg("clock").arg("cleared");
+            query_echoed::<(Option<String>, Option<String>)>(&read, &mut conn.inner, echo).await
         };
         match tokio::time::timeout(self.link.command_timeout, read).await {
-            Ok(Ok((clock, cleared))) => {
+            Ok(Ok(None)) => self.misdelivered("bus", ""),
+            Ok(Ok(Some((clock, cleared)))) => {
                 let clock = clock_of(clock);
                 if clock < self.inbox.clock() {
                     // Redis lost the clock while this instance was away (see advance.lua).
