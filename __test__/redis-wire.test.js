@@ -61,14 +61,15 @@ for (const [path_, env] of [
       }
       // The declared terabyte: the connection that got it closes on its header, long before
       // the 20 s command timeout, having taken little of the flood; memory stays flat; and
-      // the cache connects again.
+      // the cache connects again. The bounds are half the command timeout: a close by the
+      // timeout would take all of it, and a loaded 2-core machine can stall a child for seconds.
       assert.ok(r.floods.length >= 1, `flooded: ${out}`)
       for (const f of r.floods) {
-        assert.ok(f.closedAfter !== null && f.closedAfter < 5_000, `closed after ${f.closedAfter} ms: ${out}`)
+        assert.ok(f.closedAfter !== null && f.closedAfter < 10_000, `closed after ${f.closedAfter} ms: ${out}`)
         assert.ok(f.sent < 256 * 1024 * 1024, `filler taken before closing: ${f.sent}`)
       }
       assert.ok(r.rssGrowth < 64 * 1024 * 1024, `memory grew by ${r.rssGrowth} bytes`)
-      assert.ok(r.reconnectedAfter !== null && r.reconnectedAfter < 5_000, `a new connection after the fault: ${out}`)
+      assert.ok(r.reconnectedAfter !== null && r.reconnectedAfter < 10_000, `a new connection after the fault: ${out}`)
     })
   }
 }
