@@ -21,7 +21,7 @@ pub const GENERATION_TTL: Duration = Duration::from_secs(600);
 const GENERATION_MARGIN: Duration = Duration::from_secs(30);
 
 /// A fresh number for a GET's ECHO (see `fetch_uncounted`).
-fn next_echo() -> String {
+pub(super) fn next_echo() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         .to_string()
