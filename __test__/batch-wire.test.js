@@ -105,17 +105,19 @@ test("an old batch's reply replayed in front of the next one is refused: never t
   }
 })
 
-test('a corrupt value among a batch\'s values ("1,2", unbalanced) is a miss for its key alone; every other key keeps its own value', async (t) => {
+test('a corrupt value among a batch\'s values ("1,2", unbalanced, not JSON) is a miss for its key alone; every other key keeps its own value', async (t) => {
   const { redis, base, vkey } = await setupRedis(t, { prefix: 'bwire' })
   const writer = new StampedeCache({ ...base, ttl: 600_000 })
   t.after(() => writer.close())
-  const keys = ['a', 'b', 'c', 'd']
+  const keys = ['a', 'b', 'c', 'd', 'e']
   for (const k of keys) await writer.set(k, { key: k })
   // An envelope this library wrote, with its value text replaced: what it read was never parsed
   // in Rust, so only the facade can find it unreadable.
   for (const [k, text] of [
     ['b', '1,2'],
     ['c', '[3'],
+    // One element when joined, yet not JSON: the joined text fails to parse, and each is read apart.
+    ['e', 'tru'],
   ]) {
     const raw = await redis.cmd('GET', vkey(k))
     const at = raw.indexOf('"value":')
@@ -124,14 +126,16 @@ test('a corrupt value among a batch\'s values ("1,2", unbalanced) is a miss for 
   const reader = new StampedeCache({ ...base, ttl: 600_000, l1: false })
   t.after(() => reader.close())
   await reader.get('warm')
-  assert.deepEqual(await reader.getMany(keys), [{ key: 'a' }, undefined, undefined, { key: 'd' }])
+  assert.deepEqual(await reader.getMany(keys), [{ key: 'a' }, undefined, undefined, { key: 'd' }, undefined])
+  // Without the texts that cannot be one element, the values are joined, and the text fails.
+  assert.deepEqual(await reader.getMany(['a', 'e', 'd']), [{ key: 'a' }, undefined, { key: 'd' }])
   const loaded = []
   const got = await reader.getOrLoadMany(keys, (ks) => {
     loaded.push(...ks)
     return ks.map((k) => ({ key: k, loaded: true }))
   })
-  assert.deepEqual(got, [{ key: 'a' }, { key: 'b', loaded: true }, { key: 'c', loaded: true }, { key: 'd' }])
-  assert.deepEqual(loaded, ['b', 'c'], 'only the unreadable keys are loaded (past their values)')
+  assert.deepEqual(got, [{ key: 'a' }, { key: 'b', loaded: true }, { key: 'c', loaded: true }, { key: 'd' }, { key: 'e', loaded: true }])
+  assert.deepEqual(loaded, ['b', 'c', 'e'], 'only the unreadable keys are loaded (past their values)')
 })
 
 test('a batch adopted into a small in-process tier keeps each value at its own key, as it evicts within the batch', async (t) => {
