@@ -17,31 +17,42 @@ export declare class ExternalObject<T> {
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
 /** Another process holds the refresh: end `flight` and hold local refreshes back meanwhile. */
-export declare function abandon(id: number, key: string, flight: number): void
+export declare function abandon(id: number, flight: number): void
 
 /**
- * Takes an envelope read from Redis into the in-process tier, ending `flight` (-1: none).
- * `cold`: the flight is a cold load, whose caller starts the refresh of a stale value found,
- * or of a fresh one an XFetch draw at `beta` (-1: the constructor's) picks (a refresh found
- * refreshed elsewhere, and `get`, start none).
+ * Takes the envelope flight `flight`'s gate found into the in-process tier, ending the
+ * flight. `cold`: the flight is a cold load, whose caller starts the refresh of a stale value
+ * found, or of a fresh one an XFetch draw at `beta` (-1: the constructor's) picks (a refresh
+ * found refreshed elsewhere starts none).
  *
  * Answers `slot * 2 + refresh`: the slot for the value (`NO_SLOT` when the tier keeps nothing,
  * `WRITTEN_NOWHERE` when superseded, expired or dead; read it back with `>> 1`), and whether
  * the caller, served a stale value, should start its refresh (`& 1`). A number, not an object:
  * an object's property names are interned on every call.
  */
-export declare function adopt(id: number, key: string, flight: number, cold: boolean, freshUntil: number, hardUntil: number, computeMs: number, negative: boolean, retryAfter: number, stamp: number, born: number, tags: Array<string> | undefined | null, size: number, beta: number): number
+export declare function adopt(id: number, flight: number, cold: boolean, beta: number): number
 
 /**
- * Takes a batch's found entries into the in-process tier at once, as `adopt` takes one each:
- * `flights[i]` is key i's flight (-1: none, as for `getMany`; below -1: not adopted, as for a
- * key not found or whose value this cache's serializer could not read). `cold`, `beta` as for
- * `adopt`. Answers per key what `adopt` answers (`slot * 2 + refresh`; `WRITTEN_NOWHERE * 2`
- * for a key not adopted). A key whose slot a later key of the batch took (evicted meanwhile)
- * answers `NO_SLOT`: the facade keeps values at slots in key order after this call, and would
- * otherwise keep the earlier key's value at a slot that is no longer its.
+ * Takes a batch's found entries into the in-process tier at once, as `adopt` and `adoptRead`
+ * take one each: `flights[i]` is key i's flight, whose record its gate's entry is in, ended as
+ * `adopt` ends it (-1: none, as for `getMany`: the entry is in `found`; below -1: not adopted,
+ * as for a key not found or whose value this cache's serializer could not read). `cold`, `beta`
+ * as for `adopt`. Answers per key what `adopt` answers (`slot * 2 + refresh`;
+ * `WRITTEN_NOWHERE * 2` for a key not adopted). A key whose slot a later key of the batch took
+ * (evicted meanwhile) answers `NO_SLOT`: the facade keeps values at slots in key order after
+ * this call, and would otherwise keep the earlier key's value at a slot that is no longer its.
  */
-export declare function adoptMany(id: number, found: ExternalObject<Found>, flights: Float64Array, cold: boolean, beta: number): Int32Array
+export declare function adoptMany(id: number, found: ExternalObject<FoundKeys>, flights: Float64Array, cold: boolean, beta: number): Int32Array
+
+/**
+ * Takes the envelope a read (`get`, `getMany`: no flight) found into the in-process tier, as
+ * `answer` (the read's found answer) carries it; answers as `adopt` does (never asking for a
+ * refresh).
+ */
+export declare function adoptRead(id: number, key: string, answer: object): number
+
+/** The facade's touch log of fresh hits it served itself is full: apply it to the LRU. */
+export declare function applyTouches(id: number): void
 
 /** A found key's code: its value's format (a `FMT_*` code) is `code & BATCH_FMT_MASK`. */
 export declare const BATCH_FMT_MASK: number
@@ -66,7 +77,7 @@ export declare const BATCH_VALUE: number
  * text `joined` it answered: what the facade reads when that text did not parse as a whole (a
  * corrupt value among them). Before `adoptMany` (which takes the entries).
  */
-export declare function batchTexts(found: ExternalObject<Found>, joined: string): Array<string | undefined | null>
+export declare function batchTexts(found: ExternalObject<FoundKeys>, joined: string): Array<string | undefined | null>
 
 /**
  * Registers the background refresh of one stale key of a batch (`beginRefresh` for a
@@ -93,19 +104,19 @@ export declare function beginRefresh(id: number, key: string, seen: number): num
 export declare function clearEntries(id: number): Promise<number>
 
 /**
- * Closes the engine. `held` are `[key, token]` of the Redis locks that loads still running
- * hold: they are released now, in one go, on the tier's connection, which then closes (a load
- * that ends later writes nothing and needs no connection).
+ * Closes the engine. The Redis locks that loads still running hold are released now, as their
+ * flights' records drop, in one go on the tier's connection, which then closes (a load that
+ * ends later writes nothing and needs no connection).
  */
-export declare function closeEngine(id: number, held?: Array<Array<string>> | undefined | null): void
+export declare function closeEngine(id: number): void
 
 /**
  * The loader of `flight` returned (a cache without Redis; with Redis, `write_back` then
  * `finish_write`): the slot to keep the value at, `NO_SLOT` when the in-process tier keeps
- * nothing, `WRITTEN_NOWHERE` when the flight was superseded. `tags`: the result's;
- * `inherit` (a refresh): none given keeps the replaced entry's. `size`: serialized bytes.
+ * nothing, `WRITTEN_NOWHERE` when the flight was superseded. `inherit` (a refresh): a result
+ * given no tags keeps the replaced entry's.
  */
-export declare function complete(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy: Array<number> | undefined | null, tags: Array<string> | undefined | null, inherit: boolean, size: number): number
+export declare function complete(id: number, key: string, flight: number, loaded: LoadResult, inherit: boolean): number
 
 /**
  * Validates the constructor's options and creates an engine. The facade checks the two
@@ -120,8 +131,9 @@ export declare function createEngine(options?: object | undefined | null): Exter
 export declare function currentSlot(id: number, key: string): number
 
 /**
- * Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes,
- * inbox keys, applied invalidations kept for the facade and not yet taken]`.
+ * Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes
+ * (with the flights' records, which hold their write-backs), inbox keys, applied invalidations
+ * kept for the facade and not yet taken]`.
  */
 export declare function debugCounts(id: number): Array<number>
 
@@ -166,9 +178,9 @@ export declare function fail(id: number, key: string, flight: number): number
 /**
  * Ends `flight` after its write-back: the slot its value goes to, `NO_SLOT` when the in-process
  * tier keeps nothing, `WRITTEN_NOWHERE` when it is kept nowhere (dropped, superseded,
- * invalidated since `stamp`).
+ * invalidated since its gate took the key's stamp).
  */
-export declare function finishWrite(id: number, key: string, flight: number, keep: boolean, stamp: number): number
+export declare function finishWrite(id: number, flight: number, keep: boolean): number
 
 /** A custom serializer's bytes. */
 export declare const FMT_BYTES: number
@@ -181,6 +193,23 @@ export declare const FMT_TEXT: number
 
 /** `node:v8` serialization, as base64. */
 export declare const FMT_V8: number
+
+/**
+ * The index of fresh entries' shared words (`freshIndex`, see `src/fresh.rs`): the 32-bit
+ * word indexes of the epoch, the touch generation, the touch log's length and its first slot,
+ * the f64 index of `until`, and how many slots the log holds.
+ */
+export declare const FRESH_EPOCH: number
+
+export declare const FRESH_TOUCH_CAP: number
+
+export declare const FRESH_TOUCH_GEN: number
+
+export declare const FRESH_TOUCH_LEN: number
+
+export declare const FRESH_TOUCHES: number
+
+export declare const FRESH_UNTIL: number
 
 /** The cache closed meanwhile: no loader runs. */
 export declare const GATE_CLOSED: number
@@ -233,6 +262,20 @@ export declare const HIT_SLOT_SHIFT: number
 export declare const HIT_STATES: string[]
 
 export declare function inspectEntry(id: number, key: string): EntryInfo | null
+
+/**
+ * What a loader returned, as the facade hands it to `complete` or `writeBack`: the loader's
+ * time, whether it found nothing, the policy `ctx.setTtl` left (null: the call's defaults),
+ * the tags and the serialized size. One object: each is a fact only the facade has. (An
+ * object's field is `None` when absent and `Some(None)` when null.)
+ */
+export interface LoadResult {
+  computeMs: number
+  negative: boolean
+  policy?: Array<number> | undefined | null
+  tags?: Array<string> | undefined | null
+  size: number
+}
 
 export declare const LOCK_GAVE_UP: number
 
@@ -325,10 +368,12 @@ export declare const PURPOSE_REFRESH: number
 export declare const REASONS: string[]
 
 /**
- * A load holding `token` failed or timed out: release the lock (announcing it, so waiters
- * take over at once); a failed refresh first records `retry_after` in the Redis envelope.
+ * The load of `flight` failed, timed out or skipped the cache (the engine's `fail` or `skip`
+ * ended it): ends its record, releasing its lock (announcing it, so waiters take over at once);
+ * a failed refresh first records `retry_after` in the Redis envelope. `null` when there is
+ * nothing to send, else a promise that resolves once it is sent.
  */
-export declare function redisFailed(id: number, key: string, token: string | undefined | null, retryAfter: number): Promise<undefined>
+export declare function redisFailed(id: number, flight: number, retryAfter: number): Promise<void> | null
 
 /**
  * Reads a key from Redis (for `get` and `inspect`): found / missing / unavailable. `count`
@@ -345,20 +390,21 @@ export declare function redisFetch(id: number, key: string, count: boolean): unk
 export declare function redisFetchMany(id: number, joined: string, lengths: Uint32Array): Promise<unknown[]>
 
 /**
- * Asks Redis before a load (`purpose`: a `PURPOSE_*` code; anything unknown is a cold load):
- * found / lead / skip / closed. A cold load takes the value an announcement carried, answered
- * at once (not a promise), or else reads on the read lane when it can.
+ * Asks Redis before flight `flight` loads (`purpose`: a `PURPOSE_*` code; anything unknown is a
+ * cold load): found / lead / skip / closed. A cold load takes the value an announcement
+ * carried, answered at once (not a promise), or else reads on the read lane when it can.
  */
-export declare function redisGate(id: number, key: string, purpose: number): unknown[] | Promise<unknown[]>
+export declare function redisGate(id: number, key: string, purpose: number, flight: number): unknown[] | Promise<unknown[]>
 
 /**
  * The cold gates of the keys a batch leads, in one go: per key, `GATE_FOUND` (Redis has it),
  * `GATE_LEAD` (call the loader, holding the lock if a token is set), `GATE_WAIT` (another
  * process holds the lock: ask `redisGate` for this key alone, which waits for its value) or
  * `GATE_CLOSED`. One read of them all (see `RedisTier::fetch_many`), then one pipeline of lock
- * bids per slot. `joined`, `lengths`: the keys (see `split_keys`).
+ * bids per slot. `joined`, `lengths`: the keys (see `split_keys`); `flights`: each key's
+ * flight, whose record begins here (see `flight.rs`).
  */
-export declare function redisGateMany(id: number, joined: string, lengths: Uint32Array): Promise<unknown[]>
+export declare function redisGateMany(id: number, joined: string, lengths: Uint32Array, flights: Float64Array): Promise<unknown[]>
 
 export interface RedisReport {
   op: string
@@ -458,14 +504,14 @@ export declare function takeReleased(id: number): Array<number>
 export declare const UNAVAILABLE: number
 
 /**
- * The loader of `flight` returned: prepares its entry (the flight stays registered, so callers
- * keep joining it) and writes it back to Redis, fenced by what the gate read, after this
- * instance's earlier writes of the key; always releases `token`'s lock. Resolves with what
- * became of it (`WRITTEN`, `DROPPED`, `UNAVAILABLE`, `NOT_SENT`); then call `finish_write`,
- * whose `keep` is "not `DROPPED`". `tags`, `inherit`,
- * `size` as for `complete`; `born`: the gate's (-1: none); `fmt`: a `FMT_*` code.
+ * The loader of `flight` returned `loaded`, whose value is `value_json` (`fmt`: a `FMT_*`
+ * code): prepares its entry (the flight stays registered, so callers keep joining it) and
+ * writes it back to Redis with the flight's ticket (fenced by what the gate read, after this
+ * instance's earlier writes of the key); always releases the lock the flight holds. Resolves
+ * with what became of it (`WRITTEN`, `DROPPED`, `UNAVAILABLE`, `NOT_SENT`); then call
+ * `finish_write`, whose `keep` is "not `DROPPED`".
  */
-export declare function writeBack(id: number, key: string, flight: number, computeMs: number, negative: boolean, policy: Array<number> | undefined | null, valueJson: string | undefined | null, token: string | undefined | null, fence: string | undefined | null, fencedAt: number, forced: boolean, tags: Array<string> | undefined | null, inherit: boolean, size: number, born: number, fmt: number): Promise<number>
+export declare function writeBack(id: number, flight: number, loaded: LoadResult, valueJson: string | undefined | null, fmt: number): Promise<number>
 
 /**
  * What became of a write sent to Redis: a write-back (`writeBack`: all four), or a `set`,

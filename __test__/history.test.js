@@ -104,6 +104,41 @@ test('history checker: a clean history passes; each kind of violation is reporte
   assert.deepEqual(kinds(syntheticHistory((h) => (h.redisAfter.k = { v: 'bad', raw: 'junk' }))), ['final-redis'])
   assert.deepEqual(kinds(syntheticHistory((h) => h.workerErrors.push({ proc: 'w2', phase: 'run', message: 'exited' }))), ['worker-failed'])
 
+  // A SENTINEL FAILOVER issued at 90 whose promoted replica a sentinel named at 110: w1's delete
+  // (99-120) may have been acknowledged by the old master and lost, so Redis or a final read still
+  // holding v2 is counted in lostInFailover, not reported. Not after a SIGKILL (the old master
+  // acknowledges nothing after it), nor for a write made before the failover, nor when a write of
+  // the key began after the window (250 ms after the naming): that one must have landed.
+  const failover = (fields) => (h) =>
+    h.faults.push({ kind: 'failover', how: 'SENTINEL FAILOVER', node: 1, start: 90, end: 400, namedAt: 110, newMaster: 2, ...fields })
+  const lost = syntheticHistory((h) => {
+    failover()(h)
+    h.redisBefore.k = { v: 2, raw: '{}' }
+    h.finals[0].v = 2
+  })
+  assert.deepEqual(kinds(lost), [])
+  assert.deepEqual(
+    lost.lostInFailover.map((x) => x.where),
+    ['w0 final read', 'Redis before the final reads'],
+  )
+  const stillLost = (edit) =>
+    kinds(
+      syntheticHistory((h) => {
+        edit(h)
+        h.redisBefore.k = { v: 2, raw: '{}' }
+      }),
+    )
+  assert.deepEqual(stillLost(failover({ how: 'SIGKILL', namedAt: undefined })), ['final-redis'])
+  assert.deepEqual(stillLost(failover({ start: 130, namedAt: 140 })), ['final-redis'], 'a write resolved before the failover')
+  assert.deepEqual(
+    stillLost((h) => {
+      failover()(h)
+      h.ops.push(write({ op: 'delete', start: 361, end: 370, slotAt: 361, resolvedAt: 370, outcome: 'ok' }))
+    }),
+    ['final-redis'],
+    'a write begun after the window',
+  )
+
   // A cluster run's report says how to replay it and shows the master kill in the key's history.
   const inCluster = syntheticHistory((h) => {
     h.mode = 'cluster'
@@ -340,24 +375,25 @@ for (const seed of TLS_SEEDS) {
 }
 
 // Through Sentinel: the caches find the master through the sentinel; the faults hit the master and
-// the sentinel, and the master is SIGKILLed mid-run so that the sentinel promotes the replica
-// (`npm run soak -- --sentinel` also draws SENTINEL FAILOVER, which leaves the old master up).
+// the sentinel, and mid-run SENTINEL FAILOVER promotes the replica while the old master stays up
+// and writable until the sentinel demotes it: the caches must leave it at the announcement
+// (`npm run soak -- --sentinel` also draws a SIGKILL of the master).
 // Seed 22: every fault kind (master kills and pauses, a sentinel pause) and silent changes early
 // in the clients' sequences. A failover costs seconds of degraded calls, so a run does fewer
 // operations than a plain one; seed 1's first silent change came too late to be reached reliably.
 const SENTINEL_SEEDS = process.env.HISTORY_SENTINEL_SEEDS ? process.env.HISTORY_SENTINEL_SEEDS.split(',').map((s) => Number(s.trim())) : [22]
 
 for (const seed of SENTINEL_SEEDS) {
-  test(`Sentinel history, seed ${seed}: master faults and a failover (master killed, replica promoted); every instance and Redis hold the database's version, nothing hung`, {
+  test(`Sentinel history, seed ${seed}: master faults and a SENTINEL FAILOVER (the old master stays up); every instance and Redis hold the database's version, nothing hung`, {
     timeout: TEST_TIMEOUT,
   }, async (t) => {
-    const h = await runHistory({ seed, sentinel: true, sentinelFailover: 'SIGKILL' })
+    const h = await runHistory({ seed, sentinel: true, sentinelFailover: 'SENTINEL FAILOVER' })
     t.diagnostic(summarize(h))
     assert.equal(h.mode, 'sentinel')
     const failovers = h.faults.filter((f) => f.kind === 'failover')
     assert.equal(failovers.length, 1, `seed ${seed}: one failover`)
     const [fo] = failovers
-    assert.equal(fo.how, 'SIGKILL')
+    assert.equal(fo.how, 'SENTINEL FAILOVER')
     assert.equal(fo.newMaster, h.sentinel.before.replica, `seed ${seed}: the replica was promoted (${fo.error ?? ''})`)
     assert.equal(h.sentinel.after.master, fo.newMaster, `seed ${seed}: the sentinel names the promoted replica after the run`)
     // The final Redis state is read from that master: the caches followed the failover there.

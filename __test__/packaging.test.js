@@ -45,6 +45,7 @@ const MAIN_FILES = [
   'lib/codec.js',
   'lib/engine.js',
   'lib/errors.js',
+  'lib/fresh.js',
   'lib/keys.js',
   'lib/scope.js',
   'native.js',

@@ -4,13 +4,16 @@
 // in one run, on one machine, against one private redis-server. Ratios, never absolute times.
 //
 //   node bench/batch.js [--quick] [--rounds 7] [--keys 1000] [--json out.json] [--docs]
-//   (--docs also renders the README's chart, docs/bench-batch.svg)
+//                       [--in-process] [--baseline DIR]
+//   (--docs also renders the README's chart, docs/bench-batch.svg; --in-process runs case 2
+//   alone, without Redis; --baseline DIR adds case 2's rows for another build of the library,
+//   a checkout of an older commit with its addon built, so a change is measured before and after)
 //
 // 1. Warm in Redis, `l1: false` (a serverless instance): getOrLoadMany over 1,000 keys against one
 //    ioredis MGET of the same Redis keys plus JSON.parse of each reply; sequential batches, then 16
 //    batches in flight; then getMany likewise. Rounds interleave the two sides; the ratio is the
 //    median of the rounds'.
-// 2. Warm in process: getOrLoadMany against a loop of Map.get over the same keys.
+// 2. Warm in process: getOrLoadMany, and getMany, against a loop of Map.get over the same keys.
 // 3. Cold, 1,000 ids, one process: stampede-cache's loadMany calls and ids, against bentocache
 //    getOrSet and cache-manager wrap, one call per id (what their APIs offer), each in front of the
 //    same simulated database: a query takes 20 ms, at most 10 run at once (a connection pool).
@@ -194,9 +197,42 @@ async function cold(name, redisUrl, namespace) {
   throw new Error(name)
 }
 
+/** Case 2 for `Cache` (this checkout's, or a baseline's): getOrLoadMany and getMany against a Map.get loop. */
+async function inProcess(Cache) {
+  const local = new Cache()
+  await local.getOrLoadMany(keys, (ids) => ids.map(userOf))
+  const map = new Map(keys.map((k) => [k, userOf(k)]))
+  const mapLoop = async () => {
+    const r = new Array(keys.length)
+    for (let i = 0; i < keys.length; i++) r[i] = map.get(keys[i])
+    return r
+  }
+  const count = QUICK ? 500 : 3_000
+  const many = await sideBySide(() => local.getOrLoadMany(keys, mustNotLoad), mapLoop, count, 1)
+  const get = await sideBySide(() => local.getMany(keys), mapLoop, count, 1)
+  const s = local.stats()
+  // Every read was a hit: nothing loaded past the warm-up.
+  if (s.loads > N || s.misses > N) throw new Error(`in process: ${s.loads} loads, ${s.misses} misses`)
+  await local.close()
+  return { many, get }
+}
+
 async function main() {
-  const redis = await startRedis()
   const out = { keys: N, rounds: ROUNDS, quick: QUICK, node: process.version, at: new Date().toISOString() }
+  const b = args.indexOf('--baseline')
+  if (b >= 0) {
+    const base = await inProcess(require(path.resolve(args[b + 1])).StampedeCache)
+    out.baselineInProcess = base.many
+    out.baselineInProcessGetMany = base.get
+  }
+  if (flag('--in-process')) {
+    const ours = await inProcess(StampedeCache)
+    out.inProcess = ours.many
+    out.inProcessGetMany = ours.get
+    printInProcess(out)
+    return out
+  }
+  const redis = await startRedis()
   try {
     const Redis = require(path.join(__dirname, 'node_modules', 'ioredis'))
     const namespace = 'bb'
@@ -232,16 +268,9 @@ async function main() {
     await reader.close()
     await writer.close()
 
-    const local = new StampedeCache()
-    await local.getOrLoadMany(keys, (ids) => ids.map(userOf))
-    const map = new Map(keys.map((k) => [k, userOf(k)]))
-    const mapLoop = async () => {
-      const r = new Array(keys.length)
-      for (let i = 0; i < keys.length; i++) r[i] = map.get(keys[i])
-      return r
-    }
-    out.inProcess = await sideBySide(() => local.getOrLoadMany(keys, mustNotLoad), mapLoop, QUICK ? 500 : 3_000, 1)
-    await local.close()
+    const local = await inProcess(StampedeCache)
+    out.inProcess = local.many
+    out.inProcessGetMany = local.get
 
     out.cold = []
     for (const name of ['stampede-cache', 'bentocache', 'cache-manager']) {
@@ -333,9 +362,7 @@ function print(o) {
   console.log(
     `| getMany, warm in Redis, l1: false, 16 in flight, vs ioredis MGET + JSON.parse | ${n(o.getMany16.oursBatchesPerSec)} | ${n(o.getMany16.otherBatchesPerSec)} | ${x(o.getMany16.ratio)} |`,
   )
-  console.log(
-    `| warm in process, vs a loop of Map.get | ${n(o.inProcess.oursBatchesPerSec)} | ${n(o.inProcess.otherBatchesPerSec)} | ${x(o.inProcess.ratio)} |`,
-  )
+  printInProcessRows(o)
   console.log('\n| cold, 1 process | call | database queries | ids asked | ms |')
   console.log('|---|---|---:|---:|---:|')
   for (const c of o.cold) console.log(`| ${c.name} | \`${c.call}\` | ${n(c.queries)} | ${n(c.ids)} | ${n(c.ms)} |`)
@@ -345,6 +372,25 @@ function print(o) {
       .join(', ')
   console.log(`\nRedis commands for a cold batch of ${o.keys}: ${fmt(o.coldCommands)}`)
   console.log(`Redis commands for a warm batch of ${o.keys} (l1: false): ${fmt(o.warmCommands)}`)
+}
+
+function printInProcessRows(o) {
+  const x = (r) => `${r.toFixed(2)}x`
+  const n = (v) => Math.round(v).toLocaleString('en-US')
+  const row = (name, r) => {
+    if (r !== undefined) console.log(`| ${name} | ${n(r.oursBatchesPerSec)} | ${n(r.otherBatchesPerSec)} | ${x(r.ratio)} |`)
+  }
+  row('warm in process, vs a loop of Map.get', o.inProcess)
+  row('warm in process, getMany, vs a loop of Map.get', o.inProcessGetMany)
+  row('warm in process, vs a loop of Map.get (baseline)', o.baselineInProcess)
+  row('warm in process, getMany, vs a loop of Map.get (baseline)', o.baselineInProcessGetMany)
+}
+
+function printInProcess(o) {
+  console.log(`\nMany keys at once, in process, ${o.keys} keys a batch, median of ${o.rounds} rounds (Node ${o.node})\n`)
+  console.log('| case | stampede-cache batches/s | other batches/s | ratio (ours/other) |')
+  console.log('|---|---:|---:|---:|')
+  printInProcessRows(o)
 }
 
 if (require.main === module) {

@@ -1,7 +1,9 @@
 'use strict'
 // Redis reads: stampede-cache with `l1: false` (every read goes to Redis) against a raw ioredis
 // client doing `JSON.parse(await redis.get(k))`, side by side in one process against one
-// private redis-server. Rounds alternate between the two; each row reports the median of the
+// private redis-server. Runs under Node, Bun or Deno (`bun bench/redis-read.js`,
+// `deno run --allow-all bench/redis-read.js`): both sides, and the cold processes, then run under
+// that runtime. Rounds alternate between the two; each row reports the median of the
 // per-round throughput ratios (stampede-cache / ioredis), so a noisy machine moves both sides.
 //
 //   node bench/redis-read.js [--rounds 7] [--reads 4000] [--cold 5] [--quick] [--tls] [--url redis://127.0.0.1:6379]
@@ -63,8 +65,15 @@ async function throughput(read, total, inflight) {
   return total / (Number(process.hrtime.bigint() - t0) / 1e9)
 }
 
+/** The runtime this runs under (Node, Bun or Deno), and how it runs a script file. */
+const RUNTIME = process.versions.deno
+  ? { name: `Deno ${process.versions.deno}`, args: ['run', '--allow-all'] }
+  : process.versions.bun
+    ? { name: `Bun ${process.versions.bun}`, args: [] }
+    : { name: `Node ${process.versions.node}`, args: [] }
+
 const COLD_CHILD = `
-const [kind, url, key, caFile] = process.argv.slice(1)
+const [kind, url, key, caFile] = process.argv.slice(2)
 const t0 = process.hrtime.bigint()
 ;(async () => {
   let v
@@ -155,10 +164,21 @@ async function measureRedisReads({ url, caFile = null, quick = false, rounds, re
   await setter.set('cold', valueOfSize(91))
   await setter.close()
   const runs = { sc: [], io: [] }
-  for (let r = 0; r < coldRuns; r++) {
-    for (const kind of ['sc', 'io']) {
-      runs[kind].push(Number(execFileSync(process.execPath, ['-e', COLD_CHILD, kind, url, 'cold', caFile || ''], { encoding: 'utf8', timeout: 60_000 })))
+  // The cold process runs under this runtime too, from a file (Deno has no `-e`).
+  const fs = require('node:fs')
+  const os = require('node:os')
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-bench-cold-'))
+  const script = path.join(dir, 'cold.cjs')
+  fs.writeFileSync(script, COLD_CHILD)
+  try {
+    for (let r = 0; r < coldRuns; r++) {
+      for (const kind of ['sc', 'io']) {
+        const args = [...RUNTIME.args, script, kind, url, 'cold', caFile || '']
+        runs[kind].push(Number(execFileSync(process.execPath, args, { encoding: 'utf8', timeout: 60_000 })))
+      }
     }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true })
   }
   const round1 = (xs) => xs.map((x) => +x.toFixed(1))
   const cold = {
@@ -221,7 +241,7 @@ async function standalone(args) {
   const d = args.quick ? DEFAULTS.quick : DEFAULTS.full
   try {
     console.log(
-      `bench/redis-read: ${args.rounds || d.rounds} interleaved rounds of ${args.reads || d.reads} reads${args.tls ? ' over TLS' : ''}; ` +
+      `bench/redis-read (${RUNTIME.name}): ${args.rounds || d.rounds} interleaved rounds of ${args.reads || d.reads} reads${args.tls ? ' over TLS' : ''}; ` +
         'stampede-cache (l1: false) / ioredis GET + JSON.parse',
     )
     console.log('| read | stampede-cache reads/s | ioredis reads/s | ratio (median of rounds) |')

@@ -3,10 +3,12 @@
 //
 // The engine decides (fresh, stale, lead, join, refresh, backoff) and keeps every entry's
 // envelope in LRU order; it hands out a dense slot number per entry, and this facade keeps the
-// value itself at that slot in `#values`. So a fresh hit is one synchronous native call that
-// returns an integer, then an array read: no thread hop, no copy, no deserialization, no new
-// object. The facade also does what only JS can: call loaders, await promises, hand refreshes
-// to `waitUntil`, honour AbortSignals, and run the serializer (once per write or Redis read).
+// value itself at that slot in `#values`. A fresh hit the engine has proved before is answered
+// from the index of fresh entries (lib/fresh.js) with no native call at all; any other hit is
+// one synchronous native call that returns an integer, then an array read: no thread hop, no
+// copy, no deserialization, no new object. The facade also does what only JS can: call
+// loaders, await promises, hand refreshes to `waitUntil`, honour AbortSignals, and run the
+// serializer (once per write or Redis read).
 
 const native = require('../binding.js')
 const { engine, deleteTags, clearEntries } = require('./engine.js')
@@ -36,9 +38,10 @@ const { requestScope, withWaitUntil } = require('./scope.js')
 const { UNREADABLE, codecOf, toStored } = require('./codec.js')
 const { checkTags, tagsOption } = require('./keys.js')
 const { Batch, Outcome, ColdKey, checkBatchKeys, keyLengths } = require('./batch.js')
+const { FreshIndex } = require('./fresh.js')
 
 const { peek, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
-const { redisGate, redisFetch, adopt, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
+const { redisGate, redisFetch, adopt, adoptRead, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
 const { redisGateMany, redisFetchMany, adoptMany, batchTexts, noteBatchCall, beginBatchRefresh, GATE_WAIT } = native
 // A batch answer's per-key codes (see `Batch` in src/node/batch.rs).
@@ -77,6 +80,9 @@ class Flights {
 // `n >> HIT_SLOT_SHIFT`, the kind `(n >> HIT_KIND_SHIFT) & HIT_KIND_MASK` (its state for the hit
 // channel is HIT_STATES[kind]), and `n & HIT_REFRESH` asks for a background refresh.
 const { HIT_SLOT_SHIFT, HIT_KIND_SHIFT, HIT_KIND_MASK, HIT_REFRESH, HIT_STATES } = native
+// A hit with none of these bits is fresh (kind 0) and asks for no refresh: one the engine may
+// have offered to the index of fresh entries.
+const HIT_FLAGS = (1 << HIT_SLOT_SHIFT) - 1
 const { STEP_KINDS, STEP_SERVE, STEP_LEAD, WRITTEN_NOWHERE } = native
 const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT, POLICY_BETA } = native
 // What a flight is for (redisGate's purpose), and the reason the channels give it.
@@ -98,8 +104,6 @@ class StampedeCache {
   #flights = new Flights()
   /** Background refreshes not yet ended, for settle(). */
   #background = new Set()
-  /** Redis locks held by running loads, by flight: [key, token] (close() releases them). */
-  #held = new Map()
   /** Per running loader, what aborts its ctx.signal (close() aborts them all). */
   #loads = new Set()
   /** The constructor's loadTimeout (ms; Infinity for none). */
@@ -117,6 +121,11 @@ class StampedeCache {
   #codec
   /** l1.maxBytes is set: slots the engine frees are released here too (see #fill). */
   #bytesBounded = false
+  /**
+   * Fresh hits answered without a native call (lib/fresh.js), or null: l1 off, or a runtime
+   * that cannot share the engine's memory. Filled by the hot paths' native hits.
+   */
+  #fresh
 
   constructor(options) {
     if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
@@ -134,6 +143,7 @@ class StampedeCache {
     this.#bytesBounded = typeof l1 === 'object' && l1 !== null && l1.maxBytes !== undefined
     this.#id = engineId(this.#token)
     this.#redis = hasRedis(this.#id)
+    this.#fresh = FreshIndex.of(this.#id)
     this.#loadTimeout = defaultPolicy(this.#id)[POLICY_LOAD_TIMEOUT]
     this.#waitUntil = waitUntil
     this.#onError = onError
@@ -146,10 +156,22 @@ class StampedeCache {
       return Promise.reject(invalidArgument(`the loader must be a function, got ${loader === null ? 'null' : typeof loader}`))
     }
     if (options === undefined && typeof key === 'string') {
+      const fresh = this.#fresh
+      if (fresh !== null) {
+        // The hottest path: an entry the engine proved fresh, no native call.
+        const slot = fresh.find(key)
+        if (slot >= 0) {
+          fresh.served(slot)
+          if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', 'fresh')
+          return Promise.resolve(this.#values[slot])
+        }
+      }
       // The hot path: a hit (see HIT_SLOT_SHIFT), or a negative number for a miss.
+      const epoch = fresh === null ? 0 : fresh.epoch()
       const r = peek(this.#id, key)
       if (r >= 0) {
         const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (fresh !== null && (r & HIT_FLAGS) === 0) fresh.offer(key, r >> HIT_SLOT_SHIFT, epoch)
         if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
         if (r & HIT_REFRESH) this.#refresh(key, loader, null, undefined, value)
         return Promise.resolve(value)
@@ -184,14 +206,31 @@ class StampedeCache {
     let rest = null
     let stale = null
     if (options === undefined) {
+      const fresh = this.#fresh
+      const now = Date.now()
       for (let i = 0; i < n; i++) {
         const key = keys[i]
-        const r = typeof key === 'string' ? peek(this.#id, key) : -1
+        if (typeof key !== 'string') {
+          ;(rest ??= []).push(i)
+          continue
+        }
+        if (fresh !== null) {
+          const slot = fresh.findAt(key, now)
+          if (slot >= 0) {
+            fresh.served(slot)
+            out[i] = this.#values[slot]
+            if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', 'fresh')
+            continue
+          }
+        }
+        const epoch = fresh === null ? 0 : fresh.epoch()
+        const r = peek(this.#id, key)
         if (r < 0) {
           ;(rest ??= []).push(i)
           continue
         }
         const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (fresh !== null && (r & HIT_FLAGS) === 0) fresh.offer(key, r >> HIT_SLOT_SHIFT, epoch)
         out[i] = value
         if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
         if (r & HIT_REFRESH) (stale ??= []).push({ k: key, key, value })
@@ -354,7 +393,7 @@ class StampedeCache {
         const a = others[-1 - code]
         if (a.kind === GATE_WAIT) {
           this.#batchDecided(b, c.k)
-          run(c, this.#gate(c.k, PURPOSE_COLD, PURPOSE_COLD))
+          run(c, this.#gate(c.k, PURPOSE_COLD, PURPOSE_COLD, c.flight))
           continue
         }
         if (a.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
@@ -366,7 +405,12 @@ class StampedeCache {
     const names = cold.map((c) => c.k)
     let asked
     try {
-      asked = redisGateMany(this.#id, names.join(''), keyLengths(names))
+      asked = redisGateMany(
+        this.#id,
+        names.join(''),
+        keyLengths(names),
+        Float64Array.from(cold, (c) => c.flight),
+      )
     } catch (err) {
       asked = Promise.reject(err)
     }
@@ -572,20 +616,48 @@ class StampedeCache {
     if (this.#closed) throw closedError()
     checkBatchKeys(keys)
     const n = keys.length
-    const encoded = new Array(n)
-    for (let i = 0; i < n; i++) encoded[i] = engine.encodeKey(keys[i])
     const out = new Array(n).fill(undefined)
+    // Entries the engine proved fresh first, without a native call: `slots[i]` is key i's, or
+    // -1, and the hits are counted once every other key is checked (a bad key fails the call
+    // before anything is counted).
+    const fresh = this.#fresh
+    const now = Date.now()
+    const slots = new Int32Array(n)
+    let rest = null
+    for (let i = 0; i < n; i++) {
+      const key = keys[i]
+      const slot = fresh !== null && typeof key === 'string' ? fresh.findAt(key, now) : -1
+      slots[i] = slot
+      if (slot >= 0) out[i] = this.#values[slot]
+      else (rest ??= []).push(i)
+    }
+    const encoded = rest === null ? null : rest.map((i) => engine.encodeKey(keys[i]))
+    if (fresh !== null && (rest === null || rest.length < n)) {
+      for (let i = 0; i < n; i++) {
+        const slot = slots[i]
+        if (slot < 0) continue
+        fresh.served(slot)
+        if (hitChannel.hasSubscribers) this.#publishHit(keys[i], 'memory', 'fresh')
+      }
+    }
+    if (rest === null) return out
     this.#watchInvalidations()
     // Positions of the keys the in-process tier does not have, by key (each asked of Redis once).
     const missed = new Map()
-    for (let i = 0; i < n; i++) {
-      const k = encoded[i]
+    for (let j = 0; j < rest.length; j++) {
+      const i = rest[j]
+      const k = encoded[j]
       const positions = missed.get(k)
       if (positions !== undefined) {
         positions.push(i)
         continue
       }
-      const hit = engine.getEntry(this.#id, k)
+      // get's hot path first (it offers a fresh hit to the index); its misses are the engine's
+      // to count (getEntry).
+      const epoch = fresh === null ? 0 : fresh.epoch()
+      const peeked = peekGet(this.#id, k)
+      if (peeked >= 0 && fresh !== null && (peeked & HIT_FLAGS) === 0) fresh.offer(k, peeked >> HIT_SLOT_SHIFT, epoch)
+      const hit = peeked >= 0 ? peeked : engine.getEntry(this.#id, k)
       if (hit >= 0) {
         if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(hit))
         out[i] = this.#values[hit >> HIT_SLOT_SHIFT]
@@ -707,7 +779,7 @@ class StampedeCache {
     } else {
       // A batch's cold keys passed their gates together (#batchGates).
       const first = batch?.gates?.get(k)
-      gate = first === undefined ? await this.#gate(k, purpose, purpose) : await first
+      gate = first === undefined ? await this.#gate(k, purpose, purpose, flight) : await first
       // A value this cache's serializer cannot read (another custom serializer, corrupt data)
       // is a miss: look again, taking the lock past it. A few times at most, then load without
       // Redis (nothing is written there).
@@ -732,14 +804,14 @@ class StampedeCache {
           gate = null
           break
         }
-        gate = await this.#gate(k, PURPOSE_PAST_VALUE, purpose)
+        gate = await this.#gate(k, PURPOSE_PAST_VALUE, purpose, flight)
       }
     }
     if (gate !== null) {
       if (gate.kind === GATE_SKIP) {
         // Another process holds the refresh and will announce its result.
         this.#flights.delete(flight)
-        abandon(this.#id, k, flight)
+        abandon(this.#id, flight)
         return stale
       }
       if (gate.kind === GATE_CLOSED) {
@@ -749,16 +821,15 @@ class StampedeCache {
         throw closedError()
       }
     }
-    if (gate?.token) this.#held.set(flight, [k, gate.token])
-    return this.#runLoader(k, flight, loader, policy, stale, purpose, gate, tags, batch)
+    return this.#runLoader(k, flight, loader, policy, stale, purpose, tags, batch)
   }
 
-  // Asks Redis before a load (`ask`: the gate's purpose); publishes the lock outcome under the
-  // flight's `purpose`.
-  async #gate(k, ask, purpose) {
-    // A cold read first takes the value another process's announcement carried, if any.
+  // Asks Redis before `flight` loads (`ask`: the gate's purpose); publishes the lock outcome
+  // under the flight's `purpose`. What the gate answered for the flight's end (its lock, fence,
+  // stamp) stays in the engine: the answer says what to do and carries the value found.
+  async #gate(k, ask, purpose, flight) {
     // A cold read answered by the value another process's announcement carried is no promise.
-    const asked = redisGate(this.#id, k, ask)
+    const asked = redisGate(this.#id, k, ask, flight)
     const gate = asked instanceof Promise ? await asked : asked
     if (gate.reported) this.#drainRedisReports()
     if (gate.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
@@ -778,28 +849,14 @@ class StampedeCache {
     }
   }
 
-  // Takes an envelope read from Redis into the in-process tier, with its decoded value. Returns
-  // whether the caller (of a cold flight: `cold`) should start a refresh of the stale value.
-  // `policy`: the call's (its XFetch beta decides a cold caller's early refresh), or null.
+  // Takes an envelope read from Redis into the in-process tier, with its decoded value: for a
+  // flight (`flight` >= 0) the one its gate found, which the engine kept; for a read (-1), the
+  // one `answer` carries. Returns whether the caller (of a cold flight: `cold`) should start a
+  // refresh of the stale value. `policy`: the call's (its XFetch beta decides a cold caller's
+  // early refresh), or null.
   #adoptDecoded(k, flight, cold, answer, value, policy = null) {
-    const size = answer.bytes
     // One number: slot * 2 + refresh (see `adopt` in src/node/redis.rs).
-    const adopted = adopt(
-      this.#id,
-      k,
-      flight,
-      cold,
-      answer.freshUntil,
-      answer.hardUntil,
-      answer.computeMs,
-      answer.negative,
-      answer.retryAfter,
-      answer.stamp,
-      answer.born,
-      answer.tags ?? null,
-      size,
-      policy === null ? -1 : policy[POLICY_BETA],
-    )
+    const adopted = flight >= 0 ? adopt(this.#id, flight, cold, policy === null ? -1 : policy[POLICY_BETA]) : adoptRead(this.#id, k, answer)
     this.#fill(adopted >> 1, value)
     // After the value is in place: a subscriber may read the cache.
     this.#publishInvalidations()
@@ -820,8 +877,7 @@ class StampedeCache {
     return slot
   }
 
-  async #runLoader(k, flight, loader, policy, stale, purpose, gate, tags, batch) {
-    const token = gate?.token ?? null
+  async #runLoader(k, flight, loader, policy, stale, purpose, tags, batch) {
     // A batch's keys are counted (and traced) once per loadMany call instead (#fireBatch).
     if (batch === undefined) noteLoaderCall(this.#id, k, flight)
     const started = performance.now()
@@ -837,7 +893,7 @@ class StampedeCache {
       }
     } catch (err) {
       result.done = true
-      await this.#loadFailed(k, flight, token)
+      await this.#loadFailed(k, flight)
       // A caller that has a value (forceRefresh of a live entry) gets it instead of a timeout.
       if (err instanceof StampedeCacheError && err.code === 'ERR_LOAD_TIMEOUT' && purpose === PURPOSE_FORCE && stale !== undefined) {
         return stale
@@ -854,11 +910,11 @@ class StampedeCache {
       // Even a result not cached goes through the serializer: callers get what a hit returns.
       ;({ text, stored, size, fmt } = toStored(this.#codec, value))
     } catch (err) {
-      await this.#loadFailed(k, flight, token)
+      await this.#loadFailed(k, flight)
       throw err
     }
     if (result.skip) {
-      await this.#skipped(k, flight, token)
+      await this.#skipped(k, flight)
       return stored
     }
     policy = result.policy
@@ -866,37 +922,18 @@ class StampedeCache {
     // The call's tags and the loader's; with neither, a refresh keeps the tags of the entry
     // it replaces (the engine knows them in process; the gate read them from Redis).
     tags = tags === null ? result.tags : result.tags === null ? tags : [...new Set([...tags, ...result.tags])]
-    const inherit = purpose !== PURPOSE_COLD
-    if (tags === null && inherit && gate?.tags) tags = gate.tags
+    const loaded = { computeMs, negative, policy, tags, size }
     if (this.#redis) {
-      this.#held.delete(flight)
       // In Redis (or dropped there as older than what Redis holds, and the lock released)
       // before any caller sees it; the flight stays open meanwhile so callers keep joining it.
-      const written = writeBack(
-        this.#id,
-        k,
-        flight,
-        computeMs,
-        negative,
-        policy,
-        text,
-        token,
-        gate?.fence ?? null,
-        gate?.fencedAt ?? -1,
-        purpose === PURPOSE_FORCE,
-        tags,
-        inherit,
-        size,
-        gate?.born ?? -1,
-        fmt,
-      )
+      const written = writeBack(this.#id, flight, loaded, text, fmt)
       this.#publishInvalidations()
       const outcome = await written
       this.#flights.delete(flight)
-      this.#fill(finishWrite(this.#id, k, flight, outcome !== DROPPED, gate?.stamp ?? -1), stored)
+      this.#fill(finishWrite(this.#id, flight, outcome !== DROPPED), stored)
     } else {
       this.#flights.delete(flight)
-      this.#fill(complete(this.#id, k, flight, computeMs, negative, policy, tags, inherit, size), stored)
+      this.#fill(complete(this.#id, k, flight, loaded, purpose !== PURPOSE_COLD), stored)
     }
     this.#publishInvalidations()
     this.#drainRedisReports()
@@ -905,14 +942,11 @@ class StampedeCache {
 
   // The loader called ctx.skipCache(): its callers get the result, nothing is written anywhere,
   // and the lock is released (announced, so other processes waiting for it load themselves).
-  async #skipped(k, flight, token) {
+  async #skipped(k, flight) {
     this.#flights.delete(flight)
-    this.#held.delete(flight)
     skip(this.#id, k, flight)
-    if (this.#redis && token !== null) {
-      await redisFailed(this.#id, k, token, 0)
-      this.#drainRedisReports()
-    }
+    const sent = this.#redisFailed(flight, 0)
+    if (sent !== undefined) await sent
   }
 
   // The loader's ctx. Its setters change `result` until the loader has settled, and are
@@ -982,14 +1016,19 @@ class StampedeCache {
     })
   }
 
-  async #loadFailed(k, flight, token) {
+  async #loadFailed(k, flight) {
     this.#flights.delete(flight)
-    this.#held.delete(flight)
     const retryAfter = fail(this.#id, k, flight)
-    if (this.#redis && (token !== null || retryAfter > 0)) {
-      await redisFailed(this.#id, k, token, retryAfter)
-      this.#drainRedisReports()
-    }
+    const sent = this.#redisFailed(flight, retryAfter)
+    if (sent !== undefined) await sent
+  }
+
+  // Ends a Redis flight's record after a failure or skipCache: its lock released, a failed
+  // refresh's retryAfter recorded. A promise while that is sent, else undefined.
+  #redisFailed(flight, retryAfter) {
+    if (!this.#redis) return undefined
+    const sent = redisFailed(this.#id, flight, retryAfter)
+    return sent === null ? undefined : sent.then(() => this.#drainRedisReports())
   }
 
   #drainRedisReports() {
@@ -1064,11 +1103,23 @@ class StampedeCache {
 
   get(key) {
     if (typeof key === 'string') {
+      const fresh = this.#fresh
+      if (fresh !== null) {
+        // As getOrLoad's: an entry the engine proved fresh, no native call.
+        const slot = fresh.find(key)
+        if (slot >= 0) {
+          fresh.served(slot)
+          if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', 'fresh')
+          return Promise.resolve(this.#values[slot])
+        }
+      }
       // The hot path, as getOrLoad's: a hit (see HIT_SLOT_SHIFT; never a refresh request), or a
       // negative number. A miss, a closed cache or a bad key is the slow path's to answer.
+      const epoch = fresh === null ? 0 : fresh.epoch()
       const r = peekGet(this.#id, key)
       if (r >= 0) {
         const value = this.#values[r >> HIT_SLOT_SHIFT]
+        if (fresh !== null && (r & HIT_FLAGS) === 0) fresh.offer(key, r >> HIT_SLOT_SHIFT, epoch)
         if (hitChannel.hasSubscribers) this.#publishHit(key, 'memory', hitState(r))
         return Promise.resolve(value)
       }
@@ -1200,7 +1251,10 @@ class StampedeCache {
   }
 
   stats() {
-    return stats(this.#id)
+    const s = stats(this.#id)
+    // The fresh hits answered without the engine.
+    if (this.#fresh !== null) s.hits += this.#fresh.hits
+    return s
   }
 
   /** The namespace this cache was built with (its Redis key prefix, and the metrics' label). */
@@ -1223,8 +1277,9 @@ class StampedeCache {
   async close() {
     if (this.#closed) return
     this.#closed = true
-    closeEngine(this.#id, [...this.#held.values()])
-    this.#held.clear()
+    closeEngine(this.#id)
+    // The engine's clear voided the index already; its keys go too.
+    this.#fresh?.clear()
     this.#values = []
     for (const control of this.#loads) control.abort(closedError())
     this.#loads.clear()

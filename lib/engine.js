@@ -37,11 +37,12 @@ const engine = {
 }
 
 // A Redis answer crosses as the arguments of this function, which the binding calls to make it
-// (see `RedisAnswer` in src/node/redis.rs): an object literal made here is cheap, where one made
+// (see `RedisAnswer` in src/node/answer.rs): an object literal made here is cheap, where one made
 // by N-API calls is not. `state` is an index in HIT_STATES, or -1; `reported`: failures wait
 // for onError (take them with #drainRedisReports).
-// The last five are left out of an answer that has none of them (a value found), and take
-// their defaults here.
+// The last two are left out of an answer that has neither (most values found), and take their
+// defaults here. What a gate answered for its flight's end (lock, fence, stamp) stays in the
+// engine (src/node/flight.rs).
 native.setAnswerMaker(function makeAnswer(
   kind,
   json,
@@ -58,9 +59,6 @@ native.setAnswerMaker(function makeAnswer(
   reported,
   lock = LOCK_NONE,
   tags = null,
-  token = null,
-  fence = null,
-  fencedAt = -1,
 ) {
   return {
     kind,
@@ -77,9 +75,6 @@ native.setAnswerMaker(function makeAnswer(
     fmt,
     state: state >= 0 ? HIT_STATES[state] : null,
     bytes,
-    token,
-    fence,
-    fencedAt,
     reported,
   }
 })

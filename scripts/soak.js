@@ -201,10 +201,13 @@ function printSummary() {
     const fos = faults.filter((f) => f.kind === 'failover')
     const byHow = countBy(fos, (f) => `${f.how}${f.newMaster ? '' : ' (failed)'}`)
     const ms = fos.filter((f) => f.newMaster).map((f) => f.promotedMs)
+    const lost = runs.reduce((s, h) => s + (h.lostInFailover ? h.lostInFailover.length : 0), 0)
     console.log(
       `  sentinel:   ${fos.length} failover(s) (${Object.entries(byHow)
         .map(([k, n]) => `${k} ${n}`)
-        .join(', ')})${ms.length ? `, promotion ${Math.min(...ms)}-${Math.max(...ms)} ms` : ''}`,
+        .join(
+          ', ',
+        )})${ms.length ? `, promotion ${Math.min(...ms)}-${Math.max(...ms)} ms` : ''}; ${lost} final state(s) explained by writes the old master took in a command failover's window (allowed)`,
     )
   }
   if (state.failed.length > 0) {

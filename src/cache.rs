@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Envelope, State};
 use crate::error::{Error, ErrorCode, Result};
+use crate::fresh::FreshWords;
 use crate::inbox::{tag_bucket, Inbox, Stamp, Tentative};
 use crate::jitter;
 use crate::policy::{self, EntryPolicy, Options};
@@ -72,6 +73,31 @@ pub struct Extra {
     pub tags: Vec<String>,
     /// Bytes, for `l1.maxBytes`.
     pub size: u64,
+}
+
+/// What a loader returned, as the cache writes it: its time, whether it found nothing, the
+/// policy it is kept by, its tags and size, and (`inherit`: a refresh or forceRefresh) whether
+/// a result given no tags keeps the tags of the entry it replaces.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    pub compute_ms: f64,
+    pub negative: bool,
+    pub policy: EntryPolicy,
+    pub extra: Extra,
+    pub inherit: bool,
+}
+
+impl Loaded {
+    /// A value (not a not-found), with no tags, that inherits none.
+    pub fn new(compute_ms: f64, policy: EntryPolicy) -> Self {
+        Loaded {
+            compute_ms,
+            negative: false,
+            policy,
+            extra: Extra::default(),
+            inherit: false,
+        }
+    }
 }
 
 /// A load's result ready to be written: its envelope (born when the load began) and extras.
@@ -171,12 +197,14 @@ impl Cache<SystemClock> {
 
 impl<C: Clock> Cache<C> {
     pub fn with_clock(options: Options, clock: C, rng: SmallRng) -> Self {
+        let inbox = Arc::new(Inbox::default());
         Cache {
-            store: MemoryStore::new(options.l1_max_entries, options.l1_max_bytes),
+            store: MemoryStore::new(options.l1_max_entries, options.l1_max_bytes)
+                .sharing(inbox.fresh().clone()),
             options,
             flights: Singleflight::default(),
             stats: Arc::new(Stats::default()),
-            inbox: Arc::new(Inbox::default()),
+            inbox,
             clock,
             rng,
             closed: false,
@@ -250,8 +278,32 @@ impl<C: Clock> Cache<C> {
         Ok(())
     }
 
+    /// The words shared with the embedder's index of fresh entries (see `fresh.rs`), or `None`
+    /// when the in-process tier keeps nothing to index.
+    pub fn fresh_words(&self) -> Option<&Arc<FreshWords>> {
+        self.store.indexes_fresh().then(|| self.inbox.fresh())
+    }
+
+    /// The embedder's touch log is full: apply it (LRU recency of the hits it served).
+    pub fn apply_touches(&mut self) {
+        self.store.apply_touches();
+    }
+
+    /// Offers a hit proven fresh to the embedder's index: until when no decision is due for
+    /// it, for a read without options (the constructor's beta), whatever this read's beta.
+    /// Whole milliseconds: `Date.now() < until` then holds for the precise time too.
+    #[inline]
+    fn offer_fresh(&self, env: &Envelope) {
+        let beta = self.options.defaults.beta;
+        let until = env.fresh_until
+            - xfetch::horizon(env.fresh_until, env.hard_until, env.compute_ms, beta);
+        self.inbox.fresh().offer(until.floor());
+    }
+
     /// The hot path: a usable entry for `key`, counted in the stats, or `None`.
     /// `beta` is the XFetch beta of this read (the constructor's unless the call gave one).
+    /// A fresh hit proven by the fast test is offered to the embedder's index (`offer_fresh`);
+    /// any other hit offers nothing (until 0).
     #[inline]
     pub fn peek(&mut self, key: &str, beta: f64) -> Option<Hit> {
         self.apply_inbox();
@@ -267,6 +319,7 @@ impl<C: Clock> Cache<C> {
                     - xfetch::horizon(env.fresh_until, env.hard_until, env.compute_ms, beta)
         {
             self.stats.hits.incr();
+            self.offer_fresh(&env);
             return Some(Hit::Fresh {
                 slot,
                 refresh: false,
@@ -284,12 +337,14 @@ impl<C: Clock> Cache<C> {
                         - xfetch::horizon(env.fresh_until, env.hard_until, env.compute_ms, beta)
             {
                 self.stats.hits.incr();
+                self.offer_fresh(&env);
                 return Some(Hit::Fresh {
                     slot,
                     refresh: false,
                 });
             }
         }
+        self.inbox.fresh().offer(0.0);
         let now = self.clock.now_ms();
         let hit = match env.state(now) {
             State::Expired => return None,
@@ -446,17 +501,8 @@ impl<C: Clock> Cache<C> {
     /// The loader of flight `id` returned (no Redis tier). Writes the entry unless the flight
     /// was superseded (then `None`: write it nowhere); its `slot` is where the embedder keeps
     /// the value (`None`: the in-process tier keeps nothing).
-    pub fn complete(
-        &mut self,
-        key: &str,
-        id: FlightId,
-        compute_ms: f64,
-        negative: bool,
-        policy: &EntryPolicy,
-        extra: Extra,
-        inherit: bool,
-    ) -> Option<Written> {
-        let prepared = self.prepare(key, id, compute_ms, negative, policy, extra, inherit, None)?;
+    pub fn complete(&mut self, key: &str, id: FlightId, loaded: Loaded) -> Option<Written> {
+        let prepared = self.prepare(key, id, loaded, None)?;
         let envelope = prepared.as_ref().map(|p| p.envelope);
         let slot = self.finish_write(key, id, prepared, true, None);
         envelope.map(|envelope| Written { slot, envelope })
@@ -474,13 +520,16 @@ impl<C: Clock> Cache<C> {
         &mut self,
         key: &str,
         id: FlightId,
-        compute_ms: f64,
-        negative: bool,
-        policy: &EntryPolicy,
-        mut extra: Extra,
-        inherit: bool,
+        loaded: Loaded,
         gate_born: Option<u64>,
     ) -> Option<Option<Prepared>> {
+        let Loaded {
+            compute_ms,
+            negative,
+            policy,
+            mut extra,
+            inherit,
+        } = loaded;
         // The loader has returned: the database is done with this refresh.
         self.end_refresh(id);
         self.apply_inbox();
@@ -495,7 +544,7 @@ impl<C: Clock> Cache<C> {
             }
         }
         Some(
-            self.entry_envelope(compute_ms, negative, policy, !extra.tags.is_empty())
+            self.entry_envelope(compute_ms, negative, &policy, !extra.tags.is_empty())
                 .map(|e| Prepared {
                     envelope: e.born_at(born),
                     extra,
@@ -899,7 +948,7 @@ mod tests {
             panic!("expected to lead")
         };
         c.note_loader_call(key, id);
-        c.complete(key, id, compute_ms, false, &policy, Extra::default(), false)
+        c.complete(key, id, Loaded::new(compute_ms, policy))
             .unwrap()
             .slot
             .unwrap()
@@ -926,7 +975,7 @@ mod tests {
         let p = c.options().defaults;
         c.note_loader_call("k", id);
         let slot = c
-            .complete("k", id, 3.0, false, &p, Extra::default(), false)
+            .complete("k", id, Loaded::new(3.0, p))
             .unwrap()
             .slot
             .unwrap();
@@ -1006,9 +1055,7 @@ mod tests {
         assert_eq!(c.begin_refresh("k", None), None);
         let p = c.options().defaults;
         assert_eq!(
-            c.complete("k", id, 10.0, false, &p, Extra::default(), false)
-                .unwrap()
-                .slot,
+            c.complete("k", id, Loaded::new(10.0, p)).unwrap().slot,
             Some(slot)
         );
         assert!(matches!(c.peek("k", 1.0), Some(Hit::Fresh { .. })));
@@ -1056,9 +1103,7 @@ mod tests {
         let p = c.options().defaults;
         c.set("a", false, &p, &Extra::default()).unwrap();
         assert_eq!(c.begin_refresh("c", None), None);
-        assert!(c
-            .complete("a", a, 10.0, false, &p, Extra::default(), false)
-            .is_none());
+        assert!(c.complete("a", a, Loaded::new(10.0, p)).is_none());
         let c_id = c.begin_refresh("c", None).unwrap();
         assert!(matches!(
             c.peek("d", 1.0),
@@ -1078,7 +1123,15 @@ mod tests {
         clock.advance(10_000.0);
         let b2 = c.begin_refresh("b", None).unwrap();
         let prepared = c
-            .prepare("b", b2, 5.0, false, &p, Extra::default(), true, None)
+            .prepare(
+                "b",
+                b2,
+                Loaded {
+                    inherit: true,
+                    ..Loaded::new(5.0, p)
+                },
+                None,
+            )
             .unwrap();
         assert_eq!(c.refreshes_running(), 0, "freed once the loader returned");
         c.finish_write("b", b2, prepared, true, None);
@@ -1156,6 +1209,37 @@ mod tests {
         );
     }
 
+    /// What a hit offers the embedder's index: until the earliest time a decision could be due
+    /// (expiry, or the first instant an XFetch draw at the constructor's beta could refresh),
+    /// whatever the read's own beta; nothing for a hit near it, stale or negative.
+    #[test]
+    fn a_fresh_hit_offers_the_index_until_no_decision_can_be_due() {
+        let (mut c, clock) = cache(|r| {
+            r.ttls.ttl = Some(10_000.0);
+            r.ttls.hard_ttl = Some(10_000.0);
+        });
+        load(&mut c, "k", 10.0);
+        let words = c.fresh_words().unwrap().clone();
+        // Reach: 10 ms x beta 1 x 37 = 370 ms before expiry at 1_010_000.
+        assert!(c.peek("k", 0.0).is_some());
+        assert_eq!(words.until(), 1_010_000.0 - 370.0);
+        clock.advance(9_700.0); // inside the reach: a draw may refresh, no index
+        assert!(matches!(c.peek("k", 1.0), Some(Hit::Fresh { .. })));
+        assert_eq!(words.until(), 0.0);
+        let (mut c, clock) = cache(|r| r.ttls.ttl = Some(10_000.0));
+        load(&mut c, "k", 10.0);
+        let words = c.fresh_words().unwrap().clone();
+        // A stale window that covers a refresh: no draw, fresh until expiry.
+        c.peek("k", 1.0);
+        assert_eq!(words.until(), 1_010_000.0);
+        clock.advance(10_000.0);
+        assert!(matches!(c.peek("k", 1.0), Some(Hit::Stale { .. })));
+        assert_eq!(words.until(), 0.0);
+        let (mut c, _) = cache(|r| r.l1 = Some(None));
+        assert!(c.fresh_words().is_none(), "l1 off: nothing to index");
+        assert!(c.peek("k", 1.0).is_none());
+    }
+
     #[test]
     fn a_stale_window_that_covers_a_refresh_leaves_it_to_the_first_stale_read() {
         // The default hardTtl (10 x ttl): a 90 s window covers the 3.7 s reach of a 100 ms load.
@@ -1182,7 +1266,14 @@ mod tests {
             panic!()
         };
         let slot = c
-            .complete("k", id, 1.0, true, &p, Extra::default(), false)
+            .complete(
+                "k",
+                id,
+                Loaded {
+                    negative: true,
+                    ..Loaded::new(1.0, p)
+                },
+            )
             .unwrap()
             .slot
             .unwrap();
@@ -1201,7 +1292,14 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            c.complete("k", id, 1.0, true, &p, Extra::default(), false),
+            c.complete(
+                "k",
+                id,
+                Loaded {
+                    negative: true,
+                    ..Loaded::new(1.0, p)
+                }
+            ),
             None
         );
         assert_eq!(c.entries(), 0);
@@ -1217,7 +1315,7 @@ mod tests {
         let (_, removed) = c.delete("k").unwrap();
         assert!(!removed);
         assert_eq!(
-            c.complete("k", old, 1.0, false, &p, Extra::default(), false),
+            c.complete("k", old, Loaded::new(1.0, p)),
             None,
             "a load started before delete must not write"
         );
@@ -1254,7 +1352,7 @@ mod tests {
             let Step::Lead(id) = c.lookup(&key, 1.0, false).unwrap() else {
                 panic!()
             };
-            c.complete(&key, id, 1.0, false, &p, Extra::default(), false);
+            c.complete(&key, id, Loaded::new(1.0, p));
             let info = c.inspect(&key).unwrap().unwrap();
             let ttl = info.fresh_until - c.now();
             assert!((8_000.0..12_000.0).contains(&ttl), "{ttl}");
@@ -1293,7 +1391,7 @@ mod tests {
         let Step::Lead(id) = c.lookup("k", 1.0, false).unwrap() else {
             panic!()
         };
-        c.complete("k", id, 1.0, false, &p, Extra::default(), false);
+        c.complete("k", id, Loaded::new(1.0, p));
         let info = c.inspect("k").unwrap().unwrap();
         assert_eq!(info.fresh_until - c.now(), 50.0);
         assert_eq!(info.hard_until - c.now(), 500.0);
@@ -1326,8 +1424,7 @@ mod inbox_tests {
         let Step::Lead(id) = c.lookup(key, 1.0, false).unwrap() else {
             panic!()
         };
-        c.complete(key, id, 1.0, false, &p, Extra::default(), false)
-            .unwrap();
+        c.complete(key, id, Loaded::new(1.0, p)).unwrap();
     }
 
     #[test]
@@ -1357,13 +1454,11 @@ mod inbox_tests {
         assert_eq!(c.lookup("k", 1.0, false).unwrap(), Step::Join(new));
         let p = c.options().defaults;
         assert_eq!(
-            c.complete("k", old, 1.0, false, &p, Extra::default(), false),
+            c.complete("k", old, Loaded::new(1.0, p)),
             None,
             "the older load writes nothing"
         );
-        assert!(c
-            .complete("k", new, 1.0, false, &p, Extra::default(), false)
-            .is_some());
+        assert!(c.complete("k", new, Loaded::new(1.0, p)).is_some());
         assert_eq!(c.flights_in_progress(), 0);
     }
 
@@ -1463,9 +1558,7 @@ mod inbox_tests {
         // Kept: Redis took it and nothing was heard since the stamp.
         let id = lead(&mut c, "a");
         let stamp = c.inbox().stamp("a");
-        let env = c
-            .prepare("a", id, 1.0, false, &p, Extra::default(), false, None)
-            .unwrap();
+        let env = c.prepare("a", id, Loaded::new(1.0, p), None).unwrap();
         assert_eq!(
             c.flights_in_progress(),
             1,
@@ -1475,24 +1568,18 @@ mod inbox_tests {
         assert_eq!(c.flights_in_progress(), 0);
         // Dropped by Redis (a newer write there): kept nowhere.
         let id = lead(&mut c, "b");
-        let env = c
-            .prepare("b", id, 1.0, false, &p, Extra::default(), false, None)
-            .unwrap();
+        let env = c.prepare("b", id, Loaded::new(1.0, p), None).unwrap();
         assert_eq!(c.finish_write("b", id, env, false, None), None);
         assert_eq!(c.peek("b", 0.0), None);
         // Another process announced the key while the load ran.
         let id = lead(&mut c, "c");
         let stamp = c.inbox().stamp("c");
-        let env = c
-            .prepare("c", id, 1.0, false, &p, Extra::default(), false, None)
-            .unwrap();
+        let env = c.prepare("c", id, Loaded::new(1.0, p), None).unwrap();
         c.inbox().invalidate("c");
         assert_eq!(c.finish_write("c", id, env, true, Some(stamp)), None);
         // A set here while it was written back: the flight was superseded.
         let id = lead(&mut c, "d");
-        let env = c
-            .prepare("d", id, 1.0, false, &p, Extra::default(), false, None)
-            .unwrap();
+        let env = c.prepare("d", id, Loaded::new(1.0, p), None).unwrap();
         let slot = c
             .set("d", false, &p, &Extra::default())
             .unwrap()
@@ -1545,6 +1632,14 @@ mod tag_tests {
     use crate::clock::ManualClock;
     use crate::policy::{RawOptions, TtlOverrides};
 
+    /// A result of `compute_ms` carrying `extra` (tags, size).
+    fn with_extra(compute_ms: f64, p: EntryPolicy, extra: Extra) -> Loaded {
+        Loaded {
+            extra,
+            ..Loaded::new(compute_ms, p)
+        }
+    }
+
     fn cache(f: impl FnOnce(&mut RawOptions)) -> Cache<ManualClock> {
         let mut raw = RawOptions::default();
         raw.ttls.jitter = Some(0.0);
@@ -1573,7 +1668,7 @@ mod tag_tests {
     fn load(c: &mut Cache<ManualClock>, key: &str, extra: Extra) -> Option<Slot> {
         let p = c.options().defaults;
         let id = lead(c, key);
-        c.complete(key, id, 1.0, false, &p, extra, false)?.slot
+        c.complete(key, id, with_extra(1.0, p, extra))?.slot
     }
 
     #[test]
@@ -1586,7 +1681,7 @@ mod tag_tests {
         let p = c.options().defaults;
         // A load of 30 s began 30 s ago: 70 s left of its tag's bound.
         let id = lead(&mut c, "slow");
-        c.complete("slow", id, 30_000.0, false, &p, tags(&["t"]), false);
+        c.complete("slow", id, with_extra(30_000.0, p, tags(&["t"])));
         let info = c.inspect("slow").unwrap().unwrap();
         assert_eq!(info.hard_until - c.now(), 70_000.0);
         assert_eq!(
@@ -1606,7 +1701,7 @@ mod tag_tests {
         assert_eq!(info.fresh_until - c.now(), 100_000.0);
         // Untagged entries keep their hardTtl.
         let id = lead(&mut c, "plain");
-        c.complete("plain", id, 30_000.0, false, &p, Extra::default(), false);
+        c.complete("plain", id, Loaded::new(30_000.0, p));
         let info = c.inspect("plain").unwrap().unwrap();
         assert_eq!(info.hard_until - c.now(), 600_000.0);
     }
@@ -1619,7 +1714,7 @@ mod tag_tests {
         let Step::Lead(id) = c.lookup("k", 1.0, true).unwrap() else {
             panic!("a forced refresh leads")
         };
-        let written = c.complete("k", id, 1_000.0, false, &p, tags(&["t"]), false);
+        let written = c.complete("k", id, with_extra(1_000.0, p, tags(&["t"])));
         assert!(written.is_none_or(|w| w.slot.is_none()));
         assert_eq!(c.peek("k", 1.0), None, "the older copy does not outlive it");
     }
@@ -1648,24 +1743,21 @@ mod tag_tests {
         let id = lead(&mut c, "k");
         c.delete_tags(&["t".to_string()], true).unwrap();
         // The loader adds the tag (ctx.setTags) only as it returns.
-        let w = c.complete("k", id, 1.0, false, &p, tags(&["t"]), false);
+        let w = c.complete("k", id, with_extra(1.0, p, tags(&["t"])));
         assert_eq!(w.and_then(|w| w.slot), None, "born before the deleteByTag");
         assert_eq!(c.peek("k", 1.0), None);
         // An untagged result of a load that began before is kept: the tag was not its.
         let id = lead(&mut c, "u");
         c.delete_tags(&["t".to_string()], true).unwrap();
         assert!(c
-            .complete("u", id, 1.0, false, &p, Extra::default(), false)
+            .complete("u", id, Loaded::new(1.0, p))
             .unwrap()
             .slot
             .is_some());
         // clear supersedes every running load.
         let id = lead(&mut c, "x");
         c.clear(true).unwrap();
-        assert_eq!(
-            c.complete("x", id, 1.0, false, &p, Extra::default(), false),
-            None
-        );
+        assert_eq!(c.complete("x", id, Loaded::new(1.0, p)), None);
         assert_eq!((c.entries(), c.flights_in_progress()), (0, 0));
     }
 
@@ -1675,8 +1767,15 @@ mod tag_tests {
         let p = c.options().defaults;
         load(&mut c, "k", tags(&["t"])).unwrap();
         let id = c.begin_refresh("k", None).unwrap();
-        c.complete("k", id, 1.0, false, &p, Extra::default(), true)
-            .unwrap();
+        c.complete(
+            "k",
+            id,
+            Loaded {
+                inherit: true,
+                ..Loaded::new(1.0, p)
+            },
+        )
+        .unwrap();
         c.delete_tags(&["t".to_string()], true).unwrap();
         assert_eq!(
             c.peek("k", 1.0),
@@ -1720,7 +1819,7 @@ mod tag_tests {
         assert_eq!((s.l2_hits, s.misses, s.coalesced), (5, 0, 4));
         let id = lead(&mut c, "b");
         c.lookup("b", 1.0, false).unwrap();
-        c.complete("b", id, 1.0, false, &p, Extra::default(), false);
+        c.complete("b", id, Loaded::new(1.0, p));
         let id = lead(&mut c, "s");
         c.skip("s", id);
         let s = c.stats.snapshot();

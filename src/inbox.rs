@@ -14,11 +14,14 @@
 //!   by tags that hash alike, so a `deleteByTag` may also drop a few entries of an unrelated tag
 //!   (a reload, never a stale value).
 
+use crate::sync::LockOrRecover;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use crate::fresh::FreshWords;
 
 /// Buckets of invalidation stamps: a key's bucket changes whenever the key (or another key
 /// hashing to the same bucket) is invalidated. A collision only costs a read not being cached.
@@ -66,6 +69,9 @@ pub struct Inbox {
     tag_clocks: Box<[AtomicU64]>,
     /// The clock of the newest clear heard.
     cleared: AtomicU64,
+    /// Shared with the embedder's index of fresh entries: whatever is heard here voids it at
+    /// once, on the thread that hears it (see `fresh.rs`).
+    fresh: Arc<FreshWords>,
 }
 
 impl Default for Inbox {
@@ -81,6 +87,7 @@ impl Default for Inbox {
             clock: AtomicU64::new(0),
             tag_clocks: (0..TAG_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             cleared: AtomicU64::new(0),
+            fresh: Arc::default(),
         }
     }
 }
@@ -123,7 +130,7 @@ impl Inbox {
         let epoch = self.epoch.load(Ordering::Acquire);
         let seq = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         self.stamps[bucket(key)].store(seq, Ordering::Release);
-        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys = self.keys.lock_or_recover();
         if !keys.contains(key) {
             if keys.len() >= MAX_PENDING_KEYS {
                 // Too many to remember: drop everything instead (stamps stay per key).
@@ -136,6 +143,7 @@ impl Inbox {
         }
         drop(keys);
         self.pending.store(true, Ordering::Release);
+        self.fresh.bump();
         compose(epoch, seq)
     }
 
@@ -150,6 +158,7 @@ impl Inbox {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.clear_all.store(true, Ordering::Relaxed);
         self.pending.store(true, Ordering::Release);
+        self.fresh.bump();
     }
 
     /// Changes every key's stamp without queueing anything (a clear in this process).
@@ -164,6 +173,11 @@ impl Inbox {
         compose(epoch, seq)
     }
 
+    /// The words shared with the embedder's index of fresh entries.
+    pub fn fresh(&self) -> &Arc<FreshWords> {
+        &self.fresh
+    }
+
     #[inline]
     pub fn has_pending(&self) -> bool {
         self.pending.load(Ordering::Relaxed)
@@ -174,7 +188,7 @@ impl Inbox {
         self.pending.store(false, Ordering::Relaxed);
         // Acquire pairs with the writers' Release: their pushes are visible below.
         std::sync::atomic::fence(Ordering::Acquire);
-        let keys = std::mem::take(&mut *self.keys.lock().unwrap_or_else(|p| p.into_inner()));
+        let keys = std::mem::take(&mut *self.keys.lock_or_recover());
         let clear_all = self.clear_all.swap(false, Ordering::Relaxed);
         Delivery {
             clear_all,
@@ -184,7 +198,7 @@ impl Inbox {
 
     /// Keys waiting to be applied (for tests: bounded whatever is heard).
     pub fn pending_keys(&self) -> usize {
-        self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.keys.lock_or_recover().len()
     }
 
     pub fn set_trust_stale(&self, trust: bool) {
@@ -213,7 +227,9 @@ impl Inbox {
 
     /// A deleteByTag of a tag in `bucket` at clock `c`: entries of the bucket born before `c` die.
     pub fn invalidate_tag(&self, bucket: u16, c: u64) {
-        self.tag_clocks[bucket as usize].fetch_max(c, Ordering::AcqRel);
+        if self.tag_clocks[bucket as usize].fetch_max(c, Ordering::AcqRel) < c {
+            self.fresh.bump();
+        }
     }
 
     #[inline]
@@ -223,7 +239,9 @@ impl Inbox {
 
     /// A clear at clock `c`: every entry born before `c` is dead.
     pub fn clear_at(&self, c: u64) {
-        self.cleared.fetch_max(c, Ordering::AcqRel);
+        if self.cleared.fetch_max(c, Ordering::AcqRel) < c {
+            self.fresh.bump();
+        }
     }
 
     pub fn cleared(&self) -> u64 {
@@ -296,6 +314,44 @@ mod tests {
         assert_eq!(inbox.take(), Delivery::default());
         inbox.invalidate_all();
         assert!(inbox.take().clear_all);
+    }
+
+    /// The index of fresh entries is voided when a message arrives, on the thread that hears it,
+    /// not when the cache later applies it; a tag clock or clear clock that does not move
+    /// changes nothing.
+    #[test]
+    fn whatever_is_heard_voids_the_fresh_index_as_it_arrives() {
+        let inbox = Arc::new(Inbox::default());
+        let before = inbox.fresh().epoch();
+        let heard = inbox.clone();
+        std::thread::spawn(move || heard.invalidate("k"))
+            .join()
+            .unwrap();
+        assert_ne!(
+            inbox.fresh().epoch(),
+            before,
+            "voided before anything is applied"
+        );
+        assert!(inbox.has_pending());
+        let mut last = inbox.fresh().epoch();
+        let heard: [fn(&Inbox); 3] = [
+            |i| i.invalidate_all(),
+            |i| i.invalidate_tag(5, 3),
+            |i| i.clear_at(2),
+        ];
+        for hear in heard {
+            hear(&inbox);
+            assert_ne!(inbox.fresh().epoch(), last);
+            last = inbox.fresh().epoch();
+        }
+        inbox.invalidate_tag(5, 2);
+        inbox.clear_at(1);
+        inbox.touch("k");
+        assert_eq!(
+            inbox.fresh().epoch(),
+            last,
+            "nothing moved: the index stands"
+        );
     }
 
     #[test]

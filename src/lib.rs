@@ -57,6 +57,11 @@
 //!   whether stale copies may be trusted; applied on the cache's thread at its next call.
 //!   **Stamp**: a key's invalidation sequence number, taken before a Redis read is sent; a read
 //!   whose key's stamp changed meanwhile (an invalidation, or a write here) is not kept.
+//! * **Fresh index** ([`fresh`]): the facade's own map of entries the engine proved fresh, so
+//!   such a hit makes no native call; the engine offers an entry with the time until which no
+//!   decision can be due (**until**), and voids every offer by bumping the **epoch** on any
+//!   change that could make one wrong. The **touch log** carries the hits it served back to the
+//!   LRU.
 //! * **Trust-stale**: whether stale in-process copies may be served; off while the bus is down
 //!   but Redis answers (invalidations may be missed), so stale copies are re-read from Redis.
 //! * **Namespace clock / born / dead**: a counter every `deleteByTag` and `clear` advances. An
@@ -74,6 +79,7 @@ pub mod cache;
 pub mod clock;
 pub mod envelope;
 pub mod error;
+pub mod fresh;
 pub mod inbox;
 pub mod jitter;
 pub mod key;
@@ -81,6 +87,7 @@ pub mod policy;
 pub mod singleflight;
 pub mod stats;
 pub mod store;
+pub mod sync;
 pub mod xfetch;
 
 // Not in `cargo test` builds: napi-derive registers exports only outside tests, and the binding

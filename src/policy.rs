@@ -1174,7 +1174,7 @@ mod tests {
     /// after the ttl and is gone after the hardTtl, with no arithmetic overflowing on the way.
     #[test]
     fn a_cache_at_every_maximum_works() {
-        use crate::cache::{Cache, Extra, Step};
+        use crate::cache::{Cache, Loaded, Step};
         use crate::clock::ManualClock;
         use rand::{rngs::SmallRng, SeedableRng};
         let o = Options::validate(raw(|r| {
@@ -1198,9 +1198,7 @@ mod tests {
             panic!("expected to lead")
         };
         c.note_loader_call("k", id);
-        let done = c
-            .complete("k", id, 1.0, false, &p, Extra::default(), false)
-            .unwrap();
+        let done = c.complete("k", id, Loaded::new(1.0, p)).unwrap();
         assert!(done.slot.is_some());
         assert!(c.peek("k", 0.0).is_some(), "a hit right after the load");
         clock.advance(MAX_TTL_MS + 1.0);

@@ -426,7 +426,7 @@ async fn close_drops_the_bus_and_the_command_connection_with_the_tier() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    t.close(Vec::new());
+    t.close();
     assert_eq!(
         t.fetch("k", Stamp(0), false).await,
         Fetched::Unavailable,

@@ -3,7 +3,10 @@
 // every connection it accepts is forwarded to 127.0.0.1:`targetPort`, and `tamper(fn)` hands the
 // next chunk Redis sends on any connection to `fn(chunk)`, whose result is sent instead (an
 // extra reply in front, the chunk twice, crafted bytes; null: leave this chunk alone and wait for
-// the next). `tamperEvery(fn)` does it to every chunk until `calm()`.
+// the next). `tamperEvery(fn)` does it to every chunk until `calm()`. `fn` may also return
+// `{ head, flood }`: `head` is sent instead of the chunk, then `flood` bytes of filler follow on
+// that connection as fast as the client takes them, until it closes; `floods` records each
+// (bytes sent, milliseconds until the client closed, null while it has not).
 
 const net = require('node:net')
 
@@ -21,6 +24,7 @@ class FaultProxy {
     this.tampered = 0
     /** The last chunk Redis sent that starts with a bulk reply (a GET's), for replaying it. */
     this.lastBulk = null
+    this.floods = []
   }
 
   start() {
@@ -76,11 +80,31 @@ class FaultProxy {
         this.tampered++
         out = changed
       }
+      if (out && !Buffer.isBuffer(out) && out.flood) {
+        client.write(out.head)
+        this.#flood(client, out.flood)
+        return
+      }
       client.write(out)
     })
     for (const s of [client, upstream]) {
       s.on('error', teardown)
       s.on('close', teardown)
+    }
+  }
+
+  async #flood(client, bytes) {
+    const record = { sent: 0, closedAfter: null }
+    this.floods.push(record)
+    const started = Date.now()
+    const closed = new Promise((r) => client.once('close', r))
+    closed.then(() => {
+      record.closedAfter = Date.now() - started
+    })
+    const filler = Buffer.alloc(1 << 20, 0x78)
+    while (record.sent < bytes && !client.destroyed) {
+      record.sent += filler.length
+      if (!client.write(filler)) await Promise.race([new Promise((r) => client.once('drain', r)), closed])
     }
   }
 

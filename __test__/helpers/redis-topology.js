@@ -802,6 +802,50 @@ class RedisSentinelGroup {
     return { newMaster: candidate, killedAt, promotedAt, failoverMs: promotedAt - killedAt }
   }
 
+  /**
+   * SENTINEL FAILOVER (the old master stays up, writable until the sentinel demotes it seconds
+   * later) and waits until the sentinel names the replica and the replica says ROLE master.
+   * `switchedAt`: when the sentinel first named the replica (polled every `interval` ms): from
+   * the replica's promotion on (+promoted-slave), before the failover ends (+switch-master).
+   * `master`/`replica` are swapped.
+   */
+  async commandFailover({ timeout = 30_000, interval = 10 } = {}) {
+    const old = this.master
+    const candidate = this.replica
+    const issuedAt = Date.now()
+    await this.sentinel.cmd('SENTINEL', 'FAILOVER', this.masterName).catch((err) => {
+      // A failover the sentinel began by itself (a pause that a loaded machine stretched past
+      // down-after-milliseconds), or an answer lost to the load: the promotion awaited below is
+      // what counts, and it fails the call if it does not come.
+      if (!/INPROG|timed out/.test(err.message)) throw err
+    })
+    let switchedAt = null
+    await waitFor(
+      async () => {
+        if ((await this.masterPort().catch(() => null)) !== candidate.port) return false
+        switchedAt ??= Date.now()
+        const role = await candidate.cmd('ROLE').catch(() => null)
+        return Array.isArray(role) && role[0] === 'master'
+      },
+      { timeout, interval, what: 'the sentinel to promote the replica (SENTINEL FAILOVER)' },
+    )
+    this.master = candidate
+    this.replica = old
+    return { newMaster: candidate, oldMaster: old, issuedAt, switchedAt, failoverMs: switchedAt - issuedAt }
+  }
+
+  /** Waits until `node` (a former master) is a replica of the master, in sync. */
+  async demoted(node, { timeout = 40_000 } = {}) {
+    await waitFor(
+      async () => {
+        const role = await node.cmd('ROLE').catch(() => null)
+        if (!Array.isArray(role) || role[0] !== 'slave' || Number(role[2]) !== this.master.port) return false
+        return (await node.info('replication')).master_link_status === 'up'
+      },
+      { timeout, interval: 100, what: `:${node.port} to be demoted to a replica of :${this.master.port}` },
+    )
+  }
+
   async dispose() {
     await Promise.all([this.master, this.replica, this.sentinel, ...this.oldMasters].filter(Boolean).map((n) => n.dispose()))
     fs.rmSync(this.dir, { recursive: true, force: true })

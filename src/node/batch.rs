@@ -10,7 +10,12 @@
 //! `JSON.parse`) when this cache's serializer is JSON; their envelopes stay here, in an
 //! external, until one `adoptMany` call takes them all into the in-process tier. Every other
 //! answer (a lead with its lock, a key to wait for, closed, a value an announcement carried) is
-//! an ordinary `RedisAnswer` in `others`.
+//! an ordinary answer in `others`.
+//!
+//! A gate batch's flights have records (`flight.rs`) as one key's flight has: they begin here
+//! (`begin_flights`), and each is given what its key's gate answered as the batch lands on the
+//! JS thread (a found key's entry, a lead's ticket), so `adoptMany` and a led key's write-back
+//! end them as `adopt` and `writeBack` end one key's.
 
 use std::ptr;
 use std::sync::Arc;
@@ -19,15 +24,18 @@ use napi::bindgen_prelude::*;
 use napi::sys;
 use napi_derive::napi;
 
+use super::answer::{answer_of, Landed, RedisAnswer};
 use super::codes::{
     hit_state, lock_code, GATE_CLOSED, GATE_MISSING, GATE_UNAVAILABLE, GATE_WAIT, NO_SLOT,
-    WRITTEN_NOWHERE,
+    PURPOSE_COLD, WRITTEN_NOWHERE,
 };
 use super::engines::engine;
+use super::flight::{Flight, Found, Gated};
 use super::hot_path;
-use super::redis::{answer_of, carried, RedisAnswer};
+use super::reads::{carried, carried_gate, For};
+use super::redis::{adopt_flight, keep_found};
 use super::settle;
-use crate::cache::{EntryState, Extra};
+use crate::cache::EntryState;
 use crate::clock::{Clock, SystemClock};
 use crate::inbox::Stamp;
 use crate::store::redis::{Fetched, FirstLook, Gate, RedisTier, Remote};
@@ -100,11 +108,12 @@ fn split_keys(joined: &str, lengths: &[u32]) -> napi::Result<Vec<String>> {
     Ok(keys)
 }
 
-/// One key's answer before the batch is made compact.
-enum Each {
+/// One key's answer before the batch is made compact (`A`: a read's `RedisAnswer`, a gate's
+/// `Landed`).
+enum Each<A> {
     /// Redis had it (found by this batch's read).
     Found(Remote),
-    Other(RedisAnswer),
+    Other(A),
 }
 
 /// The keys an announcement carried a value for are answered from it (no Redis read): those
@@ -112,18 +121,19 @@ enum Each {
 /// runtime (`Asked::answers`): a vector of them made here, 200 bytes a key, was one fresh mapping
 /// of the JS thread's allocator per batch (page faults and zeroed pages, half a millisecond for
 /// 1,000 keys).
-struct Asked {
+struct Asked<A> {
     n: usize,
-    carried: Vec<(usize, RedisAnswer)>,
+    carried: Vec<(usize, A)>,
     rest: Vec<(usize, String)>,
 }
 
-fn uncarried(id: u32, keys: Vec<String>, count: bool) -> Asked {
+/// `carried`: key i's answer from an announcement, if one carried its value.
+fn uncarried<A>(keys: Vec<String>, carried: impl Fn(usize, &str) -> Option<A>) -> Asked<A> {
     let n = keys.len();
     let mut answered = Vec::new();
     let mut rest = Vec::with_capacity(n);
     for (i, key) in keys.into_iter().enumerate() {
-        match carried(id, &key, count) {
+        match carried(i, &key) {
             Some(found) => answered.push((i, found)),
             None => rest.push((i, key)),
         }
@@ -135,10 +145,10 @@ fn uncarried(id: u32, keys: Vec<String>, count: bool) -> Asked {
     }
 }
 
-impl Asked {
+impl<A> Asked<A> {
     /// Every key's slot, the carried ones answered.
-    fn answers(&mut self) -> Vec<Option<Each>> {
-        let mut answers: Vec<Option<Each>> = (0..self.n).map(|_| None).collect();
+    fn answers(&mut self) -> Vec<Option<Each<A>>> {
+        let mut answers: Vec<Option<Each<A>>> = (0..self.n).map(|_| None).collect();
         for (i, a) in self.carried.drain(..) {
             answers[i] = Some(Each::Other(a));
         }
@@ -150,26 +160,49 @@ impl Asked {
 /// `GATE_LEAD` (call the loader, holding the lock if a token is set), `GATE_WAIT` (another
 /// process holds the lock: ask `redisGate` for this key alone, which waits for its value) or
 /// `GATE_CLOSED`. One read of them all (see `RedisTier::fetch_many`), then one pipeline of lock
-/// bids per slot. `joined`, `lengths`: the keys (see `split_keys`).
+/// bids per slot. `joined`, `lengths`: the keys (see `split_keys`); `flights`: each key's
+/// flight, whose record begins here (see `flight.rs`).
 #[napi(ts_return_type = "Promise<unknown[]>")]
 pub fn redis_gate_many(
     env: &Env,
     id: u32,
     joined: String,
     lengths: Uint32Array,
-) -> napi::Result<PromiseRaw<'_, Batch>> {
+    flights: Float64Array,
+) -> napi::Result<PromiseRaw<'_, Batch<Landed>>> {
     let keys = split_keys(&joined, &lengths)?;
-    let mut asked_ = uncarried(id, keys, false);
+    if flights.len() != keys.len() {
+        return Err(napi::Error::from_reason(
+            "the batch's flights do not match its keys",
+        ));
+    }
+    let flights: Vec<u64> = flights.iter().map(|f| *f as u64).collect();
+    let to = |i: usize| For {
+        id,
+        flight: flights[i],
+    };
+    begin_flights(id, &keys, &flights);
+    let mut asked_ = uncarried(keys, |i, key| carried_gate(to(i), key));
     let names: Vec<String> = asked_.rest.iter().map(|(_, k)| k.clone()).collect();
     let tier = asked(id, &names);
     settle::spawn_settled(env, async move {
         let mut answers = asked_.answers();
         let rest = asked_.rest;
+        let records = Records { id, flights };
+        let landed = |i: usize, (answer, gated): (RedisAnswer, Gated)| {
+            Each::Other(Landed {
+                id,
+                flight: records.flights[i],
+                answer,
+                gated,
+            })
+        };
         let Some((tier, lock_ttl, stamps)) = tier else {
             for (i, _) in &rest {
-                answers[*i] = Some(Each::Other(RedisAnswer::kind(GATE_CLOSED, None)));
+                let closed = (RedisAnswer::kind(GATE_CLOSED, None), Gated::Nothing);
+                answers[*i] = Some(landed(*i, closed));
             }
-            return Ok(Batch::of(rest, answers, false, false));
+            return Ok(Batch::of(rest, answers, false, false, Some(records)));
         };
         let asks: Vec<(String, Stamp)> = names.into_iter().zip(stamps.iter().copied()).collect();
         let looks = tier.cold_gate_many(&asks, lock_ttl as u64).await;
@@ -184,20 +217,48 @@ pub fn redis_gate_many(
                 ) if closed => {
                     // Closed while asking: no loader runs, and a lock just taken goes back.
                     tier.release(key, &token, true).await;
-                    Each::Other(RedisAnswer::kind(GATE_CLOSED, Some(*stamp)))
+                    let closed = RedisAnswer::kind(GATE_CLOSED, Some(*stamp));
+                    landed(*i, (closed, Gated::Nothing))
                 }
-                _ if closed => Each::Other(RedisAnswer::kind(GATE_CLOSED, Some(*stamp))),
+                _ if closed => {
+                    let closed = RedisAnswer::kind(GATE_CLOSED, Some(*stamp));
+                    landed(*i, (closed, Gated::Nothing))
+                }
                 FirstLook::Done(Gate::Found(r), _) => Each::Found(r),
-                FirstLook::Done(gate, lock) => {
-                    Each::Other(answer_of(gate, lock_code(lock), Some(*stamp)))
+                FirstLook::Done(gate, lock) => landed(
+                    *i,
+                    answer_of(&tier, key, gate, lock_code(lock), Some(*stamp)),
+                ),
+                FirstLook::Wait => {
+                    let wait = RedisAnswer::kind(GATE_WAIT, Some(*stamp));
+                    landed(*i, (wait, Gated::Nothing))
                 }
-                FirstLook::Wait => Each::Other(RedisAnswer::kind(GATE_WAIT, Some(*stamp))),
             };
             answers[*i] = Some(answer);
         }
         let joined = tier.values_are_json();
-        Ok(Batch::of(rest, answers, joined, tier.reports_waiting()))
+        Ok(Batch::of(
+            rest,
+            answers,
+            joined,
+            tier.reports_waiting(),
+            Some(records),
+        ))
     })
+}
+
+/// Begins the records of a batch's cold flights (`redisGate` begins one's).
+fn begin_flights(id: u32, keys: &[String], flights: &[u64]) {
+    let Some(e) = engine(id) else { return };
+    let mut e = e.borrow_mut();
+    if e.cache.is_closed() || e.redis.is_none() {
+        return;
+    }
+    for (key, flight) in keys.iter().zip(flights) {
+        e.flights
+            .entry(*flight)
+            .or_insert_with(|| Flight::new(key.clone(), PURPOSE_COLD));
+    }
 }
 
 /// Reads many keys from Redis (for `getMany`), as `redisFetch` reads one with `count`: found /
@@ -209,9 +270,9 @@ pub fn redis_fetch_many(
     id: u32,
     joined: String,
     lengths: Uint32Array,
-) -> napi::Result<PromiseRaw<'_, Batch>> {
+) -> napi::Result<PromiseRaw<'_, Batch<RedisAnswer>>> {
     let keys = split_keys(&joined, &lengths)?;
-    let mut asked_ = uncarried(id, keys, true);
+    let mut asked_ = uncarried(keys, |_, key| carried(id, key, true));
     let names: Vec<String> = asked_.rest.iter().map(|(_, k)| k.clone()).collect();
     let tier = asked(id, &names);
     settle::spawn_settled(env, async move {
@@ -221,7 +282,7 @@ pub fn redis_fetch_many(
             for (i, _) in &rest {
                 answers[*i] = Some(Each::Other(RedisAnswer::kind(GATE_UNAVAILABLE, None)));
             }
-            return Ok(Batch::of(rest, answers, false, false));
+            return Ok(Batch::of(rest, answers, false, false, None));
         };
         let asks: Vec<(String, Stamp)> = names.into_iter().zip(stamps).collect();
         let fetched = tier.fetch_many(&asks, true).await;
@@ -233,22 +294,37 @@ pub fn redis_fetch_many(
             });
         }
         let joined = tier.values_are_json();
-        Ok(Batch::of(rest, answers, joined, tier.reports_waiting()))
+        Ok(Batch::of(
+            rest,
+            answers,
+            joined,
+            tier.reports_waiting(),
+            None,
+        ))
     })
 }
 
-/// A found key's envelope, waiting for `adoptMany` (its value text crossed to JS apart).
+/// A found key of a batch (its value text crossed to JS apart).
 struct Kept {
     key: String,
-    remote: Remote,
-    /// The value text's UTF-8 length (what `adopt` is given as `size`).
+    /// What `adoptMany` keeps of it: here for a read's key; in its flight's record for a gate's
+    /// (moved there as the batch lands, see `Records`), so `None` here.
+    found: Option<Found>,
+    /// The value text's UTF-8 length (what the entry's `size` is).
     size: u64,
     /// It has a value text (else the cached value is `undefined`).
     text: bool,
 }
 
-/// The envelopes of a batch's found keys, by position in the batch, until `adoptMany`.
-pub struct Found(Vec<Option<Kept>>);
+/// The found keys of a batch, by position in the batch, until `adoptMany`.
+pub struct FoundKeys(Vec<Option<Kept>>);
+
+/// A gate batch's engine and each key's flight: as the batch crosses to JS, each found key's
+/// entry goes into its flight's record, as a single gate's `Landed` puts it there.
+pub(super) struct Records {
+    id: u32,
+    flights: Vec<u64>,
+}
 
 /// The found keys' value texts: one JSON array of those that have one, in order, or each apart.
 enum Texts {
@@ -261,24 +337,50 @@ enum Texts {
 /// `texts` the found values' JSON texts, one JSON array text of those with `BATCH_VALUE` (in
 /// order) or an array per key (`null` for none); `freshUntil` (Float64Array) per key (found
 /// only); `found` the external `adoptMany` takes; `reported`: failures wait for `onError`.
-pub struct Batch {
+/// `A`: an other answer (a gate's `Landed`, which lands its part in its flight's record).
+pub struct Batch<A> {
     codes: Vec<i32>,
     texts: Texts,
     fresh_until: Vec<f64>,
-    others: Vec<RedisAnswer>,
-    found: Found,
+    others: Vec<A>,
+    found: FoundKeys,
+    records: Option<Records>,
     reported: bool,
 }
 
-impl Batch {
+/// An other answer for a key no answer was made for (never expected: every key is answered).
+pub(super) trait Unanswered {
+    fn unavailable(records: Option<&Records>, i: usize) -> Self;
+}
+
+impl Unanswered for RedisAnswer {
+    fn unavailable(_: Option<&Records>, _: usize) -> Self {
+        RedisAnswer::kind(GATE_UNAVAILABLE, None)
+    }
+}
+
+impl Unanswered for Landed {
+    fn unavailable(records: Option<&Records>, i: usize) -> Self {
+        Landed {
+            id: records.map_or(0, |r| r.id),
+            flight: records.and_then(|r| r.flights.get(i).copied()).unwrap_or(0),
+            answer: RedisAnswer::kind(GATE_UNAVAILABLE, None),
+            gated: Gated::Nothing,
+        }
+    }
+}
+
+impl<A: Unanswered> Batch<A> {
     /// `rest`: the keys asked of Redis (the others were answered from announcements, and are
-    /// in `others`); `join`: the serializer is JSON, so the found values' texts may be joined.
+    /// in `others`); `join`: the serializer is JSON, so the found values' texts may be joined;
+    /// `records`: a gate batch's flights.
     fn of(
         rest: Vec<(usize, String)>,
-        answers: Vec<Option<Each>>,
+        answers: Vec<Option<Each<A>>>,
         join: bool,
         reported: bool,
-    ) -> Batch {
+        records: Option<Records>,
+    ) -> Batch<A> {
         let n = answers.len();
         let mut names: Vec<Option<String>> = (0..n).map(|_| None).collect();
         for (i, key) in rest {
@@ -308,9 +410,15 @@ impl Batch {
                     codes.push(code as i32);
                     fresh_until[i] = e.fresh_until;
                     let size = text.as_ref().map_or(0, |t| t.len() as u64);
+                    let found = Found {
+                        envelope: r.envelope,
+                        tags: r.tags,
+                        stamp: Some(r.stamp),
+                        size,
+                    };
                     kept.push(Some(Kept {
                         key,
-                        remote: r,
+                        found: Some(found),
                         size,
                         text: text.is_some(),
                     }));
@@ -319,8 +427,8 @@ impl Batch {
                 (answer, _) => {
                     let answer = match answer {
                         Some(Each::Other(a)) => a,
-                        // Never expected (every key is answered): unavailable, as a read that failed.
-                        _ => RedisAnswer::kind(GATE_UNAVAILABLE, None),
+                        // Unavailable, as a read that failed.
+                        _ => A::unavailable(records.as_ref(), i),
                     };
                     codes.push(-1 - others.len() as i32);
                     others.push(answer);
@@ -349,8 +457,28 @@ impl Batch {
             texts,
             fresh_until,
             others,
-            found: Found(kept),
+            found: FoundKeys(kept),
+            records,
             reported,
+        }
+    }
+}
+
+impl Records {
+    /// Moves each found key's entry into its flight's record (on the JS thread, as the batch
+    /// crosses, so the record has it before any JS reads the batch). A record gone by then (the
+    /// cache closed) drops it.
+    fn land(&self, found: &mut FoundKeys) {
+        let Some(e) = engine(self.id) else { return };
+        let mut e = e.borrow_mut();
+        for (kept, flight) in found.0.iter_mut().zip(&self.flights) {
+            let Some(kept) = kept else { continue };
+            let Some(entry) = kept.found.take() else {
+                continue;
+            };
+            if let Some(f) = e.flights.get_mut(flight) {
+                f.gated = Gated::Found(entry);
+            }
         }
     }
 }
@@ -394,7 +522,7 @@ fn one_value(text: &str) -> bool {
     depth == 0 && !in_string
 }
 
-impl TypeName for Batch {
+impl<A> TypeName for Batch<A> {
     fn type_name() -> &'static str {
         "Batch"
     }
@@ -404,8 +532,11 @@ impl TypeName for Batch {
     }
 }
 
-impl ToNapiValue for Batch {
-    unsafe fn to_napi_value(env: sys::napi_env, b: Self) -> napi::Result<sys::napi_value> {
+impl<A: ToNapiValue> ToNapiValue for Batch<A> {
+    unsafe fn to_napi_value(env: sys::napi_env, mut b: Self) -> napi::Result<sys::napi_value> {
+        if let Some(records) = &b.records {
+            records.land(&mut b.found);
+        }
         // SAFETY: napi-rs calls this on the JS thread with its environment, in a handle scope;
         // each conversion makes a fresh value of `env`, and the array is made and filled there.
         unsafe {
@@ -492,17 +623,18 @@ impl ToNapiValue for Adopted {
     }
 }
 
-/// Takes a batch's found entries into the in-process tier at once, as `adopt` takes one each:
-/// `flights[i]` is key i's flight (-1: none, as for `getMany`; below -1: not adopted, as for a
-/// key not found or whose value this cache's serializer could not read). `cold`, `beta` as for
-/// `adopt`. Answers per key what `adopt` answers (`slot * 2 + refresh`; `WRITTEN_NOWHERE * 2`
-/// for a key not adopted). A key whose slot a later key of the batch took (evicted meanwhile)
-/// answers `NO_SLOT`: the facade keeps values at slots in key order after this call, and would
-/// otherwise keep the earlier key's value at a slot that is no longer its.
+/// Takes a batch's found entries into the in-process tier at once, as `adopt` and `adoptRead`
+/// take one each: `flights[i]` is key i's flight, whose record its gate's entry is in, ended as
+/// `adopt` ends it (-1: none, as for `getMany`: the entry is in `found`; below -1: not adopted,
+/// as for a key not found or whose value this cache's serializer could not read). `cold`, `beta`
+/// as for `adopt`. Answers per key what `adopt` answers (`slot * 2 + refresh`;
+/// `WRITTEN_NOWHERE * 2` for a key not adopted). A key whose slot a later key of the batch took
+/// (evicted meanwhile) answers `NO_SLOT`: the facade keeps values at slots in key order after
+/// this call, and would otherwise keep the earlier key's value at a slot that is no longer its.
 #[napi(ts_return_type = "Int32Array")]
 pub fn adopt_many(
     id: u32,
-    found: &mut External<Found>,
+    found: &mut External<FoundKeys>,
     flights: Float64Array,
     cold: bool,
     beta: f64,
@@ -514,48 +646,29 @@ pub fn adopt_many(
     };
     let mut e = e.borrow_mut();
     let e = &mut *e;
-    let beta = if beta >= 0.0 {
-        beta
-    } else {
-        e.cache.options().defaults.beta
-    };
     let mut slotted = Vec::new();
     for (i, kept) in found.0.iter_mut().enumerate() {
         let flight = flights.get(i).copied().unwrap_or(-2.0);
         if flight < -1.0 {
             continue;
         }
-        let Some(Kept {
-            key, remote, size, ..
-        }) = kept.take()
-        else {
+        let Some(Kept { key, found, .. }) = kept.take() else {
             continue;
         };
-        // As `adopt`: a write of the key by this instance queued or unanswered means Redis may
-        // have run this read before it; served, not kept.
-        let stamp = if e.redis.as_ref().is_some_and(|t| t.writing(&key)) {
-            Some(Stamp::OUTDATED)
+        let adopted = if flight >= 0.0 {
+            adopt_flight(e, flight as u64, cold, beta)
+        } else if let Some(found) = found {
+            keep_found(e, &key, None, cold, found, beta)
         } else {
-            Some(remote.stamp)
+            continue;
         };
-        let refresh = cold && e.cache.served_refresh_due(&remote.envelope, beta);
-        let extra = Extra {
-            tags: remote.tags,
-            size,
-        };
-        let flight = (flight >= 0.0).then_some(flight as u64);
-        let slot = match e.cache.adopt(&key, flight, remote.envelope, extra, stamp) {
-            None => WRITTEN_NOWHERE,
-            Some(None) => NO_SLOT,
-            Some(Some(s)) => {
-                slotted.push((i, key, s));
-                s as i32
-            }
-        };
-        out[i] = slot * 2 + i32::from(refresh);
+        if adopted >> 1 >= 0 {
+            slotted.push((i, key, adopted >> 1));
+        }
+        out[i] = adopted;
     }
     for (i, key, s) in slotted {
-        if e.cache.live_slot(&key) != Some(s) {
+        if e.cache.live_slot(&key).map(|s| s as i32) != Some(s) {
             out[i] = NO_SLOT * 2 + (out[i] & 1);
         }
     }
@@ -566,7 +679,7 @@ pub fn adopt_many(
 /// text `joined` it answered: what the facade reads when that text did not parse as a whole (a
 /// corrupt value among them). Before `adoptMany` (which takes the entries).
 #[napi]
-pub fn batch_texts(found: &External<Found>, joined: String) -> Vec<Option<String>> {
+pub fn batch_texts(found: &External<FoundKeys>, joined: String) -> Vec<Option<String>> {
     // Each text is one element of `joined`, in order, `,` between them (see `Batch::of`).
     let mut at = 1;
     found

@@ -55,6 +55,22 @@ pub(super) fn encode_hit(hit: Hit) -> i32 {
     ((hit.slot() as i32) << HIT_SLOT_SHIFT) | (kind << HIT_KIND_SHIFT) | refresh as i32
 }
 
+/// The index of fresh entries' shared words (`freshIndex`, see `src/fresh.rs`): the 32-bit
+/// word indexes of the epoch, the touch generation, the touch log's length and its first slot,
+/// the f64 index of `until`, and how many slots the log holds.
+#[napi]
+pub const FRESH_EPOCH: u32 = crate::fresh::EPOCH_WORD as u32;
+#[napi]
+pub const FRESH_TOUCH_GEN: u32 = crate::fresh::TOUCH_GEN_WORD as u32;
+#[napi]
+pub const FRESH_UNTIL: u32 = crate::fresh::UNTIL_F64 as u32;
+#[napi]
+pub const FRESH_TOUCH_LEN: u32 = crate::fresh::TOUCH_LEN_WORD as u32;
+#[napi]
+pub const FRESH_TOUCHES: u32 = crate::fresh::TOUCHES_WORD as u32;
+#[napi]
+pub const FRESH_TOUCH_CAP: u32 = crate::fresh::TOUCH_CAP as u32;
+
 /// `lookup` answers `n * STEP_KINDS + kind`.
 #[napi]
 pub const STEP_KINDS: u32 = 4;

@@ -1,5 +1,5 @@
-//! The per-thread engine table: an engine per cache instance, named by a `u32` id, created from
-//! the constructor's options and closed by `close`.
+//! The per-thread engine table: an engine per cache instance, named by a `u32` id (created and
+//! closed in `lifecycle.rs`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -7,37 +7,36 @@ use std::rc::Rc;
 use std::result::Result;
 use std::sync::Arc;
 
-use napi::bindgen_prelude::*;
-use napi_derive::napi;
-
+use super::flight::Flight;
 use super::lane::LaneSlot;
-use super::options::engine_options;
 use super::{js_err, JsErr};
-use crate::cache::{Cache, Prepared};
+use crate::cache::Cache;
 use crate::envelope::Envelope;
 use crate::error::{Error as CoreError, ErrorCode};
 use crate::store::redis::{RedisTier, Reports};
 
 /// One cache instance: the engine, its Redis tier if configured (taken out by `close`), the
 /// envelopes (and tags) `set_entry` wrote that `redis_write` sends next (same JS turn, see
-/// "Boundary rules" in `mod.rs`), and the results of loads being written back, by flight.
+/// "Boundary rules" in `mod.rs`), and the records of the flights that passed a Redis gate.
 pub struct EngineState {
     pub(super) cache: Cache,
     pub(super) redis: Option<Arc<RedisTier>>,
     /// The tier's failures for `onError`, drained after close too.
     pub(super) reports: Option<Arc<Reports>>,
     pub(super) written: HashMap<String, (Envelope, Vec<String>)>,
-    pub(super) prepared: HashMap<u64, Option<Prepared>>,
+    /// By flight id (see `flight.rs`).
+    pub(super) flights: HashMap<u64, Flight>,
     /// The read lane to the tier's server, if any (see `lane.rs`).
     pub(super) lane: LaneSlot,
 }
 
 impl Drop for EngineState {
     fn drop(&mut self) {
-        // A cache collected without close() still closes its lane and stops its bus task.
+        // A cache collected without close() still closes its lane and stops its bus task; the
+        // locks its flights hold go back as their records drop, after this.
         self.lane.close();
         if let Some(r) = &self.redis {
-            r.close(Vec::new());
+            r.close();
         }
     }
 }
@@ -70,7 +69,7 @@ pub(super) fn with_engine<R>(
 }
 
 /// Owned by the JS facade; when it is garbage-collected the engine goes with it.
-pub struct EngineToken(u32);
+pub struct EngineToken(pub(super) u32);
 
 impl Drop for EngineToken {
     fn drop(&mut self) {
@@ -83,87 +82,5 @@ impl Drop for EngineToken {
                 }
             }
         });
-    }
-}
-/// Validates the constructor's options and creates an engine. The facade checks the two
-/// function options (`waitUntil`, `onError`), which stay in JS.
-#[napi]
-pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, JsErr> {
-    let options = engine_options(options.as_ref())?;
-    let cache = Cache::new(options);
-    let redis = match cache.options().redis.as_ref() {
-        None => None,
-        Some(config) => {
-            let runtime =
-                napi::bindgen_prelude::within_runtime_if_available(tokio::runtime::Handle::current);
-            let tier = RedisTier::new(
-                config,
-                &cache.options().namespace,
-                cache.stats.clone(),
-                cache.inbox().clone(),
-                runtime,
-                cache.options().serializer,
-                cache.options().tag_ttl as u64,
-            )
-            .map_err(|why| {
-                js_err(CoreError::invalid_option(
-                    "redis",
-                    format!("is not usable: {why}"),
-                ))
-            })?;
-            let connecting = tier.clone();
-            napi::bindgen_prelude::spawn(async move { connecting.connect().await });
-            napi::bindgen_prelude::spawn(tier.clone().run_bus());
-            Some(tier)
-        }
-    };
-    let cache = Rc::new(RefCell::new(EngineState {
-        cache,
-        reports: redis.as_ref().map(|r| r.reports()),
-        redis,
-        written: HashMap::new(),
-        prepared: HashMap::new(),
-        lane: LaneSlot::default(),
-    }));
-    let id = ENGINES.with_borrow_mut(|v| match v.iter().position(Option::is_none) {
-        Some(free) => {
-            v[free] = Some(cache);
-            free as u32
-        }
-        None => {
-            v.push(Some(cache));
-            (v.len() - 1) as u32
-        }
-    });
-    Ok(External::new(EngineToken(id)))
-}
-
-#[napi]
-pub fn engine_id(token: &External<EngineToken>) -> u32 {
-    token.0
-}
-
-/// Closes the engine. `held` are `[key, token]` of the Redis locks that loads still running
-/// hold: they are released now, in one go, on the tier's connection, which then closes (a load
-/// that ends later writes nothing and needs no connection).
-#[napi]
-pub fn close_engine(id: u32, held: Option<Vec<Vec<String>>>) {
-    if let Some(e) = engine(id) {
-        let mut e = e.borrow_mut();
-        e.cache.close();
-        e.written.clear();
-        e.prepared.clear();
-        e.lane.close();
-        if let Some(r) = e.redis.take() {
-            let held = held
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|pair| match <[String; 2]>::try_from(pair) {
-                    Ok([key, token]) => Some((key, token)),
-                    Err(_) => None,
-                })
-                .collect();
-            r.close(held);
-        }
     }
 }

@@ -10,8 +10,11 @@ use napi::bindgen_prelude::*;
 use napi::sys;
 use napi_derive::napi;
 
+use std::sync::Arc;
+
 use super::codes::{encode_hit, HIT_REFRESH, MISS};
 use super::engines::ENGINES;
+use crate::fresh::FreshWords;
 use crate::key;
 
 /// N-API copies at most `KEY_BUF - 1` bytes and cuts at a character boundary (up to 3 bytes
@@ -143,13 +146,93 @@ fn has_replacement_char(key: &[u8]) -> bool {
     key.contains(&0xEF) && key.windows(3).any(|w| w == [0xEF, 0xBF, 0xBD])
 }
 
-/// Adds `peek(id, key)` (getOrLoad) and `peekGet(id, key)` (get) to the module's exports. One
+/// `freshIndex(id)`: the engine's words shared with the facade's index of fresh entries (see
+/// `src/fresh.rs`), as an ArrayBuffer over the engine's own memory, or `null` (no such engine,
+/// the in-process tier off, or a runtime that cannot make an external ArrayBuffer: then every
+/// hit takes `peek`). The words are written from other threads (an invalidation heard from the
+/// bus bumps the epoch as it arrives), so the facade cannot own them: the buffer holds an `Arc`
+/// of them, dropped by its finalizer, and the words outlive whichever of the engine and the
+/// buffer goes last.
+unsafe extern "C" fn fresh_index_raw(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
+    let mut argc = 1usize;
+    let mut argv = [std::ptr::null_mut(); 1];
+    let mut id = u32::MAX;
+    let mut out = std::ptr::null_mut();
+    // SAFETY: Node calls this on the JS thread with a valid env and callback info; every
+    // out-pointer is a live local.
+    unsafe {
+        if sys::napi_get_cb_info(
+            env,
+            info,
+            &mut argc,
+            argv.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ) != sys::Status::napi_ok
+            || argc != 1
+            || sys::napi_get_value_uint32(env, argv[0], &mut id) != sys::Status::napi_ok
+        {
+            id = u32::MAX;
+        }
+    }
+    let words = ENGINES.with_borrow(|engines| match engines.get(id as usize) {
+        Some(Some(engine)) => engine.borrow().cache.fresh_words().cloned(),
+        _ => None,
+    });
+    if let Some(words) = words {
+        let data = Arc::as_ptr(&words).cast_mut().cast::<std::ffi::c_void>();
+        let hint = Box::into_raw(Box::new(words));
+        // SAFETY: on the JS thread. `data` points at `FreshWords::byte_len()` bytes kept alive
+        // by the `Arc` behind `hint` until the finalizer takes it back (exactly once: N-API calls
+        // it once, and only if the buffer was made). The words are atomics (interior
+        // mutability), so JS writing them through its views aliases nothing Rust holds by
+        // reference; JS writes only the touch log, read by Rust on this same thread.
+        unsafe {
+            if sys::napi_create_external_arraybuffer(
+                env,
+                data,
+                FreshWords::byte_len(),
+                Some(release_words),
+                hint.cast(),
+                &mut out,
+            ) == sys::Status::napi_ok
+            {
+                return out;
+            }
+            drop(Box::from_raw(hint));
+        }
+    }
+    // SAFETY: on the JS thread with a valid env; `out` is a live local.
+    unsafe { sys::napi_get_null(env, &mut out) };
+    out
+}
+
+/// The finalizer of `freshIndex`'s buffer: drops the buffer's `Arc` of the words.
+unsafe extern "C" fn release_words(
+    _env: sys::napi_env,
+    _data: *mut std::ffi::c_void,
+    hint: *mut std::ffi::c_void,
+) {
+    // SAFETY: `hint` is the `Box<Arc<FreshWords>>` `fresh_index_raw` leaked for this buffer,
+    // and N-API calls its finalizer once.
+    drop(unsafe { Box::from_raw(hint.cast::<Arc<FreshWords>>()) });
+}
+
+/// Adds `peek(id, key)` (getOrLoad), `peekGet(id, key)` (get) and `freshIndex(id)` to the
+/// module's exports. One
 /// function for every engine keeps each facade call site monomorphic (a function per engine made
 /// it ~15% slower with 3 caches).
 #[napi(module_exports)]
 pub fn register_raw_functions(exports: Object, env: Env) -> napi::Result<()> {
     type Callback = unsafe extern "C" fn(sys::napi_env, sys::napi_callback_info) -> sys::napi_value;
-    let raw: [(&std::ffi::CStr, Callback); 2] = [(c"peek", peek_raw), (c"peekGet", peek_get_raw)];
+    let raw: [(&std::ffi::CStr, Callback); 3] = [
+        (c"peek", peek_raw),
+        (c"peekGet", peek_get_raw),
+        (c"freshIndex", fresh_index_raw),
+    ];
     for (name, callback) in raw {
         let mut f = std::ptr::null_mut();
         // SAFETY: env and exports come from Node's module initialisation on the JS thread; the

@@ -23,13 +23,12 @@ use std::time::Instant;
 use napi::bindgen_prelude::*;
 use napi::sys;
 
-use super::engines::engine;
-use super::redis::{settle_lane_read, LaneAsk, RedisAnswer};
 use super::settle::{self, Promised};
 use crate::inbox::Stamp;
 use crate::store::redis::{
     frame, Landing, LaneRead, LaneSocket, Opened, RedisTier, PROBE_INTERVAL,
 };
+use crate::sync::LockOrRecover;
 
 /// An engine's read lane.
 #[derive(Default)]
@@ -65,12 +64,34 @@ enum Failure {
     TimedOut(String),
 }
 
+/// What a read sent on the read lane was for.
+#[derive(Clone, Copy)]
+pub enum LaneAsk {
+    /// A cold load's gate (`redisGate`, `PURPOSE_COLD`) for flight `flight` of engine `id`.
+    Cold { id: u32, flight: u64, lock_ttl: f64 },
+    /// `redisFetch`.
+    Fetch { count: bool },
+}
+
+impl LaneAsk {
+    pub fn counted(self) -> bool {
+        matches!(self, LaneAsk::Fetch { count: true })
+    }
+}
+
+/// What the asker does with a read's answer, on the JS thread in a handle scope (`None`: the
+/// lane failed or closed before it answered). A function the asker gives, so this module knows
+/// nothing of what a read is for.
+pub type Then =
+    fn(sys::napi_env, &Arc<RedisTier>, Promised, String, Stamp, LaneAsk, Option<LaneRead>);
+
 /// A read sent on the lane, waiting for its reply (replies come in the order reads were sent).
 struct Sent {
     promised: Promised,
     key: String,
     stamp: Stamp,
     ask: LaneAsk,
+    then: Then,
     deadline: Instant,
 }
 
@@ -122,29 +143,19 @@ pub fn refuse_read_lane() {
     NOT_LIBUV.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Opens, installs or returns `id`'s lane, and sends a read of `key` on it: the promise, or
-/// `None` if the lane cannot take it now (the caller asks on the command connection).
-pub fn read<'env>(
-    env: &'env Env,
-    id: u32,
-    tier: &Arc<RedisTier>,
-    key: String,
-    stamp: Stamp,
-    ask: LaneAsk,
-) -> napi::Result<Option<PromiseRaw<'env, RedisAnswer>>> {
+/// Opens, installs or returns the engine's lane (`slot`): `None` if it cannot take a read now
+/// (the caller asks on the command connection). Send on it with `send`, once the engine is no
+/// longer borrowed (a read the lane answers at once settles through the asker's `Then`).
+pub fn ready(env: &Env, slot: &mut LaneSlot, tier: &Arc<RedisTier>) -> Option<Rc<RefCell<Lane>>> {
     if NOT_LIBUV.load(std::sync::atomic::Ordering::Relaxed) {
-        return Ok(None);
+        return None;
     }
-    let Some(uv) = uv() else { return Ok(None) };
-    let Some(engine) = engine(id) else {
-        return Ok(None);
-    };
-    let mut e = engine.borrow_mut();
+    let uv = uv()?;
     if !tier.lane_usable() {
-        return Ok(None);
+        return None;
     }
-    let lane = match &mut e.lane {
-        LaneSlot::Never => return Ok(None),
+    Some(match slot {
+        LaneSlot::Never => return None,
         LaneSlot::Open(lane) => {
             let (shut, current) = {
                 let l = lane.borrow();
@@ -156,67 +167,77 @@ pub fn read<'env>(
                 // The tier replaced its command connection (or the lane failed): reopen, so
                 // both reach the same server.
                 let lane = lane.clone();
-                e.lane = LaneSlot::Closed;
+                *slot = LaneSlot::Closed;
                 Lane::shut(&lane, None);
-                open(&mut e.lane, tier);
-                return Ok(None);
+                open(slot, tier);
+                return None;
             }
         }
         LaneSlot::Closed => {
-            open(&mut e.lane, tier);
-            return Ok(None);
+            open(slot, tier);
+            return None;
         }
         LaneSlot::Waiting { retry_at } => {
             if Instant::now() >= *retry_at {
-                open(&mut e.lane, tier);
+                open(slot, tier);
             }
-            return Ok(None);
+            return None;
         }
         LaneSlot::Opening(result) => {
-            let Some(opened) = result.lock().unwrap_or_else(|p| p.into_inner()).take() else {
-                return Ok(None);
-            };
+            let opened = result.lock_or_recover().take()?;
             match opened {
                 Err(_) => {
                     // The command connection reports Redis's trouble; the lane tries later.
-                    e.lane = LaneSlot::Waiting {
+                    *slot = LaneSlot::Waiting {
                         retry_at: Instant::now() + PROBE_INTERVAL,
                     };
-                    return Ok(None);
+                    return None;
                 }
                 // Opened before the tier replaced its command connection: the server may be
                 // gone or demoted (a socket waits here unwatched until a read installs it).
                 Ok(socket) if !tier.lane_current(socket.opened_at_replacement) => {
                     drop(socket);
-                    open(&mut e.lane, tier);
-                    return Ok(None);
+                    open(slot, tier);
+                    return None;
                 }
                 Ok(socket) => match Lane::install(uv, env.raw(), tier.clone(), socket) {
                     Ok(lane) => {
-                        e.lane = LaneSlot::Open(lane.clone());
+                        *slot = LaneSlot::Open(lane.clone());
                         lane
                     }
                     Err(_) => {
-                        e.lane = LaneSlot::Never;
-                        return Ok(None);
+                        *slot = LaneSlot::Never;
+                        return None;
                     }
                 },
             }
         }
-    };
-    drop(e);
+    })
+}
+
+/// Sends a read of `key` on `lane` (from `ready`): the promise, which `then` settles.
+pub fn send<'env, T>(
+    env: &'env Env,
+    lane: &Rc<RefCell<Lane>>,
+    tier: &Arc<RedisTier>,
+    key: String,
+    stamp: Stamp,
+    ask: LaneAsk,
+    then: Then,
+) -> napi::Result<PromiseRaw<'env, T>> {
     let (promised, promise) = settle::promise(env.raw())?;
     Lane::send(
-        &lane,
+        lane,
         Sent {
             promised,
             key,
             stamp,
             ask,
+            then,
             deadline: Instant::now() + tier.lane_timeout(),
         },
     );
-    Ok(Some(PromiseRaw::new(env.raw(), promise)))
+    Ok(PromiseRaw::new(env.raw(), promise))
 }
 
 fn open(slot: &mut LaneSlot, tier: &Arc<RedisTier>) {
@@ -625,7 +646,7 @@ impl Lane {
             None => {}
         }
         for s in left {
-            settle_lane_read(env, &tier, s.promised, s.key, s.stamp, s.ask, None);
+            (s.then)(env, &tier, s.promised, s.key, s.stamp, s.ask, None);
         }
     }
 }
@@ -678,7 +699,7 @@ fn deliver(lane: &Rc<RefCell<Lane>>, answered: Vec<(Sent, LaneRead)>, failure: O
         unsafe {
             in_callback_scope(env, || {
                 for (s, read) in answered {
-                    settle_lane_read(env, &tier, s.promised, s.key, s.stamp, s.ask, Some(read));
+                    (s.then)(env, &tier, s.promised, s.key, s.stamp, s.ask, Some(read));
                 }
             })
         };

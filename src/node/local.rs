@@ -9,7 +9,7 @@ use super::codes::{
     encode_hit, MISS, NO_SLOT, STEP_JOIN, STEP_KINDS, STEP_LEAD, STEP_SERVE, WRITTEN_NOWHERE,
 };
 use super::engines::{engine, with_engine};
-use super::options::policy_of;
+use super::options::{loaded_of, policy_of, LoadResult};
 use super::JsErr;
 use crate::cache::{Extra, Step};
 
@@ -43,40 +43,16 @@ pub fn begin_refresh(id: u32, key: String, seen: f64) -> f64 {
 
 /// The loader of `flight` returned (a cache without Redis; with Redis, `write_back` then
 /// `finish_write`): the slot to keep the value at, `NO_SLOT` when the in-process tier keeps
-/// nothing, `WRITTEN_NOWHERE` when the flight was superseded. `tags`: the result's;
-/// `inherit` (a refresh): none given keeps the replaced entry's. `size`: serialized bytes.
+/// nothing, `WRITTEN_NOWHERE` when the flight was superseded. `inherit` (a refresh): a result
+/// given no tags keeps the replaced entry's.
 #[napi]
-pub fn complete(
-    id: u32,
-    key: String,
-    flight: f64,
-    compute_ms: f64,
-    negative: bool,
-    policy: Option<Vec<f64>>,
-    tags: Option<Vec<String>>,
-    inherit: bool,
-    size: f64,
-) -> i32 {
+pub fn complete(id: u32, key: String, flight: f64, loaded: LoadResult, inherit: bool) -> i32 {
     with_engine(id, |e| {
-        let p = policy_of(e, policy.as_deref());
-        let extra = Extra {
-            tags: tags.unwrap_or_default(),
-            size: size as u64,
-        };
-        Ok(
-            match e.cache.complete(
-                &key,
-                flight as u64,
-                compute_ms,
-                negative,
-                &p,
-                extra,
-                inherit,
-            ) {
-                None => WRITTEN_NOWHERE,
-                Some(w) => w.slot.map_or(NO_SLOT, |s| s as i32),
-            },
-        )
+        let loaded = loaded_of(e, loaded, inherit);
+        Ok(match e.cache.complete(&key, flight as u64, loaded) {
+            None => WRITTEN_NOWHERE,
+            Some(w) => w.slot.map_or(NO_SLOT, |s| s as i32),
+        })
     })
     .unwrap_or(WRITTEN_NOWHERE)
 }
@@ -98,6 +74,14 @@ pub fn skip(id: u32, key: String, flight: f64) {
         c.cache.skip(&key, flight as u64);
         Ok(())
     });
+}
+
+/// The facade's touch log of fresh hits it served itself is full: apply it to the LRU.
+#[napi]
+pub fn apply_touches(id: u32) {
+    if let Some(e) = engine(id) {
+        e.borrow_mut().cache.apply_touches();
+    }
 }
 
 /// Slots whose values the facade should drop (freed under `l1.maxBytes`); take them before
@@ -251,8 +235,9 @@ pub fn stats(id: u32) -> Stats {
     }
 }
 
-/// Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes,
-/// inbox keys, applied invalidations kept for the facade and not yet taken]`.
+/// Internal counts for tests: `[flights in progress, entries, lock-waiter keys, unsent writes
+/// (with the flights' records, which hold their write-backs), inbox keys, applied invalidations
+/// kept for the facade and not yet taken]`.
 #[napi]
 pub fn debug_counts(id: u32) -> Vec<u32> {
     engine(id)
@@ -264,7 +249,7 @@ pub fn debug_counts(id: u32) -> Vec<u32> {
                 c.cache.flights_in_progress() as u32,
                 c.cache.entries() as u32,
                 waiting as u32,
-                (c.written.len() + c.prepared.len() + unsent) as u32,
+                (c.written.len() + c.flights.len() + unsent) as u32,
                 c.cache.inbox().pending_keys() as u32,
                 c.cache.applied_kept() as u32,
                 c.cache.refreshes_running() as u32,

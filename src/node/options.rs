@@ -15,6 +15,7 @@ use super::codes::{
 use super::engines::{engine, with_engine, EngineState};
 use super::hot_path::checked_cast;
 use super::{js_err, napi_fail, JsErr};
+use crate::cache::{Extra, Loaded};
 use crate::error::{Error as CoreError, ErrorCode};
 use crate::key;
 use crate::policy::{
@@ -425,4 +426,31 @@ pub fn default_policy(id: u32) -> Vec<f64> {
     engine(id)
         .map(|e| policy_vec(&e.borrow().cache.options().defaults))
         .unwrap_or_default()
+}
+
+/// What a loader returned, as the facade hands it to `complete` or `writeBack`: the loader's
+/// time, whether it found nothing, the policy `ctx.setTtl` left (null: the call's defaults),
+/// the tags and the serialized size. One object: each is a fact only the facade has. (An
+/// object's field is `None` when absent and `Some(None)` when null.)
+#[napi(object)]
+pub struct LoadResult {
+    pub compute_ms: f64,
+    pub negative: bool,
+    pub policy: Option<Option<Vec<f64>>>,
+    pub tags: Option<Option<Vec<String>>>,
+    pub size: f64,
+}
+
+/// The result as the engine writes it (`inherit`: see `Loaded`).
+pub(super) fn loaded_of(c: &EngineState, r: LoadResult, inherit: bool) -> Loaded {
+    Loaded {
+        compute_ms: r.compute_ms,
+        negative: r.negative,
+        policy: policy_of(c, r.policy.flatten().as_deref()),
+        extra: Extra {
+            tags: r.tags.flatten().unwrap_or_default(),
+            size: r.size as u64,
+        },
+        inherit,
+    }
 }

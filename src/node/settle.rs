@@ -19,6 +19,7 @@ use std::future::Future;
 use std::ptr;
 use std::sync::{Arc, Mutex};
 
+use crate::sync::LockOrRecover;
 use napi::bindgen_prelude::*;
 use napi::sys;
 
@@ -48,7 +49,7 @@ struct Pending {
 
 impl Shared {
     fn push(&self, id: u32, settlement: Settlement) {
-        let mut p = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.inner.lock_or_recover();
         let Some(tsfn) = p.tsfn else { return };
         let wake = p.queue.is_empty();
         p.queue.push((id, settlement));
@@ -148,7 +149,7 @@ impl Local {
             unsafe { sys::napi_unref_threadsafe_function(env, tsfn) },
             "napi_unref_threadsafe_function",
         )?;
-        shared.inner.lock().unwrap_or_else(|e| e.into_inner()).tsfn = Some(Tsfn(tsfn));
+        shared.inner.lock_or_recover().tsfn = Some(Tsfn(tsfn));
         Ok(Local {
             shared,
             tsfn,
@@ -302,7 +303,7 @@ unsafe extern "C" fn call_js(
         .ok()
         .flatten();
     let Some(shared) = shared else { return };
-    let batch = std::mem::take(&mut shared.inner.lock().unwrap_or_else(|e| e.into_inner()).queue);
+    let batch = std::mem::take(&mut shared.inner.lock_or_recover().queue);
     if env.is_null() {
         return;
     }
@@ -323,7 +324,7 @@ unsafe extern "C" fn finalize(
 ) {
     // SAFETY: `data` is the Arc leaked for this in `Local::new`, taken back once.
     let shared = unsafe { Arc::from_raw(data as *const Shared) };
-    let mut p = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = shared.inner.lock_or_recover();
     p.tsfn = None;
     p.queue.clear();
     drop(p);

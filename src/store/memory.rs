@@ -10,12 +10,19 @@
 //! With a byte budget, one insert may evict several entries whose slots nobody reuses at once;
 //! those are listed as *released* so the embedder drops the values it keeps there (memory, not
 //! just accounting, stays within the budget).
+//!
+//! The embedder may answer fresh hits from an index of its own (see `fresh.rs`): every change
+//! that could make such an answer wrong (a replacement, an eviction, a removal, a clear) voids
+//! that index, and the slots it served are promoted here (the touch log) before an insert
+//! chooses what to evict, so a key read only through the index is not evicted as unused.
 
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 
 use lru::LruCache;
 
 use crate::envelope::Envelope;
+use crate::fresh::FreshWords;
 
 pub type Slot = u32;
 
@@ -42,7 +49,11 @@ pub struct Entry {
 #[derive(Debug)]
 pub struct MemoryStore {
     /// `None` when the tier is off (`l1: false`): nothing is kept.
-    lru: Option<LruCache<Box<str>, Entry>>,
+    lru: Option<LruCache<Arc<str>, Entry>>,
+    /// The key at each slot in use (the touch log names slots).
+    keys: Vec<Option<Arc<str>>>,
+    /// Shared with the embedder's index of fresh entries.
+    fresh: Arc<FreshWords>,
     /// Slots freed by removals, reused before new ones are handed out.
     free: Vec<Slot>,
     /// The next never-used slot.
@@ -61,7 +72,7 @@ const PREALLOCATED_ENTRIES: usize = 1 << 16;
 
 /// An LRU of at most `cap` entries. `LruCache::new` allocates the table for `cap` at once: an
 /// `l1.maxEntries` of 2^32-1 (the option's maximum) asked for ~100 GB and aborted the process.
-fn lru_of(cap: NonZeroUsize) -> LruCache<Box<str>, Entry> {
+fn lru_of(cap: NonZeroUsize) -> LruCache<Arc<str>, Entry> {
     if cap.get() <= PREALLOCATED_ENTRIES {
         return LruCache::new(cap);
     }
@@ -74,12 +85,48 @@ impl MemoryStore {
     pub fn new(max_entries: Option<usize>, max_bytes: Option<u64>) -> Self {
         MemoryStore {
             lru: max_entries.and_then(NonZeroUsize::new).map(lru_of),
+            keys: Vec::new(),
+            fresh: Arc::default(),
             free: Vec::new(),
             next: 0,
             max_bytes,
             bytes: 0,
             released: Vec::new(),
         }
+    }
+
+    /// Shares `fresh` (the inbox's) as the words this store voids and reads the touch log from.
+    pub fn sharing(mut self, fresh: Arc<FreshWords>) -> Self {
+        self.fresh = fresh;
+        self
+    }
+
+    /// Whether the embedder may index fresh entries: the tier keeps entries.
+    pub fn indexes_fresh(&self) -> bool {
+        self.lru.is_some()
+    }
+
+    /// Promotes the slots the embedder served from its index since the last call, in the order
+    /// served; before anything is evicted, and when the embedder's log is full.
+    pub fn apply_touches(&mut self) {
+        let Some(lru) = self.lru.as_mut() else {
+            return;
+        };
+        let keys = &self.keys;
+        self.fresh.drain_touches(|slot| {
+            if let Some(Some(k)) = keys.get(slot as usize) {
+                lru.promote(&**k);
+            }
+        });
+    }
+
+    /// The slot's key is `key` (`None`: the slot is free).
+    fn name_slot(&mut self, slot: Slot, key: Option<Arc<str>>) {
+        let i = slot as usize;
+        if i >= self.keys.len() {
+            self.keys.resize(i + 1, None);
+        }
+        self.keys[i] = key;
     }
 
     /// The key's entry, marked most recently used.
@@ -108,8 +155,11 @@ impl MemoryStore {
             return None;
         }
         let plain = !envelope.negative && tags.is_none();
+        self.apply_touches();
         let lru = self.lru.as_mut()?;
         let slot = if let Some(e) = lru.get_mut(key) {
+            // An indexed copy of the old envelope would outlive it.
+            self.fresh.bump();
             self.bytes = self.bytes - e.size + size;
             e.envelope = envelope;
             e.plain = plain;
@@ -120,6 +170,7 @@ impl MemoryStore {
             let slot = if lru.len() == lru.cap().get() {
                 // Full: the least recently used entry goes, and its slot serves the newcomer.
                 lru.pop_lru().map(|(_, e)| {
+                    self.fresh.bump();
                     self.bytes -= e.size;
                     e.slot
                 })
@@ -131,8 +182,9 @@ impl MemoryStore {
                 self.next - 1
             });
             self.bytes += size;
+            let name: Arc<str> = key.into();
             lru.put(
-                key.into(),
+                name.clone(),
                 Entry {
                     envelope,
                     slot,
@@ -141,6 +193,7 @@ impl MemoryStore {
                     tags,
                 },
             );
+            self.name_slot(slot, Some(name));
             slot
         };
         self.enforce_budget();
@@ -155,15 +208,21 @@ impl MemoryStore {
         };
         while self.bytes > max {
             let Some((_, e)) = lru.pop_lru() else { break };
+            self.fresh.bump();
             self.bytes -= e.size;
             self.free.push(e.slot);
             self.released.push(e.slot);
+            if let Some(k) = self.keys.get_mut(e.slot as usize) {
+                *k = None;
+            }
         }
     }
 
     /// Removes the key's entry; its slot is free for reuse and its value may be dropped.
     pub fn remove(&mut self, key: &str) -> Option<Entry> {
         let e = self.lru.as_mut()?.pop(key)?;
+        self.fresh.bump();
+        self.name_slot(e.slot, None);
         self.bytes -= e.size;
         self.free.push(e.slot);
         if self.max_bytes.is_some() {
@@ -177,7 +236,7 @@ impl MemoryStore {
         let Some(lru) = self.lru.as_ref() else {
             return 0;
         };
-        let keys: Vec<Box<str>> = lru
+        let keys: Vec<Arc<str>> = lru
             .iter()
             .filter(|(_, e)| dead(e))
             .map(|(k, _)| k.clone())
@@ -198,6 +257,10 @@ impl MemoryStore {
         if let Some(lru) = self.lru.as_mut() {
             lru.clear();
         }
+        self.fresh.bump();
+        // Slots are handed out anew from 0: what the log names is gone.
+        self.fresh.drain_touches(|_| {});
+        self.keys.clear();
         self.free.clear();
         self.released.clear();
         self.next = 0;
@@ -324,6 +387,57 @@ mod tests {
         assert_eq!(s.take_released(), vec![slot]);
         // Exactly the budget fits.
         assert!(put(&mut s, "k", 10_000).is_some());
+    }
+
+    /// A key the embedder served from its index (logged, never `get` here) is not the one
+    /// evicted: the log is applied before the insert chooses.
+    #[test]
+    fn slots_served_from_the_index_are_promoted_before_an_eviction() {
+        let mut s = MemoryStore::new(Some(2), None);
+        let a = put(&mut s, "a", 1).unwrap();
+        put(&mut s, "b", 1);
+        assert!(s.fresh.log_touch(a));
+        put(&mut s, "c", 1);
+        assert!(s.peek("a").is_some(), "the served key stays");
+        assert!(s.peek("b").is_none(), "the unread one goes");
+        // A logged slot whose key was removed since names nothing.
+        let c = s.peek("c").unwrap().slot;
+        assert!(s.fresh.log_touch(c));
+        s.remove("c");
+        put(&mut s, "d", 1);
+        put(&mut s, "e", 1);
+        assert!(s.peek("a").is_none() && s.peek("d").is_some() && s.peek("e").is_some());
+    }
+
+    /// Every change that could make an indexed answer wrong voids the index; a new key that
+    /// evicts nothing, and a read, do not.
+    #[test]
+    fn changes_that_could_make_an_indexed_hit_wrong_void_the_index() {
+        let mut s = MemoryStore::new(Some(2), Some(100));
+        let epoch = |s: &MemoryStore| s.fresh.epoch();
+        let mut last = epoch(&s);
+        let mut changed = |s: &MemoryStore, what: &str, expect: bool| {
+            assert_eq!(epoch(s) != last, expect, "{what}");
+            last = epoch(s);
+        };
+        put(&mut s, "a", 1);
+        changed(&s, "a new key", false);
+        s.get("a");
+        changed(&s, "a read", false);
+        put(&mut s, "a", 2);
+        changed(&s, "a replacement", true);
+        put(&mut s, "b", 1);
+        changed(&s, "a second key", false);
+        put(&mut s, "c", 1);
+        changed(&s, "an eviction by count", true);
+        put(&mut s, "d", 99);
+        changed(&s, "an eviction by size", true);
+        s.remove("d");
+        changed(&s, "a removal", true);
+        s.remove("d");
+        changed(&s, "removing nothing", false);
+        s.clear();
+        changed(&s, "a clear", true);
     }
 
     #[test]

@@ -23,8 +23,10 @@ use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 use redis::Value;
 
-use super::envelopes::{next_echo, usable, Fetched, Misdelivered, GENERATION_TTL};
-use super::lock::{new_token, Fence, Gate, LockOutcome};
+use super::envelopes::{
+    new_token, next_echo, usable, Fence, Fetched, Misdelivered, GENERATION_TTL,
+};
+use super::lock::{Gate, LockOutcome};
 use super::{RedisTier, Unavailable};
 use crate::envelope::Serializer;
 use crate::inbox::Stamp;

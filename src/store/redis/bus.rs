@@ -206,8 +206,9 @@ impl RedisTier {
         self.waiters.wake_all();
     }
 
-    /// The subscriber, resubscribing by itself until the cache closes. Each resubscription drops
-    /// every in-process copy, since announcements may have been missed meanwhile. It is a RESP3
+    /// The subscriber, resubscribing by itself until the cache closes, and on the new master
+    /// when the Sentinel master moves. Each resubscription drops every in-process copy, since
+    /// announcements may have been missed meanwhile. It is a RESP3
     /// connection whose pushes carry the messages, made like command connections (TLS, server
     /// name, timeouts); on a cluster each attempt tries the next node.
     pub async fn run_bus(self: Arc<Self>) {
@@ -215,7 +216,10 @@ impl RedisTier {
         let mut backoff = Duration::from_millis(50);
         let mut first = true;
         let mut attempt = 0usize;
+        let mut moves = self.link.topology.moves();
         while !self.closed() {
+            // A move of the master after this ends the subscription, made where it was before.
+            moves.borrow_and_update();
             let (pushes, mut messages) = tokio::sync::mpsc::unbounded_channel();
             let subscribed = tokio::time::timeout(self.link.connect_timeout, async {
                 let mut command = self.link.current().map(|c| c.inner);
@@ -248,11 +252,16 @@ impl RedisTier {
                         self.carried.clear();
                     }
                     self.set_bus_up(true);
+                    let mut moved = false;
                     loop {
                         tokio::select! {
                             _ = until_true(&mut shutdown) => {
                                 self.set_bus_up(false);
                                 return;
+                            }
+                            Ok(()) = moves.changed() => {
+                                moved = true;
+                                break;
                             }
                             push = messages.recv() => match push {
                                 Some(push) if push.kind == PushKind::Message => {
@@ -277,6 +286,11 @@ impl RedisTier {
                         }
                     }
                     self.set_bus_up(false);
+                    if moved {
+                        // Not a failure: subscribed again at once, on the new master.
+                        backoff = Duration::from_millis(50);
+                        continue;
+                    }
                     self.stats.redis_errors.incr();
                     self.report(
                         "bus",

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::inbox::Stamp;
+use crate::sync::LockOrRecover;
 
 /// First byte of a value-carrying announcement: never the first byte of a plain one (which is
 /// UTF-8 text) nor of a namespace-wide one (0xFF).
@@ -93,7 +94,7 @@ struct Inner {
 impl Carried {
     /// A write of ours that will announce `key` is about to be sent.
     pub fn expect_own(&self, key: &str) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock_or_recover();
         if g.own.len() >= MAX_OWN_PENDING && !g.own.contains_key(key) {
             g.off = true;
             g.own = HashMap::new();
@@ -107,7 +108,7 @@ impl Carried {
 
     /// One of our announcements of `key` arrived, or a write of ours turned out not to announce.
     pub fn own_heard(&self, key: &str) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock_or_recover();
         if let Some(n) = g.own.get_mut(key) {
             *n -= 1;
             if *n == 0 {
@@ -119,7 +120,7 @@ impl Carried {
     /// Keeps `envelope` for `key`, valid while the key's stamp is `stamp`; not if a write of ours
     /// to the key is still to be heard (Redis ran this one before it) or carrying is off.
     pub fn keep(&self, key: &str, stamp: Stamp, envelope: &[u8]) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock_or_recover();
         if let Some((_, old)) = g.by_key.remove(key) {
             g.bytes -= old.len();
         }
@@ -136,7 +137,7 @@ impl Carried {
 
     /// Forgets the key's carried envelope (a plain announcement of it).
     pub fn forget(&self, key: &str) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock_or_recover();
         if let Some((_, old)) = g.by_key.remove(key) {
             g.bytes -= old.len();
         }
@@ -144,7 +145,7 @@ impl Carried {
 
     /// Takes the key's carried envelope if `stamp` is still the one it came with.
     pub fn take(&self, key: &str, stamp: Stamp) -> Option<Box<[u8]>> {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock_or_recover();
         let (kept, _) = g.by_key.get(key)?;
         if *kept != stamp {
             // Something newer was heard of the key: this one is of no use any more.
@@ -159,7 +160,7 @@ impl Carried {
 
     /// Forgets every carried envelope (the own counts stay: those writes may still announce).
     pub fn clear(&self) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock_or_recover();
         g.by_key = HashMap::new();
         g.bytes = 0;
     }
@@ -167,7 +168,7 @@ impl Carried {
     /// `(keys, bytes)` kept (for tests: bounded).
     #[cfg(test)]
     pub fn usage(&self) -> (usize, usize) {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.inner.lock_or_recover();
         (g.by_key.len(), g.bytes)
     }
 }

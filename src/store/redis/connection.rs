@@ -1,5 +1,5 @@
 //! The command connection: made on first use (concurrent callers share one attempt), replaced
-//! (never reused) after it timed out or failed, and the classification of Redis failures that
+//! (never reused) after it timed out or failed or the Sentinel master moved, and the classification of Redis failures that
 //! decides what a failure costs: the connection, the whole tier for a while, or one command.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -128,25 +128,57 @@ impl Link {
         if let Some(c) = self.current() {
             return Ok(c);
         }
-        let made = self.topology.connect(left());
-        let inner = tokio::time::timeout(left(), made)
-            .await
-            .map_err(|_| timed_out("timed out connecting to Redis"))??;
-        let conn = Conn {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            inner,
-        };
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
-        Ok(conn)
+        loop {
+            // A connection made while the master moved may reach the old one: made again.
+            let moves = self.topology.moved();
+            let made = self.topology.connect(left());
+            let inner = match tokio::time::timeout(left(), made).await {
+                Ok(Ok(inner)) => inner,
+                failed => {
+                    // The master may be gone from where it was followed to: ask again next time.
+                    self.topology.forget_master();
+                    return Err(match failed {
+                        Ok(Err(e)) => e,
+                        _ => timed_out("timed out connecting to Redis"),
+                    });
+                }
+            };
+            let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            if self.topology.moved() != moves {
+                drop(current);
+                if started.elapsed() >= self.connect_timeout {
+                    return Err(timed_out("timed out connecting to Redis"));
+                }
+                continue;
+            }
+            let conn = Conn {
+                id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                inner,
+            };
+            *current = Some(conn.clone());
+            return Ok(conn);
+        }
     }
 
-    /// Drops connection `id` if it is still the shared one: the next command makes a new one.
+    /// Drops connection `id` if it is still the shared one: the next command makes a new one,
+    /// after asking the sentinels (if any) where the master is now.
     pub fn replace(&self, id: u64) {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         if current.as_ref().is_some_and(|c| c.id == id) {
             *current = None;
             self.replaced.fetch_add(1, Ordering::Relaxed);
+            drop(current);
+            self.topology.forget_master();
         }
+    }
+
+    /// The master moved (Sentinel): the shared connection is dropped whatever it is, and so is
+    /// any read lane opened or opening before (`replacements`), so that nothing goes on
+    /// talking to the old master, which may take writes for seconds until it is demoted and
+    /// then forgets them. Commands already sent on the old connection finish there.
+    pub fn master_moved(&self) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.replaced.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How many connections were dropped so far.

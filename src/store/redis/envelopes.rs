@@ -9,10 +9,31 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::{lock::Fence, new_token, RedisTier, Remote, Unavailable};
+use super::{RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Body, Envelope, Fmt, Serializer, State};
 use crate::inbox::{tag_bucket, Stamp};
+
+/// A random token naming one lock holder, or one generation of a key: a version 4 UUID whose
+/// bytes come from the thread's CSPRNG (seeded by the OS, reseeded as it goes), not from a
+/// `getrandom` system call per token as `Uuid::new_v4` makes. Every read on the runtime path
+/// makes one, and the kernel's `getrandom` was visible in its profile.
+pub fn new_token() -> String {
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .simple()
+        .to_string()
+}
+
+/// What a load's result is checked against when it is written back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fence {
+    /// The key's state when the load began: its generation key and its envelope's generation,
+    /// as the scripts compute it.
+    pub state: String,
+    /// When it was read, in ms since the tier's epoch (see `fence_time`).
+    pub read_at_ms: f64,
+}
 
 /// How long a generation key lives after the `set`/`delete` that wrote it. A load whose fence is
 /// older than this (less a margin) is not written back: a generation key written after the
@@ -25,6 +46,52 @@ pub(super) fn next_echo() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         .to_string()
+}
+
+/// Runs a script with an ECHO of a fresh number (`echo`) pipelined after it, in one round
+/// trip: an extra reply in front of the script's, or a missing one, moves the script's reply
+/// into the echo's place, and the call is refused (`Ok(None)`), so a lock bid, a fence or a
+/// write's outcome is never read from another command's reply (another key's bid read as won,
+/// a dropped write read as written). `echo: None` (a Cluster, which routes a keyless ECHO
+/// apart): the script alone. A NOSCRIPT reply loads the script and calls it again, as
+/// `invoke_async` does.
+pub(super) async fn invoke_echoed<T: redis::FromRedisValue>(
+    invocation: &redis::ScriptInvocation<'_>,
+    c: &mut super::topology::Connection,
+    echo: Option<String>,
+) -> redis::RedisResult<Option<T>> {
+    let Some(n) = echo else {
+        return invocation.invoke_async(c).await.map(Some);
+    };
+    let mut loaded = false;
+    loop {
+        let replies: Vec<Value> = redis::pipe()
+            .ignore_errors()
+            .invoke_script(invocation)
+            .cmd("ECHO")
+            .arg(&n)
+            .query_async(c)
+            .await?;
+        if !matches!(replies.get(1), Some(Value::BulkString(b)) if b == n.as_bytes()) {
+            return Ok(None);
+        }
+        match replies.into_iter().next() {
+            Some(Value::ServerError(e)) if e.code() == "NOSCRIPT" && !loaded => {
+                invocation.load_async(c).await?;
+                loaded = true;
+            }
+            Some(Value::ServerError(e)) => return Err(e.into()),
+            Some(v) => return Ok(Some(redis::from_redis_value(v)?)),
+            None => return Ok(None),
+        }
+    }
+}
+
+/// The number for the next script call's ECHO, off a Cluster (see `invoke_echoed`).
+impl RedisTier {
+    pub(super) fn script_echo(&self) -> Option<String> {
+        (!self.link.topology.is_cluster()).then(next_echo)
+    }
 }
 
 /// A read of one key.
@@ -235,12 +302,11 @@ impl RedisTier {
         // value without reading it (see `carried.rs`).
         let carrying = self.carrying_announcement(key, &text, !body.tags.is_empty());
         self.carried.expect_own(key);
+        let echo = self.script_echo();
         let written = self
             .run("set", key, |mut c| async move {
-                self.scripts
-                    .write_back
-                    .key(&keys.0)
-                    .key(&keys.1)
+                let mut call = self.scripts.write_back.key(&keys.0);
+                call.key(&keys.1)
                     .key(&keys.2)
                     .arg(&text)
                     .arg(px)
@@ -249,14 +315,24 @@ impl RedisTier {
                     .arg(if forced { "1" } else { "0" })
                     .arg(&self.channel)
                     .arg(&msg)
-                    .arg(&carrying)
-                    .invoke_async::<i64>(&mut c)
-                    .await
+                    .arg(&carrying);
+                invoke_echoed::<i64>(&call, &mut c, echo).await
             })
             .await;
         match written {
-            Ok(1) => WriteBack::Written,
-            Ok(_) => {
+            Ok(Some(1)) => WriteBack::Written,
+            Ok(None) => {
+                // Out of step: whether the script wrote is unknown, so the result is kept
+                // nowhere (as if dropped); the lock, if still ours, is freed on the next
+                // connection.
+                self.misdelivered("set", key);
+                match token {
+                    Some(token) => self.release(key, token, true).await,
+                    None => self.carried.own_heard(key),
+                }
+                WriteBack::Dropped
+            }
+            Ok(Some(_)) => {
                 if token.is_none() {
                     // Dropped without a lock to release: the script announced nothing.
                     self.carried.own_heard(key);
@@ -304,19 +380,17 @@ impl RedisTier {
         let op = if written.is_some() { "set" } else { "delete" };
         let vkey = keys.0.clone();
         self.carried.expect_own(key);
+        let echo = self.script_echo();
         let wrote = self.run(op, key, |mut c| async move {
-            self.scripts
-                .write
-                .key(&keys.0)
-                .key(&keys.1)
+            let mut call = self.scripts.write.key(&keys.0);
+            call.key(&keys.1)
                 .arg(&text)
                 .arg(px)
                 .arg(new_token())
                 .arg(GENERATION_TTL.as_millis() as u64)
                 .arg(&self.channel)
-                .arg(&msg)
-                .invoke_async::<i64>(&mut c)
-                .await
+                .arg(&msg);
+            invoke_echoed::<i64>(&call, &mut c, echo).await
         });
         let clock = async {
             match born {
@@ -329,20 +403,24 @@ impl RedisTier {
         // after the write was asked for, answered before it ran, must not be kept (its stamp
         // predates this; see also `WriteOrder::busy`).
         self.inbox.touch(key);
-        let existed = existed?;
+        let Some(existed) = existed? else {
+            // Out of step: whether it was written is unknown, as after a timeout.
+            self.misdelivered(op, key);
+            return Err(Unavailable);
+        };
         if let (Some(born), Some(clock)) = (born, clock) {
             if clock > born {
-                let _ = self
+                let echo = self.script_echo();
+                let reborn = self
                     .run(op, key, |mut c| async move {
-                        self.scripts
-                            .reborn
-                            .key(&vkey)
-                            .arg(&generation)
-                            .arg(clock)
-                            .invoke_async::<i64>(&mut c)
-                            .await
+                        let mut call = self.scripts.reborn.key(&vkey);
+                        call.arg(&generation).arg(clock);
+                        invoke_echoed::<i64>(&call, &mut c, echo).await
                     })
                     .await;
+                if reborn == Ok(None) {
+                    self.misdelivered(op, key);
+                }
             }
         }
         Ok(existed == 1)
@@ -384,16 +462,167 @@ impl RedisTier {
         let mut envelope = d.envelope;
         envelope.retry_after = envelope.retry_after.max(retry_after);
         let replacement = envelope.encode(&d.body(), d.generation, &vkey);
-        let _ = self
+        let echo = self.script_echo();
+        let replaced = self
             .run("set", key, |mut c| async move {
-                self.scripts
-                    .replace
-                    .key(&vkey)
-                    .arg(&text)
-                    .arg(&replacement)
-                    .invoke_async::<i64>(&mut c)
-                    .await
+                let mut call = self.scripts.replace.key(&vkey);
+                call.arg(&text).arg(&replacement);
+                invoke_echoed::<i64>(&call, &mut c, echo).await
             })
             .await;
+        if replaced == Ok(None) {
+            self.misdelivered("set", key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::redis::guard::Scanner;
+    use crate::store::redis::topology::Connection;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The commands a client sent, each as its list of arguments.
+    fn commands(input: &[u8]) -> Vec<Vec<String>> {
+        let mut out = Vec::new();
+        let (mut scan, mut start) = (Scanner::default(), 0);
+        for i in 0..input.len() {
+            let before = scan.replies;
+            scan.feed(&input[i..=i]).expect("the client sends RESP");
+            if scan.replies > before {
+                let Ok(Value::Array(args)) = redis::parse_redis_value(&input[start..=i]) else {
+                    panic!("a command is an array")
+                };
+                out.push(
+                    args.iter()
+                        .map(|a| match a {
+                            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                            other => format!("{other:?}"),
+                        })
+                        .collect(),
+                );
+                start = i + 1;
+            }
+        }
+        out
+    }
+
+    /// A server that answers each command with `answer(command)` (the crate's handshake: OK).
+    async fn serve(
+        mut server: tokio::io::DuplexStream,
+        answer: impl Fn(&[String]) -> Vec<u8> + Send + 'static,
+    ) {
+        let mut input = Vec::new();
+        let mut answered = 0;
+        let mut buf = vec![0u8; 4096];
+        while let Ok(n) = server.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+            input.extend_from_slice(&buf[..n]);
+            let all = commands(&input);
+            for command in &all[answered..] {
+                let reply = if command[0] == "CLIENT" {
+                    b"+OK\r\n".to_vec()
+                } else {
+                    answer(command)
+                };
+                if server.write_all(&reply).await.is_err() {
+                    return;
+                }
+            }
+            answered = all.len();
+        }
+    }
+
+    async fn connection(answer: impl Fn(&[String]) -> Vec<u8> + Send + 'static) -> Connection {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(serve(server, answer));
+        let (conn, driver) = redis::aio::MultiplexedConnection::new_with_config(
+            &redis::RedisConnectionInfo::default(),
+            client,
+            redis::AsyncConnectionConfig::new(),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(driver);
+        Connection::Single(conn)
+    }
+
+    fn echo_of(command: &[String]) -> Vec<u8> {
+        format!("${}\r\n{}\r\n", command[1].len(), command[1]).into_bytes()
+    }
+
+    /// Another key's won bid in front of ours: the reply read in our place is proven out of
+    /// step by the echo, never taken for our bid.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_script_reply_moved_by_an_extra_one_is_refused() {
+        let mut c = connection(|command| match command[0].as_str() {
+            "EVALSHA" => {
+                // Another key's bid, won; then ours, held by someone else.
+                b"*3\r\n$-1\r\n$5\r\nother\r\n:1\r\n*4\r\n$-1\r\n$4\r\nours\r\n:2\r\n:90\r\n"
+                    .to_vec()
+            }
+            "ECHO" => echo_of(command),
+            _ => b"-ERR unexpected\r\n".to_vec(),
+        })
+        .await;
+        let script = redis::Script::new("return 1");
+        let call = script.key("k");
+        let got: Option<Vec<Value>> = invoke_echoed(&call, &mut c, Some("17".into()))
+            .await
+            .unwrap();
+        assert_eq!(got, None);
+        // Without the echo, the moved reply is read as ours: the other key's won bid.
+        let mut c = connection(|command| match command[0].as_str() {
+            "EVALSHA" => {
+                b"*3\r\n$-1\r\n$5\r\nother\r\n:1\r\n*4\r\n$-1\r\n$4\r\nours\r\n:2\r\n:90\r\n"
+                    .to_vec()
+            }
+            _ => b"-ERR unexpected\r\n".to_vec(),
+        })
+        .await;
+        let got: Option<Vec<Value>> = invoke_echoed(&call, &mut c, None).await.unwrap();
+        assert_eq!(got.unwrap().get(2), Some(&Value::Int(1)));
+    }
+
+    /// In step: the script's reply; NOSCRIPT loads the script and calls it again; an error
+    /// reply is the script's error.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_aligned_script_reply_is_read_and_noscript_loads_it() {
+        let loaded = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = loaded.clone();
+        let script = redis::Script::new("return 7");
+        let hash = script.get_hash().to_string();
+        let mut c = connection(move |command| {
+            use std::sync::atomic::Ordering::SeqCst;
+            match command[0].as_str() {
+                "EVALSHA" if !seen.load(SeqCst) => b"-NOSCRIPT No matching script\r\n".to_vec(),
+                "EVALSHA" if command.last().map(String::as_str) == Some("bad") => {
+                    b"-ERR the script failed\r\n".to_vec()
+                }
+                "EVALSHA" => b":7\r\n".to_vec(),
+                "SCRIPT" => {
+                    seen.store(true, SeqCst);
+                    format!("${}\r\n{hash}\r\n", hash.len()).into_bytes()
+                }
+                "ECHO" => echo_of(command),
+                _ => b"-ERR unexpected\r\n".to_vec(),
+            }
+        })
+        .await;
+        let call = script.key("k");
+        let got: Option<i64> = invoke_echoed(&call, &mut c, Some("1".into()))
+            .await
+            .unwrap();
+        assert_eq!(got, Some(7));
+        assert!(loaded.load(std::sync::atomic::Ordering::SeqCst));
+        let mut bad = script.key("k");
+        bad.arg("bad");
+        let e = invoke_echoed::<i64>(&bad, &mut c, Some("2".into()))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("the script failed"), "{e}");
     }
 }

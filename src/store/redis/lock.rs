@@ -5,36 +5,57 @@
 //! The lock is an efficiency lock (it saves loads); the fence is what keeps an older value from
 //! winning.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::envelopes::{usable, Fetched, Misdelivered, GENERATION_TTL};
+use super::envelopes::{
+    invoke_echoed, new_token, usable, Fence, Fetched, Misdelivered, GENERATION_TTL,
+};
 use super::{RedisTier, Remote, Unavailable};
 use crate::inbox::Stamp;
 
 /// While the bus is down, lock waiters look again this often (no notification can come).
 const POLL_WITHOUT_BUS: Duration = Duration::from_millis(100);
 
-/// A random token naming one lock holder, or one generation of a key: a version 4 UUID whose
-/// bytes come from the thread's CSPRNG (seeded by the OS, reseeded as it goes), not from a
-/// `getrandom` system call per token as `Uuid::new_v4` makes. Every read on the runtime path
-/// makes one, and the kernel's `getrandom` was visible in its profile.
-pub fn new_token() -> String {
-    uuid::Builder::from_random_bytes(rand::random())
-        .into_uuid()
-        .simple()
-        .to_string()
+/// A lock this instance holds for a running load: released (and announced, so waiters take
+/// over at once) when dropped, unless `take`n by what releases it itself (a write-back, a
+/// failure's record). A load that ends any other way (its cache closed or collected, its
+/// record dropped on an error) so never leaves the lock to its TTL.
+pub struct HeldLock {
+    tier: Arc<RedisTier>,
+    key: String,
+    token: Option<String>,
 }
 
-/// What a load's result is checked against when it is written back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fence {
-    /// The key's state when the load began: its generation key and its envelope's generation,
-    /// as the scripts compute it.
-    pub state: String,
-    /// When it was read, in ms since the tier's epoch (see `fence_time`).
-    pub read_at_ms: f64,
+impl HeldLock {
+    pub fn new(tier: Arc<RedisTier>, key: String, token: String) -> Self {
+        HeldLock {
+            tier,
+            key,
+            token: Some(token),
+        }
+    }
+
+    /// The token, for a release of the caller's own; the drop then releases nothing.
+    pub fn take(mut self) -> String {
+        self.token.take().expect("taken only once, by value")
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        let tier = self.tier.clone();
+        let key = self.key.clone();
+        // After this instance's earlier writes of the key, as every release is.
+        self.tier.in_order(&self.key, async move {
+            tier.release(&key, &token, true).await;
+        });
+    }
 }
 
 /// What a load should do after asking Redis.
@@ -145,22 +166,26 @@ impl RedisTier {
             self.lock_key(key),
             self.generation_key(key),
         );
-        let reply: Vec<Value> = self
+        let echo = self.script_echo();
+        let reply: Option<Vec<Value>> = self
             .run("lock", key, |mut c| async move {
-                self.scripts
-                    .cold_gate
-                    .key(&keys.0)
-                    .key(&keys.1)
+                let mut call = self.scripts.cold_gate.key(&keys.0);
+                call.key(&keys.1)
                     .key(&keys.2)
                     .arg(token)
                     .arg(lock_ttl_ms.max(1))
                     .arg(if past_value { "1" } else { "0" })
                     .arg(new_token())
-                    .arg(GENERATION_TTL.as_millis() as u64)
-                    .invoke_async(&mut c)
-                    .await
+                    .arg(GENERATION_TTL.as_millis() as u64);
+                invoke_echoed(&call, &mut c, echo).await
             })
             .await?;
+        let Some(reply) = reply else {
+            // Out of step: the reply may be another key's bid (read as ours, a lock we do not
+            // hold). Load without Redis; a lock the script took expires in lockTtl.
+            self.misdelivered("lock", key);
+            return Err(Unavailable);
+        };
         let generation = reply.get(1).and_then(text).unwrap_or_default();
         Ok(match reply.get(2).map(number) {
             Some(0) => match reply.first() {
@@ -321,27 +346,31 @@ impl RedisTier {
             self.lock_key(key),
             self.generation_key(key),
         );
-        let reply: Result<Vec<Value>, Unavailable> = self
+        let echo = self.script_echo();
+        let reply: Result<Option<Vec<Value>>, Unavailable> = self
             .run("lock", key, |mut c| {
                 let token = token.clone();
                 async move {
-                    self.scripts
-                        .refresh_gate
-                        .key(&keys.0)
-                        .key(&keys.1)
+                    let mut call = self.scripts.refresh_gate.key(&keys.0);
+                    call.key(&keys.1)
                         .key(&keys.2)
                         .arg(token)
                         .arg(lock_ttl_ms.max(1))
                         .arg(new_token())
-                        .arg(GENERATION_TTL.as_millis() as u64)
-                        .invoke_async(&mut c)
-                        .await
+                        .arg(GENERATION_TTL.as_millis() as u64);
+                    invoke_echoed(&call, &mut c, echo).await
                 }
             })
             .await;
         let reply = match reply {
             Err(Unavailable) => return Gate::unfenced(),
-            Ok(r) => r,
+            Ok(None) => {
+                // Out of step: whether we hold the lock is unknown; free it if we do.
+                self.misdelivered("lock", key);
+                self.release(key, &token, false).await;
+                return Gate::unfenced();
+            }
+            Ok(Some(r)) => r,
         };
         if reply.first().map(number) != Some(1) {
             return Gate::Skip;
@@ -393,19 +422,22 @@ impl RedisTier {
     pub async fn force_gate(&self, key: &str) -> Gate {
         let stamp = self.inbox.stamp(key);
         let keys = (self.value_key(key), self.generation_key(key));
+        let echo = self.script_echo();
         let state = self.run("get", key, |mut c| async move {
-            self.scripts
-                .fence
-                .key(&keys.0)
-                .key(&keys.1)
+            let mut call = self.scripts.fence.key(&keys.0);
+            call.key(&keys.1)
                 .arg(new_token())
-                .arg(GENERATION_TTL.as_millis() as u64)
-                .invoke_async::<String>(&mut c)
-                .await
+                .arg(GENERATION_TTL.as_millis() as u64);
+            invoke_echoed::<String>(&call, &mut c, echo).await
         });
         let (state, born) = tokio::join!(state, self.clock_now(key));
         match state {
-            Ok(state) => Gate::Lead {
+            Ok(None) => {
+                // Out of step: the fence may be another key's; load unfenced.
+                self.misdelivered("get", key);
+                Gate::unfenced()
+            }
+            Ok(Some(state)) => Gate::Lead {
                 token: None,
                 fence: Some(self.fence(state)),
                 stamp: Some(stamp),
@@ -423,20 +455,20 @@ impl RedisTier {
         if announce {
             self.carried.expect_own(key);
         }
+        let echo = self.script_echo();
         let released = self
             .run("unlock", key, |mut c| async move {
                 let channel = if announce { self.channel.as_str() } else { "" };
-                self.scripts
-                    .release
-                    .key(&lkey)
-                    .arg(token)
-                    .arg(channel)
-                    .arg(&msg)
-                    .invoke_async::<i64>(&mut c)
-                    .await
+                let mut call = self.scripts.release.key(&lkey);
+                call.arg(token).arg(channel).arg(&msg);
+                invoke_echoed::<i64>(&call, &mut c, echo).await
             })
             .await;
-        if announce && released == Ok(0) {
+        if released == Ok(None) {
+            // Out of step: the lock, if still ours, expires in lockTtl.
+            self.misdelivered("unlock", key);
+        }
+        if announce && released == Ok(Some(0)) {
             // Not ours any more: nothing was announced.
             self.carried.own_heard(key);
         }

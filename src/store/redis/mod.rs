@@ -13,7 +13,7 @@
 //! By concern: `connection` (making, replacing and classifying), `order` (one instance's
 //! writes in call order), `bus` (pub/sub and lock waiters), `carried` (values announcements
 //! carry, read instead of Redis), `lock` (the gates a load passes),
-//! `envelopes` (reads and fenced writes), `lane` (the read lane the embedder's event loop drives), `tags` (deleteByTag, clear, and whether an entry read
+//! `envelopes` (reads and fenced writes), `sentinel` (following the master across failovers), `lane` (the read lane the embedder's event loop drives), `tags` (deleteByTag, clear, and whether an entry read
 //! is still alive), `scripts/*.lua` (each names its KEYS/ARGV).
 
 mod batch;
@@ -21,9 +21,11 @@ mod bus;
 mod carried;
 mod connection;
 mod envelopes;
+mod guard;
 mod lane;
 mod lock;
 mod order;
+mod sentinel;
 mod tags;
 mod topology;
 
@@ -41,13 +43,14 @@ use crate::envelope::{Fmt, Serializer};
 use crate::inbox::{Inbox, Stamp};
 use crate::key;
 use crate::stats::Stats;
+use crate::sync::LockOrRecover;
 
 pub use batch::FirstLook;
 pub use bus::{channel, Waiters};
 pub use connection::{classify, Fault};
-pub use envelopes::{Fetched, WriteBack};
+pub use envelopes::{new_token, Fence, Fetched, WriteBack};
 pub use lane::{frame, Landing, LaneRead, LaneSocket, Opened};
-pub use lock::{new_token, Fence, Gate, LockOutcome};
+pub use lock::{Gate, HeldLock, LockOutcome};
 pub use order::WriteOrder;
 pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
@@ -164,7 +167,7 @@ struct ReportLog {
 
 impl Reports {
     fn push(&self, op: &'static str, key: Option<&str>, message: String) {
-        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = self.log.lock_or_recover();
         let now = Instant::now();
         if log
             .last
@@ -186,7 +189,7 @@ impl Reports {
     }
 
     pub fn take(&self) -> Vec<Report> {
-        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = self.log.lock_or_recover();
         self.waiting.store(false, Ordering::Release);
         log.queue.drain(..).collect()
     }
@@ -261,31 +264,27 @@ impl RedisTier {
         }))
     }
 
-    /// Makes the first connection ahead of the first call (calls made meanwhile share it).
+    /// Makes the first connection ahead of the first call (calls made meanwhile share it), and
+    /// under Sentinel starts following the master (`sentinel.rs`).
     pub async fn connect(&self) {
+        if let (true, Some(me)) = (self.link.topology.is_sentinel(), self.me.upgrade()) {
+            self.runtime.spawn(me.follow_master());
+        }
         if self.connection(Instant::now()).await.is_err() {
             // Counted and reported as calls find it down; the first call probes again.
-            *self.health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Down {
+            *self.health.lock_or_recover() = Health::Down {
                 retry_at: Instant::now(),
                 probing: false,
             };
         }
     }
 
-    /// Stops the bus, wakes every lock waiter (they end with `Gate::Closed`), and releases
-    /// `held` (`(key, token)` of locks that loads still running hold) after the writes already
+    /// Stops the bus and wakes every lock waiter (they end with `Gate::Closed`). The locks that
+    /// loads still running hold are released as their `HeldLock`s drop, after the writes already
     /// queued for their keys. The connection closes once the last task holding the tier ends.
-    pub fn close(self: &Arc<Self>, held: Vec<(String, String)>) {
+    pub fn close(&self) {
         self.shutdown.send_replace(true);
         self.waiters.wake_all();
-        for (key, token) in held {
-            let me = self.clone();
-            let job_key = key.clone();
-            self.in_order(
-                &key,
-                async move { me.release(&job_key, &token, true).await },
-            );
-        }
     }
 
     pub fn closed(&self) -> bool {
@@ -352,7 +351,7 @@ impl RedisTier {
         if self.closed() && op != "unlock" {
             return false;
         }
-        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = self.health.lock_or_recover();
         match &mut *h {
             Health::Up => true,
             Health::Down { retry_at, probing } => {
@@ -394,7 +393,7 @@ impl RedisTier {
     }
 
     fn succeeded(&self) {
-        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = self.health.lock_or_recover();
         if !matches!(*h, Health::Up) {
             *h = Health::Up;
             drop(h);
@@ -404,7 +403,7 @@ impl RedisTier {
 
     fn went_down(&self, op: &'static str, key: Option<&str>, message: String) {
         self.stats.redis_errors.incr();
-        *self.health.lock().unwrap_or_else(|p| p.into_inner()) = Health::Down {
+        *self.health.lock_or_recover() = Health::Down {
             retry_at: Instant::now() + PROBE_INTERVAL,
             probing: false,
         };
@@ -413,10 +412,7 @@ impl RedisTier {
     }
 
     fn redis_up(&self) -> bool {
-        matches!(
-            *self.health.lock().unwrap_or_else(|p| p.into_inner()),
-            Health::Up
-        )
+        matches!(*self.health.lock_or_recover(), Health::Up)
     }
 
     pub fn bus_up(&self) -> bool {

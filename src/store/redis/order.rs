@@ -13,6 +13,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
+use crate::sync::LockOrRecover;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
@@ -83,7 +84,7 @@ impl WriteOrder {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock_or_recover()
     }
 
     async fn wait_until(&self, ready: impl Fn(&State) -> bool) {

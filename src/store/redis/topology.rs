@@ -3,6 +3,12 @@
 //! Cluster; TLS with system roots, a private CA, client certificates, a server name to verify,
 //! or no verification. The redis crate does the work (rustls, `sentinel`, `cluster_async`);
 //! this module only configures it, and hands out command connections and bus subscriptions.
+//!
+//! Under Sentinel it also keeps where the master is: learned from the sentinels when a
+//! connection is first made or after one failed, and from what `sentinel.rs` hears of a
+//! failover (an announcement, or a poll); every connection goes there, and must find a node
+//! whose ROLE is master. A change of master is counted (`moves`), so that whatever still talks
+//! to the old one is replaced.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,12 +21,14 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::io::AsyncDNSResolver;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo,
-    FromRedisValue, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisFuture, RedisResult,
-    TlsCertificates, TlsMode, Value,
+    AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
+    FromRedisValue, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture,
+    RedisResult, Role, ServerErrorKind, TlsCertificates, TlsMode, Value,
 };
+use tokio::sync::watch;
 
 use super::connection::tcp_settings;
+use super::guard;
 use super::lane::LaneTarget;
 
 pub use crate::policy::{RedisConfig, TlsOptions};
@@ -182,7 +190,7 @@ fn client(info: ConnectionInfo, tls: Option<&TlsOptions>, resp3: bool) -> RedisR
 #[derive(Clone)]
 pub enum Connection {
     Single(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection<guard::GuardedNode>),
 }
 
 impl ConnectionLike for Connection {
@@ -261,12 +269,36 @@ impl Connection {
     }
 }
 
+/// A node's address as the sentinels give it.
+pub type Address = (String, u16);
+
+/// Where the Sentinel master was last learned to be.
+#[derive(Default)]
+struct Followed {
+    /// `None` until the sentinels were first asked.
+    at: Option<Address>,
+    /// The sentinels' config epoch of the answer followed (a lookup through the redis crate
+    /// names none and keeps it): an answer of an older epoch is a sentinel that has not heard
+    /// of the failover yet, and is not followed back.
+    epoch: u64,
+    /// A connection there failed: the next one asks the sentinels again.
+    stale: bool,
+}
+
 enum Kind {
     /// One server, named by `info` (the URL with the server name swapped in for TLS).
     Single { info: ConnectionInfo },
-    /// The primary found through the sentinels, asked again for every new connection.
+    /// The primary the sentinels name: asked when none is known or a connection failed, and
+    /// followed across failovers (`sentinel.rs`).
     Sentinel {
         sentinel: tokio::sync::Mutex<SentinelClient>,
+        master_name: String,
+        /// Each sentinel, with the credentials and TLS the redis crate's client uses, for the
+        /// announcements of failovers and the asks of the master's address.
+        sentinels: Vec<ConnectionInfo>,
+        /// How the master is reached at an address: the URL's user, password, db and scheme.
+        node: Box<ConnectionInfo>,
+        followed: std::sync::Mutex<Followed>,
     },
     /// A cluster; the bus subscribes on one node (plain PUBLISH reaches every node).
     Cluster {
@@ -280,11 +312,15 @@ pub struct Topology {
     tls: Option<TlsOptions>,
     /// The read lane's TLS client configuration, made from `tls` when a lane first opens.
     lane_tls: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
+    /// The command connections' and the bus's, made when the first one opens (see `guarded`).
+    command_tls: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
     /// The URL's host, for `tls.servername` (connect there, verify the name).
     resolver: Option<Arc<ServerNameResolver>>,
     db: i64,
     pub connect_timeout: Duration,
     pub command_timeout: Duration,
+    /// How many times the master moved (Sentinel): the bus resubscribes on a change.
+    moves: watch::Sender<u64>,
 }
 
 impl Topology {
@@ -352,7 +388,7 @@ impl Topology {
             let master_name = config.master_name.clone().unwrap_or_default();
             let mut builder = SentinelClientBuilder::new(
                 sentinels.iter().map(|i| i.addr().clone()),
-                master_name,
+                master_name.clone(),
                 SentinelServerType::Master,
             )
             .map_err(|e| e.to_string())?
@@ -396,9 +432,32 @@ impl Topology {
                 }
             }
             let sentinel = builder.build().map_err(|e| e.to_string())?;
+            // As the builder does: the first sentinel's credentials for every sentinel.
+            let credentials = sentinels
+                .first()
+                .map(|f| f.redis_settings().clone().set_db(0))
+                .unwrap_or_default();
+            let sentinels = sentinels
+                .into_iter()
+                .map(|s| {
+                    s.set_redis_settings(credentials.clone())
+                        .set_tcp_settings(tcp_settings())
+                })
+                .collect();
+            // Without a URL: no credentials, db 0, plain TCP (the address is replaced).
+            let node = match primary {
+                Some(primary) => primary,
+                None => ConnectionAddr::Tcp(String::new(), 0)
+                    .into_connection_info()
+                    .map_err(|e| e.to_string())?,
+            };
             (
                 Kind::Sentinel {
                     sentinel: tokio::sync::Mutex::new(sentinel),
+                    master_name,
+                    sentinels,
+                    node: Box::new(node),
+                    followed: std::sync::Mutex::new(Followed::default()),
                 },
                 db,
             )
@@ -422,10 +481,12 @@ impl Topology {
             kind,
             tls,
             lane_tls: std::sync::OnceLock::new(),
+            command_tls: std::sync::OnceLock::new(),
             resolver,
             db,
             connect_timeout: config.connect_timeout,
             command_timeout: config.command_timeout,
+            moves: watch::channel(0).0,
         })
     }
 
@@ -447,20 +508,257 @@ impl Topology {
         }
     }
 
-    /// A client for the one server commands go to now (the primary, for Sentinel).
+    /// A client for the one server commands go to now (the primary, for Sentinel: where it was
+    /// last learned to be, or where the sentinels name it if none is known or a connection to
+    /// it failed).
     async fn server(&self, resp3: bool) -> RedisResult<Client> {
         match &self.kind {
             Kind::Single { info } => client(info.clone(), self.tls.as_ref(), resp3),
-            Kind::Sentinel { sentinel } => {
-                let primary = sentinel.lock().await.async_get_client().await?;
-                client(
-                    primary.get_connection_info().clone(),
-                    self.tls.as_ref(),
-                    resp3,
-                )
+            Kind::Sentinel {
+                sentinel,
+                node,
+                followed,
+                ..
+            } => {
+                let known = {
+                    let f = followed.lock().unwrap_or_else(|p| p.into_inner());
+                    if f.stale {
+                        None
+                    } else {
+                        f.at.clone()
+                    }
+                };
+                let (host, port) = match known {
+                    Some(at) => at,
+                    None => {
+                        // The sentinels' newest answer; the redis crate's lookup (which checks
+                        // the node's ROLE, and says why it finds none) if none answers.
+                        match self.ask_master().await {
+                            Some((at, epoch)) => {
+                                self.learned(at, Some(epoch));
+                            }
+                            None => {
+                                let primary = sentinel.lock().await.async_get_client().await?;
+                                let at = address(primary.get_connection_info().addr()).ok_or_else(
+                                    || {
+                                        RedisError::from((
+                                            ErrorKind::InvalidClientConfig,
+                                            "the sentinels name the master by no TCP address",
+                                        ))
+                                    },
+                                )?;
+                                self.learned(at, None);
+                            }
+                        }
+                        // Where it was followed to: an answer older than the one followed is not.
+                        followed
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .at
+                            .clone()
+                            .ok_or_else(|| {
+                                RedisError::from((
+                                    ErrorKind::MasterNameNotFoundBySentinel,
+                                    "the sentinels name no master",
+                                ))
+                            })?
+                    }
+                };
+                client(at(node, host, port), self.tls.as_ref(), resp3)
             }
             Kind::Cluster { .. } => unreachable!("a cluster has no one server"),
         }
+    }
+
+    /// Whether the master is found through sentinels.
+    pub fn is_sentinel(&self) -> bool {
+        matches!(self.kind, Kind::Sentinel { .. })
+    }
+
+    /// How many times the master moved, to watch for the next move.
+    pub fn moves(&self) -> watch::Receiver<u64> {
+        self.moves.subscribe()
+    }
+
+    /// How many times the master moved so far.
+    pub fn moved(&self) -> u64 {
+        *self.moves.borrow()
+    }
+
+    /// The master is at `at` (with the sentinels' config `epoch`, if known). True if that is a
+    /// move from where it was (counted); an answer of an older epoch than the one followed
+    /// changes nothing.
+    pub fn learned(&self, at: Address, epoch: Option<u64>) -> bool {
+        let Kind::Sentinel { followed, .. } = &self.kind else {
+            return false;
+        };
+        let mut f = followed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(epoch) = epoch {
+            if epoch < f.epoch {
+                return false;
+            }
+            f.epoch = epoch;
+        }
+        f.stale = false;
+        if f.at.as_ref() == Some(&at) {
+            return false;
+        }
+        let moved = f.at.is_some();
+        f.at = Some(at);
+        drop(f);
+        if moved {
+            self.moves.send_modify(|n| *n += 1);
+        }
+        moved
+    }
+
+    /// A connection to the master failed: the next one asks the sentinels where it is.
+    pub fn forget_master(&self) {
+        if let Kind::Sentinel { followed, .. } = &self.kind {
+            followed.lock().unwrap_or_else(|p| p.into_inner()).stale = true;
+        }
+    }
+
+    /// The master's name under Sentinel.
+    pub fn master_name(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Sentinel { master_name, .. } => Some(master_name),
+            _ => None,
+        }
+    }
+
+    /// How many sentinels there are (none unless Sentinel).
+    pub fn sentinel_count(&self) -> usize {
+        match &self.kind {
+            Kind::Sentinel { sentinels, .. } => sentinels.len(),
+            _ => 0,
+        }
+    }
+
+    /// A client for sentinel `index`, as the redis crate's sentinel client reaches it.
+    fn sentinel_client(&self, index: usize) -> RedisResult<Option<(Client, &str)>> {
+        let Kind::Sentinel {
+            sentinels,
+            master_name,
+            ..
+        } = &self.kind
+        else {
+            return Ok(None);
+        };
+        let Some(info) = sentinels.get(index) else {
+            return Ok(None);
+        };
+        let client = match (info.addr(), &self.tls) {
+            (ConnectionAddr::TcpTls { .. }, Some(tls)) => {
+                Client::build_with_tls(info.clone(), certificates(tls))?
+            }
+            _ => Client::open(info.clone())?,
+        };
+        Ok(Some((client, master_name.as_str())))
+    }
+
+    /// Sentinel `index`'s announcements of a failover (`FAILOVER_CHANNELS`), subscribed within
+    /// the connect timeout; the stream ends when the connection does.
+    pub async fn failover_announcements(
+        &self,
+        index: usize,
+    ) -> RedisResult<redis::aio::PubSubStream> {
+        let Some((client, _)) = self.sentinel_client(index)? else {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "no such sentinel",
+            )));
+        };
+        let subscribed = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&FAILOVER_CHANNELS[..]).await?;
+            RedisResult::Ok(pubsub.into_on_message())
+        };
+        tokio::time::timeout(self.connect_timeout, subscribed)
+            .await
+            .map_err(|_| super::connection::timed_out("timed out subscribing on a sentinel"))?
+    }
+
+    /// Where the sentinels name the master now, and that answer's config epoch: every sentinel
+    /// is asked, each within the command timeout, and the newest epoch among those that answer
+    /// within `ASK_GRACE` of the first wins, so a sentinel that has not heard of a failover yet
+    /// is outvoted by one that has, and a paused one delays nothing. The address is the one a
+    /// sentinel gives its clients (`GET-MASTER-ADDR-BY-NAME`), which is the promoted replica's
+    /// from its promotion on, before the switch is announced; the epoch (`SENTINEL MASTER`)
+    /// changes at the promotion too. `None` if none answered.
+    pub async fn ask_master(&self) -> Option<(Address, u64)> {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let mut asks: FuturesUnordered<_> = (0..self.sentinel_count())
+            .map(|index| async move {
+                let (client, name) = self.sentinel_client(index).ok()??;
+                let asked = async {
+                    let mut conn = client
+                        .get_multiplexed_async_connection_with_config(
+                            &self.config(self.connect_timeout),
+                        )
+                        .await?;
+                    redis::pipe()
+                        .cmd("SENTINEL")
+                        .arg("MASTER")
+                        .arg(name)
+                        .cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(name)
+                        .query_async::<(std::collections::HashMap<String, String>, Address)>(
+                            &mut conn,
+                        )
+                        .await
+                };
+                let (fields, at) = tokio::time::timeout(self.command_timeout, asked)
+                    .await
+                    .ok()?
+                    .ok()?;
+                let epoch = fields
+                    .get("config-epoch")
+                    .and_then(|e| e.parse::<u64>().ok())
+                    .unwrap_or(0);
+                Some((at, epoch))
+            })
+            .collect();
+        let mut best: Option<(Address, u64)> = None;
+        let mut until = None;
+        loop {
+            let next = match until {
+                None => asks.next().await,
+                Some(until) => match tokio::time::timeout_at(until, asks.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            match next {
+                None => break,
+                Some(None) => {}
+                Some(Some(answer)) => {
+                    until.get_or_insert_with(|| tokio::time::Instant::now() + ASK_GRACE);
+                    if best.as_ref().is_none_or(|b| answer.1 > b.1) {
+                        best = Some(answer);
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    /// A connection under Sentinel must reach a master: right after a failover the node the
+    /// sentinels named a moment ago may already be, or be about to be, a replica.
+    async fn confirm_master(&self, conn: &mut MultiplexedConnection) -> RedisResult<()> {
+        if !self.is_sentinel() {
+            return Ok(());
+        }
+        let role: Role = redis::cmd("ROLE").query_async(conn).await?;
+        if matches!(role, Role::Primary { .. }) {
+            return Ok(());
+        }
+        self.forget_master();
+        Err(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "the node the sentinels named is not a master (ROLE)",
+        )))
     }
 
     /// Whether a read lane (see `lane.rs`) may reach this server: one server or a Sentinel
@@ -525,16 +823,53 @@ impl Topology {
     pub async fn connect(&self, connect_timeout: Duration) -> RedisResult<Connection> {
         match &self.kind {
             Kind::Cluster { client, .. } => {
-                Ok(Connection::Cluster(client.get_async_connection().await?))
+                guard::cluster_connect_timeout(self.connect_timeout);
+                Ok(Connection::Cluster(
+                    client.get_async_generic_connection().await?,
+                ))
             }
             _ => {
                 let client = self.server(false).await?;
-                let conn = client
-                    .get_multiplexed_async_connection_with_config(&self.config(connect_timeout))
-                    .await?;
+                let config = self.config(connect_timeout);
+                let mut conn = self.guarded(&client, config, connect_timeout).await?;
+                self.confirm_master(&mut conn).await?;
                 Ok(Connection::Single(conn))
             }
         }
+    }
+
+    /// A connection to `client`'s server opened by the guard (`guard.rs`: no reply may declare
+    /// more than Redis could send), with the TLS the redis crate would have made from `tls`.
+    async fn guarded(
+        &self,
+        client: &Client,
+        config: AsyncConnectionConfig,
+        connect_timeout: Duration,
+    ) -> RedisResult<MultiplexedConnection> {
+        let info = client.get_connection_info();
+        let tls = match info.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => Some(
+                self.command_tls
+                    .get_or_init(|| {
+                        let tls = self.tls.clone().unwrap_or_default();
+                        guard::tls_config(&tls, *insecure).map(Arc::new)
+                    })
+                    .clone()
+                    .map_err(|e| {
+                        redis::RedisError::from((
+                            redis::ErrorKind::InvalidClientConfig,
+                            "the TLS configuration",
+                            e,
+                        ))
+                    })?,
+            ),
+            _ => None,
+        };
+        let address = self
+            .resolver
+            .as_ref()
+            .map(|r| (r.servername.as_str(), r.address.as_str()));
+        guard::open(info, tls.as_ref(), address, config, connect_timeout).await
     }
 
     /// A connection subscribed to nothing yet whose push messages (RESP3) go to `pushes`: the
@@ -558,10 +893,57 @@ impl Topology {
             _ => self.server(true).await?,
         };
         let config = self.config(self.connect_timeout).set_push_sender(pushes);
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
+        let mut conn = self.guarded(&client, config, self.connect_timeout).await?;
+        self.confirm_master(&mut conn).await?;
+        Ok(conn)
     }
+}
+
+/// How long the other sentinels' answers are awaited once one answered (`ask_master`).
+const ASK_GRACE: Duration = Duration::from_millis(100);
+
+/// The sentinels' channels that name a new master: a replica promoted by a failover (the
+/// sentinel names it to its clients from then on: `slave <ip:port> <ip> <port> @ <name> <old ip>
+/// <old port>`), and the failover's end (`<name> <old ip> <old port> <new ip> <new port>`),
+/// which every sentinel announces as it learns of it.
+pub const FAILOVER_CHANNELS: [&str; 2] = ["+promoted-slave", "+switch-master"];
+
+/// The new master an announcement on `channel` names, if it is `name`'s.
+pub fn announced_master(channel: &str, payload: &str, name: &str) -> Option<Address> {
+    let parts: Vec<&str> = payload.split(' ').collect();
+    match (channel, parts.as_slice()) {
+        ("+switch-master", [n, _, _, ip, port]) if *n == name => {
+            Some((ip.to_string(), port.parse().ok()?))
+        }
+        ("+promoted-slave", ["slave", _, ip, port, "@", n, _, _]) if *n == name => {
+            Some((ip.to_string(), port.parse().ok()?))
+        }
+        _ => None,
+    }
+}
+
+/// A TCP address's host and port.
+fn address(addr: &ConnectionAddr) -> Option<Address> {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            Some((host.clone(), *port))
+        }
+        _ => None,
+    }
+}
+
+/// `template` (user, password, db, scheme) at `host:port`.
+fn at(template: &ConnectionInfo, host: String, port: u16) -> ConnectionInfo {
+    let addr = match template.addr() {
+        ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: None,
+        },
+        _ => ConnectionAddr::Tcp(host, port),
+    };
+    template.clone().set_addr(addr)
 }
 
 /// The nodes a cluster names (`CLUSTER SLOTS`), addressed like `template` (scheme, user,
@@ -604,6 +986,55 @@ async fn cluster_nodes(conn: &mut Connection, template: &ConnectionInfo) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sentinel_topology() -> Topology {
+        let mut config = RedisConfig::from_url("redis://127.0.0.1:1");
+        config.url = None;
+        config.sentinels = vec!["redis://127.0.0.1:2".into(), "redis://127.0.0.1:3".into()];
+        config.master_name = Some("mymaster".into());
+        Topology::new(&config).expect("a sentinel topology")
+    }
+
+    /// A move is counted once per new address; a sentinel that has not heard of the failover
+    /// (an older epoch) does not move the master back; the redis crate's lookup (no epoch) may.
+    #[test]
+    fn the_master_moves_only_to_a_new_address_of_an_epoch_not_older() {
+        let t = sentinel_topology();
+        let a = ("10.0.0.1".to_string(), 6379);
+        let b = ("10.0.0.2".to_string(), 6379);
+        assert!(
+            !t.learned(a.clone(), Some(0)),
+            "the first address is no move"
+        );
+        assert!(!t.learned(a.clone(), Some(0)));
+        assert_eq!(t.moved(), 0);
+        assert!(t.learned(b.clone(), Some(1)), "the promoted replica");
+        assert_eq!(t.moved(), 1);
+        assert!(
+            !t.learned(a.clone(), Some(0)),
+            "a lagging sentinel's answer"
+        );
+        assert_eq!(t.moved(), 1);
+        t.forget_master();
+        assert!(
+            !t.learned(b.clone(), Some(1)),
+            "asked again after a failure: same master"
+        );
+        assert_eq!(t.moved(), 1);
+        assert!(t.learned(a, None), "the crate's lookup names no epoch");
+        assert_eq!(t.moved(), 2);
+        assert_eq!(t.sentinel_count(), 2);
+        assert_eq!(t.master_name(), Some("mymaster"));
+    }
+
+    #[test]
+    fn only_sentinel_masters_move() {
+        let t = Topology::new(&RedisConfig::from_url("redis://127.0.0.1:1")).unwrap();
+        assert!(!t.learned(("10.0.0.1".to_string(), 1), Some(5)));
+        assert!(!t.learned(("10.0.0.2".to_string(), 1), Some(6)));
+        assert_eq!(t.moved(), 0);
+        assert_eq!(t.sentinel_count(), 0);
+    }
 
     const MARK: &str = "S3cretKeyBodyQUJDREVGR0g";
 
