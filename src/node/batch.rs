@@ -7,8 +7,9 @@
 //! and an `adopt` call per key (fourteen arguments each). So the keys Redis had cross as one
 //! typed array of codes (`BATCH_*` bits: found, format, negative, has a value, state), one of
 //! freshUntil, and their values' JSON, joined into one JSON array text (one string, one
-//! `JSON.parse`) when this cache's serializer is JSON; their envelopes stay here, in an
-//! external, until one `adoptMany` call takes them all into the in-process tier. Every other
+//! `JSON.parse`) when this cache's serializer is JSON; their envelopes stay in the engine (a
+//! gate's in its flights' records, a read's in an external) until one `adoptMany` call takes
+//! them all into the in-process tier. Every other
 //! answer (a lead with its lock, a key to wait for, closed, a value an announcement carried) is
 //! an ordinary answer in `others`.
 //!
