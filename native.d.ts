@@ -33,6 +33,18 @@ export declare function abandon(id: number, flight: number): void
 export declare function adopt(id: number, flight: number, cold: boolean, beta: number): number
 
 /**
+ * Takes a batch's found entries into the in-process tier at once, as `adopt` and `adoptRead`
+ * take one each: `flights[i]` is key i's flight, whose record its gate's entry is in, ended as
+ * `adopt` ends it (-1: none, as for `getMany`: the entry is in `found`; below -1: not adopted,
+ * as for a key not found or whose value this cache's serializer could not read). `cold`, `beta`
+ * as for `adopt`. Answers per key what `adopt` answers (`slot * 2 + refresh`;
+ * `WRITTEN_NOWHERE * 2` for a key not adopted). A key whose slot a later key of the batch took
+ * (evicted meanwhile) answers `NO_SLOT`: the facade keeps values at slots in key order after
+ * this call, and would otherwise keep the earlier key's value at a slot that is no longer its.
+ */
+export declare function adoptMany(id: number, found: ExternalObject<FoundKeys>, flights: Float64Array, cold: boolean, beta: number): Int32Array
+
+/**
  * Takes the envelope a read (`get`, `getMany`: no flight) found into the in-process tier, as
  * `answer` (the read's found answer) carries it; answers as `adopt` does (never asking for a
  * refresh).
@@ -41,6 +53,31 @@ export declare function adoptRead(id: number, key: string, answer: object): numb
 
 /** The facade's touch log of fresh hits it served itself is full: apply it to the LRU. */
 export declare function applyTouches(id: number): void
+
+/** A found key's code: its value's format (a `FMT_*` code) is `code & BATCH_FMT_MASK`. */
+export declare const BATCH_FMT_MASK: number
+
+/**
+ * Set in the code of a key Redis had (`Batch`): its envelope waits for `adoptMany`. A key
+ * without it has its answer in `others`, at `-1 - code`.
+ */
+export declare const BATCH_FOUND: number
+
+/** A found key's code: a negative entry (its value is JSON whatever the serializer). */
+export declare const BATCH_NEGATIVE: number
+
+/** A found key's code: its state when Redis answered is `HIT_STATES[(code >> BATCH_STATE_SHIFT) & 3]`. */
+export declare const BATCH_STATE_SHIFT: number
+
+/** A found key's code: it has a value text (without it, the cached value is `undefined`). */
+export declare const BATCH_VALUE: number
+
+/**
+ * The found values' texts of a batch, each apart (`null` for none), cut out of the joined
+ * text `joined` it answered: what the facade reads when that text did not parse as a whole (a
+ * corrupt value among them). Before `adoptMany` (which takes the entries).
+ */
+export declare function batchTexts(found: ExternalObject<FoundKeys>, joined: string): Array<string | undefined | null>
 
 /**
  * Registers the background refresh of one stale key of a batch (`beginRefresh` for a
@@ -347,9 +384,10 @@ export declare function redisFetch(id: number, key: string, count: boolean): unk
 
 /**
  * Reads many keys from Redis (for `getMany`), as `redisFetch` reads one with `count`: found /
- * missing / unavailable per key, each counted as an l2Hit or a miss.
+ * missing / unavailable per key, each counted as an l2Hit or a miss. `joined`, `lengths`: the
+ * keys (see `split_keys`).
  */
-export declare function redisFetchMany(id: number, keys: Array<string>): Promise<unknown[]>
+export declare function redisFetchMany(id: number, joined: string, lengths: Uint32Array): Promise<unknown[]>
 
 /**
  * Asks Redis before flight `flight` loads (`purpose`: a `PURPOSE_*` code; anything unknown is a
@@ -362,10 +400,11 @@ export declare function redisGate(id: number, key: string, purpose: number, flig
  * The cold gates of the keys a batch leads, in one go: per key, `GATE_FOUND` (Redis has it),
  * `GATE_LEAD` (call the loader, holding the lock if a token is set), `GATE_WAIT` (another
  * process holds the lock: ask `redisGate` for this key alone, which waits for its value) or
- * `GATE_CLOSED`. The GETs go in one pipeline per cluster slot, then the lock bids likewise.
- * `flights`: each key's flight, whose record begins here (see `flight.rs`).
+ * `GATE_CLOSED`. One read of them all (see `RedisTier::fetch_many`), then one pipeline of lock
+ * bids per slot. `joined`, `lengths`: the keys (see `split_keys`); `flights`: each key's
+ * flight, whose record begins here (see `flight.rs`).
  */
-export declare function redisGateMany(id: number, keys: Array<string>, flights: Array<number>): Promise<unknown[]>
+export declare function redisGateMany(id: number, joined: string, lengths: Uint32Array, flights: Float64Array): Promise<unknown[]>
 
 export interface RedisReport {
   op: string

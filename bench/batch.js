@@ -11,7 +11,8 @@
 //
 // 1. Warm in Redis, `l1: false` (a serverless instance): getOrLoadMany over 1,000 keys against one
 //    ioredis MGET of the same Redis keys plus JSON.parse of each reply; sequential batches, then 16
-//    batches in flight. Rounds interleave the two sides; the ratio is the median of the rounds'.
+//    batches in flight; then getMany likewise. Rounds interleave the two sides; the ratio is the
+//    median of the rounds'.
 // 2. Warm in process: getOrLoadMany, and getMany, against a loop of Map.get over the same keys.
 // 3. Cold, 1,000 ids, one process: stampede-cache's loadMany calls and ids, against bentocache
 //    getOrSet and cache-manager wrap, one call per id (what their APIs offer), each in front of the
@@ -256,6 +257,13 @@ async function main() {
     const count = QUICK ? 40 : 200
     out.redisSequential = await sideBySide(ours, mget, count, 1)
     out.redis16 = await sideBySide(ours, mget, count, 16)
+    const many = async () => {
+      const r = await reader.getMany(keys)
+      if (r[0] === undefined) throw new Error('a warm getMany missed')
+      return r
+    }
+    out.getManySequential = await sideBySide(many, mget, count, 1)
+    out.getMany16 = await sideBySide(many, mget, count, 16)
     io.disconnect()
     await reader.close()
     await writer.close()
@@ -287,6 +295,8 @@ function chartSpec(o) {
   const rows = [
     { read: 'Redis, l1: false, sequential / MGET', ratio: o.redisSequential.ratio },
     { read: 'Redis, l1: false, 16 in flight / MGET', ratio: o.redis16.ratio },
+    { read: 'getMany, Redis, l1: false, sequential / MGET', ratio: o.getManySequential.ratio },
+    { read: 'getMany, Redis, l1: false, 16 in flight / MGET', ratio: o.getMany16.ratio },
     { read: 'in process / a loop of Map.get', ratio: o.inProcess.ratio },
   ].map((r) => ({ ...r, faster: r.ratio >= 1 ? 'stampede-cache faster' : 'other faster' }))
   const q = Object.fromEntries(o.cold.map((c) => [c.name, c.queries]))
@@ -302,7 +312,7 @@ function chartSpec(o) {
       ],
     },
     width: 520,
-    height: 120,
+    height: 170,
     data: { values: rows },
     layer: [
       {
@@ -345,6 +355,12 @@ function print(o) {
   )
   console.log(
     `| warm in Redis, l1: false, 16 in flight, vs ioredis MGET + JSON.parse | ${n(o.redis16.oursBatchesPerSec)} | ${n(o.redis16.otherBatchesPerSec)} | ${x(o.redis16.ratio)} |`,
+  )
+  console.log(
+    `| getMany, warm in Redis, l1: false, sequential, vs ioredis MGET + JSON.parse | ${n(o.getManySequential.oursBatchesPerSec)} | ${n(o.getManySequential.otherBatchesPerSec)} | ${x(o.getManySequential.ratio)} |`,
+  )
+  console.log(
+    `| getMany, warm in Redis, l1: false, 16 in flight, vs ioredis MGET + JSON.parse | ${n(o.getMany16.oursBatchesPerSec)} | ${n(o.getMany16.otherBatchesPerSec)} | ${x(o.getMany16.ratio)} |`,
   )
   printInProcessRows(o)
   console.log('\n| cold, 1 process | call | database queries | ids asked | ms |')

@@ -37,13 +37,15 @@ const {
 const { requestScope, withWaitUntil } = require('./scope.js')
 const { UNREADABLE, codecOf, toStored } = require('./codec.js')
 const { checkTags, tagsOption } = require('./keys.js')
-const { Batch, checkBatchKeys } = require('./batch.js')
+const { Batch, Outcome, ColdKey, checkBatchKeys, keyLengths } = require('./batch.js')
 const { FreshIndex } = require('./fresh.js')
 
 const { peek, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
 const { redisGate, redisFetch, adopt, adoptRead, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
-const { redisGateMany, redisFetchMany, noteBatchCall, beginBatchRefresh, GATE_WAIT } = native
+const { redisGateMany, redisFetchMany, adoptMany, batchTexts, noteBatchCall, beginBatchRefresh, GATE_WAIT } = native
+// A batch answer's per-key codes (see `Batch` in src/node/batch.rs).
+const { BATCH_VALUE, BATCH_NEGATIVE, BATCH_FMT_MASK, BATCH_STATE_SHIFT } = native
 
 // The promises of the flights in progress, by flight id. Each sits in a holder that `delete`
 // empties: a V8 Map kept deleted values reachable until it next rehashed, so a promise resolved
@@ -60,6 +62,10 @@ class Flights {
   }
   set(id, load) {
     this.#m.set(id, { load })
+  }
+  // A holder of its own (a batch's Outcome, whose promise is made when first asked for).
+  hold(id, holder) {
+    this.#m.set(id, holder)
   }
   delete(id) {
     const held = this.#m.get(id)
@@ -244,11 +250,18 @@ class StampedeCache {
     const b = this.#newBatch(loadMany, policy, force ? PURPOSE_FORCE : PURPOSE_COLD)
     const gated = this.#redis && !force
     if (gated) b.gates = new Map()
-    // Each distinct key once: `answers[u]` is its value or its flight's promise; `at[j]` says which.
+    // Each distinct key once: `answers[u]` is its value (served in process) or its Outcome
+    // (`outcome[u]`); `at[j]` says which. The call settles once every Outcome has.
     const indexOf = new Map()
     const answers = []
+    const outcome = []
     const at = new Array(rest.length)
     const cold = []
+    let pending = 0
+    let finish = null
+    const settledOne = () => {
+      if (--pending === 0 && finish !== null) finish()
+    }
     for (let j = 0; j < rest.length; j++) {
       const k = encoded[j]
       const seen = indexOf.get(k)
@@ -266,33 +279,34 @@ class StampedeCache {
         if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(m))
         if (m & HIT_REFRESH) (stale ??= []).push({ k, key: keys[rest[j]], value })
         answers.push(value)
+        outcome.push(false)
         continue
       }
       if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+      pending++
+      outcome.push(true)
       if (kind !== STEP_LEAD) {
         if (coalesceChannel.hasSubscribers) coalesceChannel.publish({ cache: this, namespace: this.#namespace, key: k })
-        answers.push(this.#flights.get(m))
+        answers.push(new Outcome(settledOne).follow(this.#flights.get(m)))
         continue
       }
       b.lead(k, keys[rest[j]])
-      const decided = () => this.#batchDecided(b, k)
       if (gated) {
-        // The flight's promise now (callers join it); its gate answers with every cold key's
+        // The flight's outcome now (callers join it); its gate answers with every cold key's
         // (#batchGates), which serves what Redis has without running the flight at all.
-        const cold1 = { k, flight: m, resolve: null, reject: null }
-        const load = new Promise((resolve, reject) => {
-          cold1.resolve = resolve
-          cold1.reject = reject
+        const c = new ColdKey(k, m, () => {
+          this.#batchDecided(b, k)
+          settledOne()
         })
-        this.#flights.set(m, load)
-        cold.push(cold1)
-        load.then(decided, decided)
-        answers.push(load)
+        this.#flights.hold(m, c)
+        cold.push(c)
+        answers.push(c)
         continue
       }
+      const decided = () => this.#batchDecided(b, k)
       const load = this.#lead(k, m, this.#batchLoader(b, k), b.keyPolicy, force ? this.#currentValue(k) : undefined, b.purpose, waitUntil, tags, b)
       load.then(decided, decided)
-      answers.push(load)
+      answers.push(new Outcome(settledOne).follow(load))
     }
     // Once the flights are registered: a subscriber that calls the cache joins them.
     this.#publishInvalidations()
@@ -308,20 +322,24 @@ class StampedeCache {
       b.gatesPassed = true
       b.passed()
     }
-    if (cold.length > 0) this.#batchGates(b, cold, waitUntil, tags)
-    const settled = Promise.allSettled(answers).then((results) => {
-      if (b.error !== null) throw b.error
-      for (let j = 0; j < rest.length; j++) {
-        const r = results[at[j]]
-        if (r.status === 'fulfilled') {
-          out[rest[j]] = r.value
-        } else {
-          if (isClosedError(r.reason)) throw r.reason
-          out[rest[j]] = r.reason
+    const settled = new Promise((resolve, reject) => {
+      finish = () => {
+        if (b.error !== null) return reject(b.error)
+        for (let j = 0; j < rest.length; j++) {
+          const u = at[j]
+          const a = answers[u]
+          if (!outcome[u]) {
+            out[rest[j]] = a
+            continue
+          }
+          if (a.rejected && isClosedError(a.result)) return reject(a.result)
+          out[rest[j]] = a.result
         }
+        resolve(out)
       }
-      return out
     })
+    if (cold.length > 0) this.#batchGates(b, cold, waitUntil, tags)
+    if (pending === 0) finish()
     return signal ? withSignal(settled, signal) : settled
   }
 
@@ -335,18 +353,44 @@ class StampedeCache {
   // The cold keys' gates, in one go (one pipelined read, then one pipelined lock bid, per Redis
   // node): a key Redis has is served at once; the others' flights run with their answers. A key
   // another process holds is decided (the batch does not wait for it) and then waits for that
-  // process's value alone, as getOrLoad does. `cold`: { k, flight, resolve, reject }.
+  // process's value alone, as getOrLoad does. `cold`: their ColdKeys.
   #batchGates(b, cold, waitUntil, tags) {
     const run = (c, gate) => {
       // Without a gate here, #runFlight asks for the key's own.
       if (gate !== undefined) b.gates.set(c.k, gate)
-      this.#runFlight(c.k, c.flight, this.#batchLoader(b, c.k), b.keyPolicy, undefined, PURPOSE_COLD, waitUntil, tags, b).then(c.resolve, c.reject)
+      c.follow(this.#runFlight(c.k, c.flight, this.#batchLoader(b, c.k), b.keyPolicy, undefined, PURPOSE_COLD, waitUntil, tags, b))
     }
-    const each = (answers) => {
-      if (answers.some((a) => a.reported)) this.#drainRedisReports()
+    const each = (batch) => {
+      const [codes, texts, freshUntil, others, found, reported] = batch
+      if (reported) this.#drainRedisReports()
+      // The keys Redis had end their flights here, all adopted in one call; a value this cache's
+      // serializer cannot read is not adopted: its flight runs, and looks again past it.
+      const values = this.#batchValues(codes, texts, found)
+      const flights = new Float64Array(cold.length)
+      for (let i = 0; i < cold.length; i++) {
+        flights[i] = codes[i] >= 0 && values[i] !== UNREADABLE ? cold[i].flight : -2
+        if (flights[i] >= 0) this.#flights.delete(cold[i].flight)
+      }
+      const adopted = adoptMany(this.#id, found, flights, true, b.keyPolicy[POLICY_BETA])
+      this.#fillMany(adopted, values)
+      // After the values are in place: a subscriber may read the cache.
+      this.#publishInvalidations()
       for (let i = 0; i < cold.length; i++) {
         const c = cold[i]
-        const a = answers[i]
+        const code = codes[i]
+        if (code >= 0) {
+          if (flights[i] < 0) {
+            run(c, undefined)
+            continue
+          }
+          const value = values[i]
+          if (hitChannel.hasSubscribers) this.#publishHit(c.k, 'redis', HIT_STATES[(code >> BATCH_STATE_SHIFT) & 3])
+          // A stale value served from Redis is refreshed with the batch's (its basis: this copy).
+          if (adopted[i] & 1) b.stale(c.k, value, freshUntil[i])
+          c.resolve(value)
+          continue
+        }
+        const a = others[-1 - code]
         if (a.kind === GATE_WAIT) {
           this.#batchDecided(b, c.k)
           run(c, this.#gate(c.k, PURPOSE_COLD, PURPOSE_COLD, c.flight))
@@ -358,14 +402,70 @@ class StampedeCache {
         if (a.kind !== GATE_FOUND || !this.#servedFromRedis(b, c, a)) run(c, a)
       }
     }
-    redisGateMany(
-      this.#id,
-      cold.map((c) => c.k),
-      cold.map((c) => c.flight),
-    ).then(each, () => {
+    const names = cold.map((c) => c.k)
+    let asked
+    try {
+      asked = redisGateMany(
+        this.#id,
+        names.join(''),
+        keyLengths(names),
+        Float64Array.from(cold, (c) => c.flight),
+      )
+    } catch (err) {
+      asked = Promise.reject(err)
+    }
+    asked.then(each, () => {
       // The binding could not ask (never expected): each key passes its own gate.
       for (const c of cold) run(c, undefined)
     })
+  }
+
+  // The values of a batch answer's found keys, by position (UNREADABLE where this cache's
+  // serializer cannot read one; undefined at keys not found). With the JSON serializer they
+  // come as one JSON array text, parsed at once; if it does not parse (a corrupt value among
+  // them), each is read apart, as #decode reads one.
+  #batchValues(codes, texts, found) {
+    const n = codes.length
+    const values = new Array(n)
+    if (typeof texts === 'string') {
+      let parsed = null
+      try {
+        parsed = JSON.parse(texts)
+      } catch {}
+      if (Array.isArray(parsed)) {
+        let j = 0
+        for (let i = 0; i < n; i++) {
+          if (codes[i] >= 0 && codes[i] & BATCH_VALUE) values[i] = parsed[j++]
+        }
+        if (j === parsed.length) return values
+      }
+      texts = batchTexts(found, texts)
+    }
+    for (let i = 0; i < n; i++) {
+      const code = codes[i]
+      const text = texts[i]
+      if (code < 0 || !(code & BATCH_VALUE) || text === null || text === undefined) {
+        values[i] = undefined
+        continue
+      }
+      try {
+        values[i] = code & BATCH_NEGATIVE ? JSON.parse(text) : this.#codec.decode(text, code & BATCH_FMT_MASK)
+      } catch {
+        values[i] = UNREADABLE
+      }
+    }
+    return values
+  }
+
+  // Keeps each value of a batch at the slot adoptMany answered for it, as #fill keeps one.
+  #fillMany(adopted, values) {
+    if (this.#bytesBounded) {
+      for (const freed of takeReleased(this.#id)) this.#values[freed] = undefined
+    }
+    for (let i = 0; i < adopted.length; i++) {
+      const slot = adopted[i] >> 1
+      if (slot >= 0) this.#values[slot] = values[i]
+    }
   }
 
   // A cold key of a batch that Redis has: ends its flight with that value, as #runFlight does for
@@ -569,17 +669,34 @@ class StampedeCache {
     this.#publishInvalidations()
     if (missed.size === 0 || !this.#redis) return out
     const asked = [...missed.keys()]
-    const answers = await redisFetchMany(this.#id, asked)
-    if (answers.some((a) => a.reported)) this.#drainRedisReports()
+    const [codes, texts, , others, found, reported] = await redisFetchMany(this.#id, asked.join(''), keyLengths(asked))
+    if (reported) this.#drainRedisReports()
+    // The keys Redis had, adopted in one call (a value this serializer cannot read: a miss).
+    const values = this.#batchValues(codes, texts, found)
+    const flights = new Float64Array(asked.length)
+    for (let u = 0; u < asked.length; u++) flights[u] = codes[u] >= 0 && values[u] !== UNREADABLE ? -1 : -2
+    this.#fillMany(adoptMany(this.#id, found, flights, false, -1), values)
     for (let u = 0; u < asked.length; u++) {
-      const answer = answers[u]
-      if (answer.kind !== GATE_FOUND) continue
-      const value = this.#decode(answer)
-      if (value === UNREADABLE) continue
-      this.#adoptDecoded(asked[u], -1, false, answer, value)
-      if (hitChannel.hasSubscribers) this.#publishHit(asked[u], 'redis', answer.state)
+      const code = codes[u]
+      let value
+      let state
+      if (code >= 0) {
+        if (flights[u] < -1) continue
+        value = values[u]
+        state = HIT_STATES[(code >> BATCH_STATE_SHIFT) & 3]
+      } else {
+        // A value an announcement carried, or no value.
+        const answer = others[-1 - code]
+        if (answer.kind !== GATE_FOUND) continue
+        value = this.#decode(answer)
+        if (value === UNREADABLE) continue
+        this.#adoptDecoded(asked[u], -1, false, answer, value)
+        state = answer.state
+      }
+      if (hitChannel.hasSubscribers) this.#publishHit(asked[u], 'redis', state)
       for (const i of missed.get(asked[u])) out[i] = value
     }
+    this.#publishInvalidations()
     return out
   }
 

@@ -1,22 +1,62 @@
 //! Many keys at once (`getMany`, `getOrLoadMany`): the binding's batch calls. Each answers one
-//! `RedisAnswer` per key, in the order of `keys`, as `redisFetch` and `redisGate` answer one; the
-//! facade ends each key's flight as it does for a single key (mod.rs, "Boundary rules").
+//! `Batch` for its keys, in the order of `keys`; the facade ends each key's flight as it does
+//! for a single key (mod.rs, "Boundary rules").
+//!
+//! A batch crosses to JS compactly, because a profile of a warm batch of 1,000 keys put most of
+//! the binding's time in per-key crossings: an answer object per key (thirteen values each)
+//! and an `adopt` call per key (fourteen arguments each). So the keys Redis had cross as one
+//! typed array of codes (`BATCH_*` bits: found, format, negative, has a value, state), one of
+//! freshUntil, and their values' JSON, joined into one JSON array text (one string, one
+//! `JSON.parse`) when this cache's serializer is JSON; their envelopes stay in the engine (a
+//! gate's in its flights' records, a read's in an external) until one `adoptMany` call takes
+//! them all into the in-process tier. Every other
+//! answer (a lead with its lock, a key to wait for, closed, a value an announcement carried) is
+//! an ordinary answer in `others`.
+//!
+//! A gate batch's flights have records (`flight.rs`) as one key's flight has: they begin here
+//! (`begin_flights`), and each is given what its key's gate answered as the batch lands on the
+//! JS thread (a found key's entry, a lead's ticket), so `adoptMany` and a led key's write-back
+//! end them as `adopt` and `writeBack` end one key's.
 
+use std::ptr;
 use std::sync::Arc;
 
 use napi::bindgen_prelude::*;
+use napi::sys;
 use napi_derive::napi;
 
 use super::answer::{answer_of, Landed, RedisAnswer};
 use super::codes::{
-    lock_code, GATE_CLOSED, GATE_MISSING, GATE_UNAVAILABLE, GATE_WAIT, PURPOSE_COLD,
+    hit_state, lock_code, GATE_CLOSED, GATE_MISSING, GATE_UNAVAILABLE, GATE_WAIT, NO_SLOT,
+    PURPOSE_COLD, WRITTEN_NOWHERE,
 };
 use super::engines::engine;
-use super::flight::{Flight, Gated};
+use super::flight::{Flight, Found, Gated};
+use super::hot_path;
 use super::reads::{carried, carried_gate, For};
+use super::redis::{adopt_flight, keep_found};
 use super::settle;
+use crate::cache::EntryState;
+use crate::clock::{Clock, SystemClock};
 use crate::inbox::Stamp;
-use crate::store::redis::{Fetched, FirstLook, Gate, RedisTier};
+use crate::store::redis::{Fetched, FirstLook, Gate, RedisTier, Remote};
+
+/// Set in the code of a key Redis had (`Batch`): its envelope waits for `adoptMany`. A key
+/// without it has its answer in `others`, at `-1 - code`.
+#[napi]
+pub const BATCH_FOUND: u32 = 1 << 8;
+/// A found key's code: its value's format (a `FMT_*` code) is `code & BATCH_FMT_MASK`.
+#[napi]
+pub const BATCH_FMT_MASK: u32 = 0xf;
+/// A found key's code: a negative entry (its value is JSON whatever the serializer).
+#[napi]
+pub const BATCH_NEGATIVE: u32 = 1 << 4;
+/// A found key's code: it has a value text (without it, the cached value is `undefined`).
+#[napi]
+pub const BATCH_VALUE: u32 = 1 << 5;
+/// A found key's code: its state when Redis answered is `HIT_STATES[(code >> BATCH_STATE_SHIFT) & 3]`.
+#[napi]
+pub const BATCH_STATE_SHIFT: u32 = 6;
 
 /// The tier and lockTtl of a live cache, and each key's invalidation stamp taken now, on the JS
 /// thread (before a later `set` or `delete` of this process can change it).
@@ -31,66 +71,145 @@ fn asked(id: u32, keys: &[String]) -> Option<(Arc<RedisTier>, f64, Vec<Stamp>)> 
     Some((tier, e.cache.options().lock_ttl, stamps))
 }
 
-/// The keys an announcement carried a value for are answered from it (`carried`: no Redis
-/// read); the others are returned with their positions.
-fn uncarried<A>(
-    keys: Vec<String>,
-    carried: impl Fn(usize, &str) -> Option<A>,
-) -> (Vec<Option<A>>, Vec<(usize, String)>) {
-    let mut answers: Vec<Option<A>> = Vec::with_capacity(keys.len());
-    let mut rest = Vec::new();
-    for (i, key) in keys.into_iter().enumerate() {
-        let found = carried(i, &key);
-        if found.is_none() {
-            rest.push((i, key));
-        }
-        answers.push(found);
+/// A batch's keys, given as one string (`keys.join('')`) and each key's length in UTF-16 units:
+/// a `string[]` crossed at 1.2 µs a key (several N-API calls each), which put a warm batch of
+/// 1,000 keys a millisecond behind one MGET before Redis was asked.
+fn split_keys(joined: &str, lengths: &[u32]) -> napi::Result<Vec<String>> {
+    let mut keys = Vec::with_capacity(lengths.len());
+    let mut at = 0;
+    let ascii = joined.is_ascii();
+    let mut chars = joined.char_indices();
+    for &units in lengths {
+        let end = if ascii {
+            at + units as usize
+        } else {
+            // UTF-16 units to UTF-8 bytes: walk the key's characters.
+            let mut left = units as usize;
+            let mut end = at;
+            while left > 0 {
+                let Some((i, c)) = chars.next() else { break };
+                end = i + c.len_utf8();
+                left = left.saturating_sub(c.len_utf16());
+            }
+            end
+        };
+        let Some(key) = joined.get(at..end) else {
+            return Err(napi::Error::from_reason(
+                "the batch's keys do not match their lengths",
+            ));
+        };
+        keys.push(key.to_string());
+        at = end;
     }
-    (answers, rest)
+    if at != joined.len() {
+        return Err(napi::Error::from_reason(
+            "the batch's keys do not match their lengths",
+        ));
+    }
+    Ok(keys)
+}
+
+/// One key's answer before the batch is made compact (`A`: a read's `RedisAnswer`, a gate's
+/// `Landed`).
+enum Each<A> {
+    /// Redis had it (found by this batch's read).
+    Found(Remote),
+    Other(A),
+}
+
+/// The keys an announcement carried a value for are answered from it (no Redis read): those
+/// answers, and the other keys, each with its position. The per-key answers are laid out on the
+/// runtime (`Asked::answers`): a vector of them made here, 200 bytes a key, was one fresh mapping
+/// of the JS thread's allocator per batch (page faults and zeroed pages, half a millisecond for
+/// 1,000 keys).
+struct Asked<A> {
+    n: usize,
+    carried: Vec<(usize, A)>,
+    rest: Vec<(usize, String)>,
+}
+
+/// `carried`: key i's answer from an announcement, if one carried its value.
+fn uncarried<A>(keys: Vec<String>, carried: impl Fn(usize, &str) -> Option<A>) -> Asked<A> {
+    let n = keys.len();
+    let mut answered = Vec::new();
+    let mut rest = Vec::with_capacity(n);
+    for (i, key) in keys.into_iter().enumerate() {
+        match carried(i, &key) {
+            Some(found) => answered.push((i, found)),
+            None => rest.push((i, key)),
+        }
+    }
+    Asked {
+        n,
+        carried: answered,
+        rest,
+    }
+}
+
+impl<A> Asked<A> {
+    /// Every key's slot, the carried ones answered.
+    fn answers(&mut self) -> Vec<Option<Each<A>>> {
+        let mut answers: Vec<Option<Each<A>>> = (0..self.n).map(|_| None).collect();
+        for (i, a) in self.carried.drain(..) {
+            answers[i] = Some(Each::Other(a));
+        }
+        answers
+    }
 }
 
 /// The cold gates of the keys a batch leads, in one go: per key, `GATE_FOUND` (Redis has it),
 /// `GATE_LEAD` (call the loader, holding the lock if a token is set), `GATE_WAIT` (another
 /// process holds the lock: ask `redisGate` for this key alone, which waits for its value) or
-/// `GATE_CLOSED`. The GETs go in one pipeline per cluster slot, then the lock bids likewise.
-/// `flights`: each key's flight, whose record begins here (see `flight.rs`).
+/// `GATE_CLOSED`. One read of them all (see `RedisTier::fetch_many`), then one pipeline of lock
+/// bids per slot. `joined`, `lengths`: the keys (see `split_keys`); `flights`: each key's
+/// flight, whose record begins here (see `flight.rs`).
 #[napi(ts_return_type = "Promise<unknown[]>")]
 pub fn redis_gate_many(
     env: &Env,
     id: u32,
-    keys: Vec<String>,
-    flights: Vec<f64>,
-) -> napi::Result<PromiseRaw<'_, Vec<Landed>>> {
+    joined: String,
+    lengths: Uint32Array,
+    flights: Float64Array,
+) -> napi::Result<PromiseRaw<'_, Batch<Landed>>> {
+    let keys = split_keys(&joined, &lengths)?;
+    if flights.len() != keys.len() {
+        return Err(napi::Error::from_reason(
+            "the batch's flights do not match its keys",
+        ));
+    }
+    let flights: Vec<u64> = flights.iter().map(|f| *f as u64).collect();
     let to = |i: usize| For {
         id,
-        flight: flights.get(i).map_or(0, |f| *f as u64),
+        flight: flights[i],
     };
     begin_flights(id, &keys, &flights);
-    let (mut answers, rest) = uncarried(keys, |i, key| carried_gate(to(i), key));
-    let names: Vec<String> = rest.iter().map(|(_, k)| k.clone()).collect();
+    let mut asked_ = uncarried(keys, |i, key| carried_gate(to(i), key));
+    let names: Vec<String> = asked_.rest.iter().map(|(_, k)| k.clone()).collect();
     let tier = asked(id, &names);
     settle::spawn_settled(env, async move {
-        let landed = |i: usize, answer: RedisAnswer, gated: Gated| Landed {
-            id,
-            flight: flights.get(i).map_or(0, |f| *f as u64),
-            answer,
-            gated,
+        let mut answers = asked_.answers();
+        let rest = asked_.rest;
+        let records = Records { id, flights };
+        let landed = |i: usize, (answer, gated): (RedisAnswer, Gated)| {
+            Each::Other(Landed {
+                id,
+                flight: records.flights[i],
+                answer,
+                gated,
+            })
         };
         let Some((tier, lock_ttl, stamps)) = tier else {
             for (i, _) in &rest {
-                answers[*i] = Some(landed(
-                    *i,
-                    RedisAnswer::kind(GATE_CLOSED, None),
-                    Gated::Nothing,
-                ));
+                let closed = (RedisAnswer::kind(GATE_CLOSED, None), Gated::Nothing);
+                answers[*i] = Some(landed(*i, closed));
             }
-            return Ok(answers.into_iter().flatten().collect());
+            return Ok(Batch::of(rest, answers, false, false, Some(records)));
         };
         let asks: Vec<(String, Stamp)> = names.into_iter().zip(stamps.iter().copied()).collect();
         let looks = tier.cold_gate_many(&asks, lock_ttl as u64).await;
         let closed = tier.closed();
         for (((i, _), (key, stamp)), look) in rest.iter().zip(&asks).zip(looks) {
-            let (answer, gated) = match look {
+            let answer = match look {
                 FirstLook::Done(
                     Gate::Lead {
                         token: Some(token), ..
@@ -99,33 +218,38 @@ pub fn redis_gate_many(
                 ) if closed => {
                     // Closed while asking: no loader runs, and a lock just taken goes back.
                     tier.release(key, &token, true).await;
-                    (RedisAnswer::kind(GATE_CLOSED, Some(*stamp)), Gated::Nothing)
+                    let closed = RedisAnswer::kind(GATE_CLOSED, Some(*stamp));
+                    landed(*i, (closed, Gated::Nothing))
                 }
-                _ if closed => (RedisAnswer::kind(GATE_CLOSED, Some(*stamp)), Gated::Nothing),
-                FirstLook::Done(gate, lock) => {
-                    answer_of(&tier, key, gate, lock_code(lock), Some(*stamp))
+                _ if closed => {
+                    let closed = RedisAnswer::kind(GATE_CLOSED, Some(*stamp));
+                    landed(*i, (closed, Gated::Nothing))
                 }
-                FirstLook::Wait => (RedisAnswer::kind(GATE_WAIT, Some(*stamp)), Gated::Nothing),
+                FirstLook::Done(Gate::Found(r), _) => Each::Found(r),
+                FirstLook::Done(gate, lock) => landed(
+                    *i,
+                    answer_of(&tier, key, gate, lock_code(lock), Some(*stamp)),
+                ),
+                FirstLook::Wait => {
+                    let wait = RedisAnswer::kind(GATE_WAIT, Some(*stamp));
+                    landed(*i, (wait, Gated::Nothing))
+                }
             };
-            answers[*i] = Some(landed(*i, answer, gated));
+            answers[*i] = Some(answer);
         }
-        let reported = tier.reports_waiting();
-        Ok(answers
-            .into_iter()
-            .flatten()
-            .map(|l| Landed {
-                answer: RedisAnswer {
-                    reported,
-                    ..l.answer
-                },
-                ..l
-            })
-            .collect())
+        let joined = tier.values_are_json();
+        Ok(Batch::of(
+            rest,
+            answers,
+            joined,
+            tier.reports_waiting(),
+            Some(records),
+        ))
     })
 }
 
 /// Begins the records of a batch's cold flights (`redisGate` begins one's).
-fn begin_flights(id: u32, keys: &[String], flights: &[f64]) {
+fn begin_flights(id: u32, keys: &[String], flights: &[u64]) {
     let Some(e) = engine(id) else { return };
     let mut e = e.borrow_mut();
     if e.cache.is_closed() || e.redis.is_none() {
@@ -133,45 +257,443 @@ fn begin_flights(id: u32, keys: &[String], flights: &[f64]) {
     }
     for (key, flight) in keys.iter().zip(flights) {
         e.flights
-            .entry(*flight as u64)
+            .entry(*flight)
             .or_insert_with(|| Flight::new(key.clone(), PURPOSE_COLD));
     }
 }
 
 /// Reads many keys from Redis (for `getMany`), as `redisFetch` reads one with `count`: found /
-/// missing / unavailable per key, each counted as an l2Hit or a miss.
+/// missing / unavailable per key, each counted as an l2Hit or a miss. `joined`, `lengths`: the
+/// keys (see `split_keys`).
 #[napi(ts_return_type = "Promise<unknown[]>")]
 pub fn redis_fetch_many(
     env: &Env,
     id: u32,
-    keys: Vec<String>,
-) -> napi::Result<PromiseRaw<'_, Vec<RedisAnswer>>> {
-    let (mut answers, rest) = uncarried(keys, |_, key| carried(id, key, true));
-    let names: Vec<String> = rest.iter().map(|(_, k)| k.clone()).collect();
+    joined: String,
+    lengths: Uint32Array,
+) -> napi::Result<PromiseRaw<'_, Batch<RedisAnswer>>> {
+    let keys = split_keys(&joined, &lengths)?;
+    let mut asked_ = uncarried(keys, |_, key| carried(id, key, true));
+    let names: Vec<String> = asked_.rest.iter().map(|(_, k)| k.clone()).collect();
     let tier = asked(id, &names);
     settle::spawn_settled(env, async move {
+        let mut answers = asked_.answers();
+        let rest = asked_.rest;
         let Some((tier, _, stamps)) = tier else {
             for (i, _) in &rest {
-                answers[*i] = Some(RedisAnswer::kind(GATE_UNAVAILABLE, None));
+                answers[*i] = Some(Each::Other(RedisAnswer::kind(GATE_UNAVAILABLE, None)));
             }
-            return Ok(answers.into_iter().flatten().collect());
+            return Ok(Batch::of(rest, answers, false, false, None));
         };
         let asks: Vec<(String, Stamp)> = names.into_iter().zip(stamps).collect();
         let fetched = tier.fetch_many(&asks, true).await;
         for ((i, _), f) in rest.iter().zip(fetched) {
             answers[*i] = Some(match f {
-                Fetched::Found(r) => RedisAnswer::found(r),
-                Fetched::Missing => RedisAnswer::kind(GATE_MISSING, None),
-                Fetched::Unavailable => RedisAnswer::kind(GATE_UNAVAILABLE, None),
+                Fetched::Found(r) => Each::Found(r),
+                Fetched::Missing => Each::Other(RedisAnswer::kind(GATE_MISSING, None)),
+                Fetched::Unavailable => Each::Other(RedisAnswer::kind(GATE_UNAVAILABLE, None)),
             });
         }
-        let reported = tier.reports_waiting();
-        Ok(answers
-            .into_iter()
-            .flatten()
-            .map(|a| RedisAnswer { reported, ..a })
-            .collect())
+        let joined = tier.values_are_json();
+        Ok(Batch::of(
+            rest,
+            answers,
+            joined,
+            tier.reports_waiting(),
+            None,
+        ))
     })
+}
+
+/// A found key of a batch (its value text crossed to JS apart).
+struct Kept {
+    key: String,
+    /// What `adoptMany` keeps of it: here for a read's key; in its flight's record for a gate's
+    /// (moved there as the batch lands, see `Records`), so `None` here.
+    found: Option<Found>,
+    /// The value text's UTF-8 length (what the entry's `size` is).
+    size: u64,
+    /// It has a value text (else the cached value is `undefined`).
+    text: bool,
+}
+
+/// The found keys of a batch, by position in the batch, until `adoptMany`.
+pub struct FoundKeys(Vec<Option<Kept>>);
+
+/// A gate batch's engine and each key's flight: as the batch crosses to JS, each found key's
+/// entry goes into its flight's record, as a single gate's `Landed` puts it there.
+pub(super) struct Records {
+    id: u32,
+    flights: Vec<u64>,
+}
+
+/// The found keys' value texts: one JSON array of those that have one, in order, or each apart.
+enum Texts {
+    Joined(String),
+    Each(Vec<Option<String>>),
+}
+
+/// A batch's answer. It crosses to JS as `[codes, texts, freshUntil, others, found, reported]`:
+/// `codes` (Int32Array) per key, a `BATCH_*` code if found, else `-1 - j` for `others[j]`;
+/// `texts` the found values' JSON texts, one JSON array text of those with `BATCH_VALUE` (in
+/// order) or an array per key (`null` for none); `freshUntil` (Float64Array) per key (found
+/// only); `found` the external `adoptMany` takes; `reported`: failures wait for `onError`.
+/// `A`: an other answer (a gate's `Landed`, which lands its part in its flight's record).
+pub struct Batch<A> {
+    codes: Vec<i32>,
+    texts: Texts,
+    fresh_until: Vec<f64>,
+    others: Vec<A>,
+    found: FoundKeys,
+    records: Option<Records>,
+    reported: bool,
+}
+
+/// An other answer for a key no answer was made for (never expected: every key is answered).
+pub(super) trait Unanswered {
+    fn unavailable(records: Option<&Records>, i: usize) -> Self;
+}
+
+impl Unanswered for RedisAnswer {
+    fn unavailable(_: Option<&Records>, _: usize) -> Self {
+        RedisAnswer::kind(GATE_UNAVAILABLE, None)
+    }
+}
+
+impl Unanswered for Landed {
+    fn unavailable(records: Option<&Records>, i: usize) -> Self {
+        Landed {
+            id: records.map_or(0, |r| r.id),
+            flight: records.and_then(|r| r.flights.get(i).copied()).unwrap_or(0),
+            answer: RedisAnswer::kind(GATE_UNAVAILABLE, None),
+            gated: Gated::Nothing,
+        }
+    }
+}
+
+impl<A: Unanswered> Batch<A> {
+    /// `rest`: the keys asked of Redis (the others were answered from announcements, and are
+    /// in `others`); `join`: the serializer is JSON, so the found values' texts may be joined;
+    /// `records`: a gate batch's flights.
+    fn of(
+        rest: Vec<(usize, String)>,
+        answers: Vec<Option<Each<A>>>,
+        join: bool,
+        reported: bool,
+        records: Option<Records>,
+    ) -> Batch<A> {
+        let n = answers.len();
+        let mut names: Vec<Option<String>> = (0..n).map(|_| None).collect();
+        for (i, key) in rest {
+            names[i] = Some(key);
+        }
+        let now = SystemClock.now_ms();
+        let mut codes = Vec::with_capacity(n);
+        let mut fresh_until = vec![0.0; n];
+        let mut others = Vec::new();
+        let mut kept = Vec::with_capacity(n);
+        let mut texts: Vec<Option<String>> = Vec::with_capacity(n);
+        for (i, (answer, name)) in answers.into_iter().zip(names).enumerate() {
+            match (answer, name) {
+                (Some(Each::Found(mut r)), Some(key)) => {
+                    let e = &r.envelope;
+                    let state = hit_state(EntryState::of_live(e, now)) as u32;
+                    let text = r.value_json.take();
+                    let mut code = BATCH_FOUND
+                        | (r.fmt.code() & BATCH_FMT_MASK)
+                        | (state << BATCH_STATE_SHIFT);
+                    if e.negative {
+                        code |= BATCH_NEGATIVE;
+                    }
+                    if text.is_some() {
+                        code |= BATCH_VALUE;
+                    }
+                    codes.push(code as i32);
+                    fresh_until[i] = e.fresh_until;
+                    let size = text.as_ref().map_or(0, |t| t.len() as u64);
+                    let found = Found {
+                        envelope: r.envelope,
+                        tags: r.tags,
+                        stamp: Some(r.stamp),
+                        size,
+                    };
+                    kept.push(Some(Kept {
+                        key,
+                        found: Some(found),
+                        size,
+                        text: text.is_some(),
+                    }));
+                    texts.push(text);
+                }
+                (answer, _) => {
+                    let answer = match answer {
+                        Some(Each::Other(a)) => a,
+                        // Unavailable, as a read that failed.
+                        _ => A::unavailable(records.as_ref(), i),
+                    };
+                    codes.push(-1 - others.len() as i32);
+                    others.push(answer);
+                    kept.push(None);
+                    texts.push(None);
+                }
+            }
+        }
+        let texts = if join && texts.iter().flatten().all(|t| one_value(t)) {
+            let len = texts.iter().flatten().map(|t| t.len() + 1).sum::<usize>() + 2;
+            let mut joined = String::with_capacity(len);
+            joined.push('[');
+            for t in texts.iter().flatten() {
+                if joined.len() > 1 {
+                    joined.push(',');
+                }
+                joined.push_str(t);
+            }
+            joined.push(']');
+            Texts::Joined(joined)
+        } else {
+            Texts::Each(texts)
+        };
+        Batch {
+            codes,
+            texts,
+            fresh_until,
+            others,
+            found: FoundKeys(kept),
+            records,
+            reported,
+        }
+    }
+}
+
+impl Records {
+    /// Moves each found key's entry into its flight's record (on the JS thread, as the batch
+    /// crosses, so the record has it before any JS reads the batch). A record gone by then (the
+    /// cache closed) drops it.
+    fn land(&self, found: &mut FoundKeys) {
+        let Some(e) = engine(self.id) else { return };
+        let mut e = e.borrow_mut();
+        for (kept, flight) in found.0.iter_mut().zip(&self.flights) {
+            let Some(kept) = kept else { continue };
+            let Some(entry) = kept.found.take() else {
+                continue;
+            };
+            if let Some(f) = e.flights.get_mut(flight) {
+                f.gated = Gated::Found(entry);
+            }
+        }
+    }
+}
+
+/// Whether `text` can only be read as one element when joined with others into a JSON array:
+/// its brackets balance (outside strings), its strings close, and it has no `,` or `:` of its
+/// own at the top. An envelope's value is not parsed when it is read, so a corrupt one (`1,2`)
+/// could otherwise stand for two elements and move every value after it to another key; with
+/// this, a corrupt text makes the whole array fail to parse, and the facade reads each apart.
+fn one_value(text: &str) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    if text.is_empty() {
+        return false;
+    }
+    for &b in text.as_bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => {
+                if depth == 0 {
+                    return false;
+                }
+                depth -= 1;
+            }
+            b',' | b':' if depth == 0 => return false,
+            _ => {}
+        }
+    }
+    depth == 0 && !in_string
+}
+
+impl<A> TypeName for Batch<A> {
+    fn type_name() -> &'static str {
+        "Batch"
+    }
+
+    fn value_type() -> ValueType {
+        ValueType::Object
+    }
+}
+
+impl<A: ToNapiValue> ToNapiValue for Batch<A> {
+    unsafe fn to_napi_value(env: sys::napi_env, mut b: Self) -> napi::Result<sys::napi_value> {
+        if let Some(records) = &b.records {
+            records.land(&mut b.found);
+        }
+        // SAFETY: napi-rs calls this on the JS thread with its environment, in a handle scope;
+        // each conversion makes a fresh value of `env`, and the array is made and filled there.
+        unsafe {
+            let items = [
+                typed_array(env, sys::TypedarrayType::int32_array, &b.codes)?,
+                match b.texts {
+                    Texts::Joined(text) => hot_path::js_string(env, &text)?,
+                    Texts::Each(texts) => ToNapiValue::to_napi_value(env, texts)?,
+                },
+                typed_array(env, sys::TypedarrayType::float64_array, &b.fresh_until)?,
+                ToNapiValue::to_napi_value(env, b.others)?,
+                ToNapiValue::to_napi_value(env, External::new(b.found))?,
+                ToNapiValue::to_napi_value(env, b.reported)?,
+            ];
+            let mut out = ptr::null_mut();
+            napi::check_status!(sys::napi_create_array_with_length(
+                env,
+                items.len(),
+                &mut out
+            ))?;
+            for (i, item) in items.into_iter().enumerate() {
+                napi::check_status!(sys::napi_set_element(env, out, i as u32, item))?;
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// A typed array of `kind` holding a copy of `data` (i32 or f64), in memory V8 owns: napi-rs's
+/// typed arrays lend theirs to V8 as external buffers, each with a finalizer to run.
+///
+/// SAFETY: on the JS thread with its live environment, in a handle scope; `kind` is the typed
+/// array type of `T`'s size and layout.
+unsafe fn typed_array<T: Copy>(
+    env: sys::napi_env,
+    kind: sys::napi_typedarray_type,
+    data: &[T],
+) -> napi::Result<sys::napi_value> {
+    let bytes = std::mem::size_of_val(data);
+    let mut buffer = ptr::null_mut();
+    let mut at = ptr::null_mut();
+    let mut out = ptr::null_mut();
+    // SAFETY: the caller's; `at` is `bytes` writable bytes V8 gave, which `data` does not
+    // overlap.
+    unsafe {
+        napi::check_status!(sys::napi_create_arraybuffer(
+            env,
+            bytes,
+            &mut at,
+            &mut buffer
+        ))?;
+        if bytes > 0 {
+            ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), at.cast::<u8>(), bytes);
+        }
+        napi::check_status!(sys::napi_create_typedarray(
+            env,
+            kind,
+            data.len(),
+            buffer,
+            0,
+            &mut out
+        ))?;
+    }
+    Ok(out)
+}
+
+/// What `adoptMany` answers, per key: crosses as an Int32Array.
+pub struct Adopted(Vec<i32>);
+
+impl TypeName for Adopted {
+    fn type_name() -> &'static str {
+        "Int32Array"
+    }
+
+    fn value_type() -> ValueType {
+        ValueType::Object
+    }
+}
+
+impl ToNapiValue for Adopted {
+    unsafe fn to_napi_value(env: sys::napi_env, a: Self) -> napi::Result<sys::napi_value> {
+        // SAFETY: napi-rs calls this on the JS thread with its environment, in a handle scope.
+        unsafe { typed_array(env, sys::TypedarrayType::int32_array, &a.0) }
+    }
+}
+
+/// Takes a batch's found entries into the in-process tier at once, as `adopt` and `adoptRead`
+/// take one each: `flights[i]` is key i's flight, whose record its gate's entry is in, ended as
+/// `adopt` ends it (-1: none, as for `getMany`: the entry is in `found`; below -1: not adopted,
+/// as for a key not found or whose value this cache's serializer could not read). `cold`, `beta`
+/// as for `adopt`. Answers per key what `adopt` answers (`slot * 2 + refresh`;
+/// `WRITTEN_NOWHERE * 2` for a key not adopted). A key whose slot a later key of the batch took
+/// (evicted meanwhile) answers `NO_SLOT`: the facade keeps values at slots in key order after
+/// this call, and would otherwise keep the earlier key's value at a slot that is no longer its.
+#[napi(ts_return_type = "Int32Array")]
+pub fn adopt_many(
+    id: u32,
+    found: &mut External<FoundKeys>,
+    flights: Float64Array,
+    cold: bool,
+    beta: f64,
+) -> Adopted {
+    let nowhere = WRITTEN_NOWHERE * 2;
+    let mut out = vec![nowhere; found.0.len()];
+    let Some(e) = engine(id) else {
+        return Adopted(out);
+    };
+    let mut e = e.borrow_mut();
+    let e = &mut *e;
+    let mut slotted = Vec::new();
+    for (i, kept) in found.0.iter_mut().enumerate() {
+        let flight = flights.get(i).copied().unwrap_or(-2.0);
+        if flight < -1.0 {
+            continue;
+        }
+        let Some(Kept { key, found, .. }) = kept.take() else {
+            continue;
+        };
+        let adopted = if flight >= 0.0 {
+            adopt_flight(e, flight as u64, cold, beta)
+        } else if let Some(found) = found {
+            keep_found(e, &key, None, cold, found, beta)
+        } else {
+            continue;
+        };
+        if adopted >> 1 >= 0 {
+            slotted.push((i, key, adopted >> 1));
+        }
+        out[i] = adopted;
+    }
+    for (i, key, s) in slotted {
+        if e.cache.live_slot(&key).map(|s| s as i32) != Some(s) {
+            out[i] = NO_SLOT * 2 + (out[i] & 1);
+        }
+    }
+    Adopted(out)
+}
+
+/// The found values' texts of a batch, each apart (`null` for none), cut out of the joined
+/// text `joined` it answered: what the facade reads when that text did not parse as a whole (a
+/// corrupt value among them). Before `adoptMany` (which takes the entries).
+#[napi]
+pub fn batch_texts(found: &External<FoundKeys>, joined: String) -> Vec<Option<String>> {
+    // Each text is one element of `joined`, in order, `,` between them (see `Batch::of`).
+    let mut at = 1;
+    found
+        .0
+        .iter()
+        .map(|kept| {
+            let kept = kept.as_ref().filter(|k| k.text)?;
+            let end = (at + kept.size as usize).min(joined.len().saturating_sub(1));
+            let text = joined.get(at..end).map(str::to_string);
+            at = end + 1;
+            text
+        })
+        .collect()
 }
 
 /// A `loadMany` call is about to run: `loads` counts it once, however many keys it loads (its

@@ -5,8 +5,8 @@
 //!
 //! A record begins at the flight's first gate (`redisGate`, `redisGateMany`), is given what
 //! each gate answered as the answer lands on the JS thread, and is taken by the flight's end
-//! (`adopt`, `abandon`, `writeBack` then `finishWrite`, `redisFailed`). A lock it holds is
-//! released when it drops, whatever ends it (`HeldLock`).
+//! (`adopt` or `adoptMany`, `abandon`, `writeBack` then `finishWrite`, `redisFailed`). A lock
+//! it holds is released when it drops, whatever ends it (`HeldLock`).
 
 use crate::cache::Prepared;
 use crate::envelope::Envelope;

@@ -16,9 +16,9 @@
 //! per JS thread that Redis promises settle through, in batches; its raw N-API calls), `lane`
 //! (the read lane's socket, driven by the JS thread's libuv loop; its raw libuv calls).
 //!
-//! Imports run one way, from the calls JS makes down to what they share: `redis`, `batch`,
-//! `local`, `lifecycle` -> `reads` -> `answer`, `options`, `hot_path` -> `engines` -> `flight`,
-//! `lane` -> `settle`, `codes`. A module names none above it (`lane` settles a read through the
+//! Imports run one way, from the calls JS makes down to what they share: `batch` -> `redis`
+//! (a batch's keys are adopted as `adopt` adopts one), `local`, `lifecycle` -> `reads` ->
+//! `answer`, `options`, `hot_path` -> `engines` -> `flight`, `lane` -> `settle`, `codes`. A module names none above it (`lane` settles a read through the
 //! function its asker gives, `lane::Then`).
 //!
 //! # Boundary rules
@@ -43,11 +43,12 @@
 //!    `finishWrite` of the same flight takes (by flight id, after the await). Records count as
 //!    unsent writes too; a record dropped any other way (close) releases its lock.
 //! 3. **A slot is filled before the next `await`**: after a call answers a slot (`complete`,
-//!    `finishWrite`, `adopt`, `setEntry`, `deleteEntry`'s freed slot), the facade stores the
-//!    value there (or drops it) in the same JS turn, since the engine may hand the slot to
-//!    another key at its next call, and a hit there (the hot path is synchronous) reads whatever
-//!    the slot holds. In `lib/cache.js`, `#fill(slot, value)` is the one place that stores a value
-//!    at a slot, and each call that answers a slot is its argument (or the statement before it).
+//!    `finishWrite`, `adopt`, `adoptMany`, `setEntry`, `deleteEntry`'s freed slot), the facade
+//!    stores the value there (or drops it) in the same JS turn, since the engine may hand the
+//!    slot to another key at its next call, and a hit there (the hot path is synchronous) reads
+//!    whatever the slot holds. In `lib/cache.js`, `#fill(slot, value)` (`#fillMany` for a
+//!    batch's slots) is the one place that stores a value at a slot, and each call that answers
+//!    a slot is its argument (or the statement before it).
 //!    Under `l1.maxBytes`, `#fill` first drops the values at the slots `takeReleased` lists.
 //! 4. **Codes cross as numbers the binding exports** (`codes.rs`); the facade reads them once,
 //!    at load, and declares none itself.

@@ -133,7 +133,7 @@ pub fn redis_fetch(
 }
 
 /// Takes `found` into the in-process tier for `key`, ending `flight` if any; see `adopt`.
-fn keep_found(
+pub(super) fn keep_found(
     e: &mut EngineState,
     key: &str,
     flight: Option<u64>,
@@ -177,20 +177,23 @@ fn keep_found(
 /// an object's property names are interned on every call.
 #[napi]
 pub fn adopt(id: u32, flight: f64, cold: bool, beta: f64) -> i32 {
-    let flight = flight as u64;
-    with_engine(id, |e| {
-        let Some(f) = e.flights.remove(&flight) else {
-            // The cache closed since the gate answered.
-            return Ok(WRITTEN_NOWHERE * 2);
-        };
-        let Gated::Found(found) = f.gated else {
-            // Only a found answer is adopted; anything else ends the flight writing nothing.
-            e.cache.finish_write(&f.key, flight, None, false, None);
-            return Ok(WRITTEN_NOWHERE * 2);
-        };
-        Ok(keep_found(e, &f.key, Some(flight), cold, found, beta))
-    })
-    .unwrap_or(WRITTEN_NOWHERE * 2)
+    with_engine(id, |e| Ok(adopt_flight(e, flight as u64, cold, beta)))
+        .unwrap_or(WRITTEN_NOWHERE * 2)
+}
+
+/// Ends `flight` with the entry its gate found (`adopt`, and `adoptMany` per key of a gate
+/// batch): what `adopt` answers.
+pub(super) fn adopt_flight(e: &mut EngineState, flight: u64, cold: bool, beta: f64) -> i32 {
+    let Some(f) = e.flights.remove(&flight) else {
+        // The cache closed since the gate answered.
+        return WRITTEN_NOWHERE * 2;
+    };
+    let Gated::Found(found) = f.gated else {
+        // Only a found answer is adopted; anything else ends the flight writing nothing.
+        e.cache.finish_write(&f.key, flight, None, false, None);
+        return WRITTEN_NOWHERE * 2;
+    };
+    keep_found(e, &f.key, Some(flight), cold, found, beta)
 }
 
 /// What the in-process tier keeps of a found answer of `redisFetch` or `redisFetchMany`, read
