@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use redis::io::tcp::{socket2, TcpSettings};
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
+use super::net::timed_out;
 use super::topology::{Connection, Topology};
 
 /// What a failed command costs.
@@ -57,24 +57,6 @@ pub fn classify(e: &RedisError) -> Fault {
 pub struct Conn {
     pub id: u64,
     pub inner: Connection,
-}
-
-/// TCP settings for every connection: keepalive probes notice a peer that vanished without a
-/// FIN, TCP_USER_TIMEOUT notices data that is never acknowledged, and no lingering on close so
-/// a replaced connection's unsent commands are discarded rather than delivered late.
-pub fn tcp_settings() -> TcpSettings {
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(5))
-        .with_interval(Duration::from_secs(1));
-    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
-    let keepalive = keepalive.with_retries(3);
-    let settings = TcpSettings::default()
-        .set_nodelay(true)
-        .set_keepalive(keepalive)
-        .set_linger_time(Duration::ZERO);
-    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
-    let settings = settings.set_user_timeout(Duration::from_secs(5));
-    settings
 }
 
 pub struct Link {
@@ -185,10 +167,6 @@ impl Link {
     pub fn replacements(&self) -> u64 {
         self.replaced.load(Ordering::Relaxed)
     }
-}
-
-pub fn timed_out(what: &'static str) -> RedisError {
-    RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
 }
 
 #[cfg(test)]

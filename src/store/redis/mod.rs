@@ -15,6 +15,17 @@
 //! carry, read instead of Redis), `lock` (the gates a load passes),
 //! `envelopes` (reads and fenced writes), `sentinel` (following the master across failovers), `lane` (the read lane the embedder's event loop drives), `tags` (deleteByTag, clear, and whether an entry read
 //! is still alive), `scripts/*.lua` (each names its KEYS/ARGV).
+//!
+//! Imports run one way, from the tier down to the store, never back:
+//! - the tier: `RedisTier` (this file) and the files that implement it by concern (`envelopes`,
+//!   `lock`, `bus`, `tags`, `batch`, `sentinel`, `lane`), which may import one another and
+//!   anything below;
+//! - the connection: `connection` (the command connection, over `topology`);
+//! - the store: `topology` (where Redis is), over `guard` (guarded sockets);
+//! - leaves, importing nothing of this module: `net` (TCP settings, the timeout error),
+//!   `target` (where a lane dials), `carried`, `order`, `lane/resp`.
+//!
+//! `lane/transport` dials a `target` and imports nothing of the tier.
 
 mod batch;
 mod bus;
@@ -24,9 +35,11 @@ mod envelopes;
 mod guard;
 mod lane;
 mod lock;
+mod net;
 mod order;
 mod sentinel;
 mod tags;
+mod target;
 mod topology;
 
 use std::collections::{HashMap, VecDeque};
@@ -55,7 +68,8 @@ pub use order::WriteOrder;
 pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
 
-use connection::{timed_out, Link};
+use connection::Link;
+use net::timed_out;
 
 /// After a failure, Redis is skipped this long before a background probe tries it again.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);

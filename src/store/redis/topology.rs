@@ -27,9 +27,9 @@ use redis::{
 };
 use tokio::sync::watch;
 
-use super::connection::tcp_settings;
 use super::guard;
-use super::lane::LaneTarget;
+use super::net::{tcp_settings, timed_out};
+use super::target::LaneTarget;
 
 pub use crate::policy::{RedisConfig, TlsOptions};
 
@@ -676,7 +676,7 @@ impl Topology {
         };
         tokio::time::timeout(self.connect_timeout, subscribed)
             .await
-            .map_err(|_| super::connection::timed_out("timed out subscribing on a sentinel"))?
+            .map_err(|_| timed_out("timed out subscribing on a sentinel"))?
     }
 
     /// Where the sentinels name the master now, and that answer's config epoch: every sentinel

@@ -22,12 +22,13 @@ mod transport;
 use std::time::Duration;
 
 pub use resp::{frame, Reply};
-pub use transport::{Landing, LaneSocket, LaneTarget, Opened};
+pub use transport::{Landing, LaneSocket, Opened};
 
 use redis::RedisResult;
 
 use super::envelopes::{usable, Misdelivered};
-use super::{connection::timed_out, RedisTier, Remote};
+use super::net::timed_out;
+use super::{RedisTier, Remote};
 use crate::inbox::{tag_bucket, Stamp};
 use crate::key;
 use transport::refused;
