@@ -22,6 +22,7 @@ use super::tags::NAMESPACE_MESSAGE;
 use super::{until_true, RedisTier, Remote};
 use crate::inbox::tag_bucket;
 use crate::inbox::Stamp;
+use crate::sync::LockOrRecover;
 
 /// The bus pings this often when no message arrives, to notice a Redis that stopped answering.
 pub const BUS_PING_INTERVAL: Duration = Duration::from_secs(1);
@@ -50,7 +51,7 @@ pub struct Waiter<'a> {
 
 impl Waiters {
     pub fn register(&self, key: &str) -> Waiter<'_> {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map.lock_or_recover();
         let entry = map.entry(key.to_string()).or_default();
         entry.1 += 1;
         Waiter {
@@ -61,12 +62,7 @@ impl Waiters {
     }
 
     pub fn wake(&self, key: &str) {
-        let notify = self
-            .map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .map(|e| e.0.clone());
+        let notify = self.map.lock_or_recover().get(key).map(|e| e.0.clone());
         if let Some(n) = notify {
             n.notify_waiters();
         }
@@ -75,8 +71,7 @@ impl Waiters {
     pub fn wake_all(&self) {
         let all: Vec<Arc<Notify>> = self
             .map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .values()
             .map(|e| e.0.clone())
             .collect();
@@ -87,7 +82,7 @@ impl Waiters {
 
     /// Keys with a waiter registered (for tests: none may be left behind).
     pub fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.map.lock_or_recover().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -97,7 +92,7 @@ impl Waiters {
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        let mut map = self.waiters.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.waiters.map.lock_or_recover();
         if let Some(entry) = map.get_mut(&self.key) {
             entry.1 -= 1;
             if entry.1 == 0 {

@@ -10,6 +10,7 @@ use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 use super::net::timed_out;
 use super::topology::{Connection, Topology};
+use crate::sync::LockOrRecover;
 
 /// What a failed command costs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,10 +89,7 @@ impl Link {
 
     /// The shared connection if there is one (never makes one).
     pub fn current(&self) -> Option<Conn> {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.current.lock_or_recover().clone()
     }
 
     /// The shared connection, made within `connect_timeout` of `started` if there is none.
@@ -125,7 +123,7 @@ impl Link {
                     });
                 }
             };
-            let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            let mut current = self.current.lock_or_recover();
             if self.topology.moved() != moves {
                 drop(current);
                 if started.elapsed() >= self.connect_timeout {
@@ -145,7 +143,7 @@ impl Link {
     /// Drops connection `id` if it is still the shared one: the next command makes a new one,
     /// after asking the sentinels (if any) where the master is now.
     pub fn replace(&self, id: u64) {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let mut current = self.current.lock_or_recover();
         if current.as_ref().is_some_and(|c| c.id == id) {
             *current = None;
             self.replaced.fetch_add(1, Ordering::Relaxed);
@@ -159,7 +157,7 @@ impl Link {
     /// talking to the old master, which may take writes for seconds until it is demoted and
     /// then forgets them. Commands already sent on the old connection finish there.
     pub fn master_moved(&self) {
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.current.lock_or_recover() = None;
         self.replaced.fetch_add(1, Ordering::Relaxed);
     }
 

@@ -26,6 +26,24 @@
 //!   `target` (where a lane dials), `carried`, `order`, `lane/resp`.
 //!
 //! `lane/transport` dials a `target` and imports nothing of the tier.
+//!
+//! The locking rule. Every `std::sync::Mutex` here is taken with `lock_or_recover`
+//! (`crate::sync`), held for a few statements, never across an `.await`, and never while
+//! another of them is taken, so no two can deadlock whatever the order:
+//! - `RedisTier::health`: up or down, and whether a probe is running (`admit` spawns the probe
+//!   under it, which takes no lock);
+//! - `Reports::log`: the failures waiting for `onError` and when each kind was last reported;
+//! - `Waiters` (`bus`): the lock waiters by key (each woken after the lock is let go);
+//! - `WriteOrder` (`order`): the queued writes by key;
+//! - `Carried` (`carried`): the envelopes announcements carried;
+//! - `Link::current` (`connection`): the shared command connection (it reads the topology's
+//!   move count, a `watch`, under it);
+//! - the topology's followed master (Sentinel);
+//! - a lane's `Opened` slot, shared with the embedder's thread.
+//!
+//! Two `tokio::sync::Mutex`es are held across awaits by design, and only they: `Link::connecting`
+//! for one connection attempt at a time (it takes `Link::current` and the followed master
+//! inside, briefly), and the topology's Sentinel client for one lookup.
 
 mod batch;
 mod bus;

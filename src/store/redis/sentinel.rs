@@ -15,6 +15,7 @@ use futures_util::stream::{self, SelectAll, StreamExt};
 
 use super::topology::{announced_master, Address};
 use super::{until_true, Health, RedisTier};
+use crate::sync::LockOrRecover;
 
 /// How often the sentinels are asked while no announcement can be heard, and retried.
 pub const POLL_PERIOD: Duration = Duration::from_secs(1);
@@ -117,9 +118,7 @@ impl RedisTier {
         if topology.learned(at, epoch) {
             self.link.master_moved();
             // Skipped because the old master failed: the new one is tried at the next call.
-            if let Health::Down { retry_at, .. } =
-                &mut *self.health.lock().unwrap_or_else(|p| p.into_inner())
-            {
+            if let Health::Down { retry_at, .. } = &mut *self.health.lock_or_recover() {
                 *retry_at = Instant::now();
             }
         }

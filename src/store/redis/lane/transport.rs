@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::resp::{frame, Reply};
 use crate::store::redis::target::{LaneTarget, LaneTls};
+use crate::sync::LockOrRecover;
 
 /// An open lane's socket (non-blocking), its TLS session if it has one, and the tier's command
 /// connection count when it began to open.
@@ -41,7 +42,7 @@ impl Landing {
     }
 
     pub fn land(mut self, opened: RedisResult<LaneSocket>) {
-        *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(opened);
+        *self.result.lock_or_recover() = Some(opened);
         self.landed = true;
     }
 }
@@ -49,9 +50,9 @@ impl Landing {
 impl Drop for Landing {
     fn drop(&mut self) {
         if !self.landed {
-            *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(Err(RedisError::from(
-                io::Error::other("the read lane's opening ended without a result"),
-            )));
+            *self.result.lock_or_recover() = Some(Err(RedisError::from(io::Error::other(
+                "the read lane's opening ended without a result",
+            ))));
         }
     }
 }
