@@ -9,7 +9,6 @@
 //! namespace clock and the clear clock, which were decided before it (see `tags.rs`).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -194,8 +193,7 @@ impl RedisTier {
     }
 
     fn set_bus_up(&self, up: bool) {
-        self.bus_up.store(up, Ordering::Relaxed);
-        self.update_trust();
+        self.health.set_bus_up(up);
         // Waiters may have missed the announcement they wait for: they look again now (and
         // poll while the bus is down).
         self.waiters.wake_all();

@@ -53,7 +53,10 @@ impl RedisTier {
     /// Whether reads may take the lane now: a plain-TCP server, Redis up, the bus up (an entry
     /// without tags is then alive unless an announcement said otherwise), not closed.
     pub fn lane_usable(&self) -> bool {
-        self.link.topology.lane_possible() && !self.closed() && self.bus_up() && self.redis_up()
+        self.link.topology.lane_possible()
+            && !self.closed()
+            && self.bus_up()
+            && self.health.redis_up()
     }
 
     /// How long a read on the lane may take: the command timeout.
