@@ -9,7 +9,6 @@
 //! namespace clock and the clear clock, which were decided before it (see `tags.rs`).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,6 +21,7 @@ use super::tags::NAMESPACE_MESSAGE;
 use super::{until_true, RedisTier, Remote};
 use crate::inbox::tag_bucket;
 use crate::inbox::Stamp;
+use crate::sync::LockOrRecover;
 
 /// The bus pings this often when no message arrives, to notice a Redis that stopped answering.
 pub const BUS_PING_INTERVAL: Duration = Duration::from_secs(1);
@@ -50,7 +50,7 @@ pub struct Waiter<'a> {
 
 impl Waiters {
     pub fn register(&self, key: &str) -> Waiter<'_> {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map.lock_or_recover();
         let entry = map.entry(key.to_string()).or_default();
         entry.1 += 1;
         Waiter {
@@ -61,12 +61,7 @@ impl Waiters {
     }
 
     pub fn wake(&self, key: &str) {
-        let notify = self
-            .map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .map(|e| e.0.clone());
+        let notify = self.map.lock_or_recover().get(key).map(|e| e.0.clone());
         if let Some(n) = notify {
             n.notify_waiters();
         }
@@ -75,8 +70,7 @@ impl Waiters {
     pub fn wake_all(&self) {
         let all: Vec<Arc<Notify>> = self
             .map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .values()
             .map(|e| e.0.clone())
             .collect();
@@ -87,7 +81,7 @@ impl Waiters {
 
     /// Keys with a waiter registered (for tests: none may be left behind).
     pub fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.map.lock_or_recover().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -97,7 +91,7 @@ impl Waiters {
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        let mut map = self.waiters.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.waiters.map.lock_or_recover();
         if let Some(entry) = map.get_mut(&self.key) {
             entry.1 -= 1;
             if entry.1 == 0 {
@@ -199,8 +193,7 @@ impl RedisTier {
     }
 
     fn set_bus_up(&self, up: bool) {
-        self.bus_up.store(up, Ordering::Relaxed);
-        self.update_trust();
+        self.health.set_bus_up(up);
         // Waiters may have missed the announcement they wait for: they look again now (and
         // poll while the bus is down).
         self.waiters.wake_all();

@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use redis::io::tcp::{socket2, TcpSettings};
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
+use super::net::timed_out;
 use super::topology::{Connection, Topology};
+use crate::sync::LockOrRecover;
 
 /// What a failed command costs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,24 +60,6 @@ pub struct Conn {
     pub inner: Connection,
 }
 
-/// TCP settings for every connection: keepalive probes notice a peer that vanished without a
-/// FIN, TCP_USER_TIMEOUT notices data that is never acknowledged, and no lingering on close so
-/// a replaced connection's unsent commands are discarded rather than delivered late.
-pub fn tcp_settings() -> TcpSettings {
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(5))
-        .with_interval(Duration::from_secs(1));
-    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
-    let keepalive = keepalive.with_retries(3);
-    let settings = TcpSettings::default()
-        .set_nodelay(true)
-        .set_keepalive(keepalive)
-        .set_linger_time(Duration::ZERO);
-    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
-    let settings = settings.set_user_timeout(Duration::from_secs(5));
-    settings
-}
-
 pub struct Link {
     pub topology: Topology,
     pub connect_timeout: Duration,
@@ -106,10 +89,7 @@ impl Link {
 
     /// The shared connection if there is one (never makes one).
     pub fn current(&self) -> Option<Conn> {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.current.lock_or_recover().clone()
     }
 
     /// The shared connection, made within `connect_timeout` of `started` if there is none.
@@ -143,7 +123,7 @@ impl Link {
                     });
                 }
             };
-            let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            let mut current = self.current.lock_or_recover();
             if self.topology.moved() != moves {
                 drop(current);
                 if started.elapsed() >= self.connect_timeout {
@@ -163,7 +143,7 @@ impl Link {
     /// Drops connection `id` if it is still the shared one: the next command makes a new one,
     /// after asking the sentinels (if any) where the master is now.
     pub fn replace(&self, id: u64) {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let mut current = self.current.lock_or_recover();
         if current.as_ref().is_some_and(|c| c.id == id) {
             *current = None;
             self.replaced.fetch_add(1, Ordering::Relaxed);
@@ -177,7 +157,7 @@ impl Link {
     /// talking to the old master, which may take writes for seconds until it is demoted and
     /// then forgets them. Commands already sent on the old connection finish there.
     pub fn master_moved(&self) {
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.current.lock_or_recover() = None;
         self.replaced.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -185,10 +165,6 @@ impl Link {
     pub fn replacements(&self) -> u64 {
         self.replaced.load(Ordering::Relaxed)
     }
-}
-
-pub fn timed_out(what: &'static str) -> RedisError {
-    RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, what))
 }
 
 #[cfg(test)]

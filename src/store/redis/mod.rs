@@ -15,6 +15,36 @@
 //! carry, read instead of Redis), `lock` (the gates a load passes),
 //! `envelopes` (reads and fenced writes), `sentinel` (following the master across failovers), `lane` (the read lane the embedder's event loop drives), `tags` (deleteByTag, clear, and whether an entry read
 //! is still alive), `scripts/*.lua` (each names its KEYS/ARGV).
+//!
+//! Imports run one way, from the tier down to the store, never back:
+//! - the tier: `RedisTier` (this file) and the files that implement it by concern (`envelopes`,
+//!   `lock`, `bus`, `tags`, `batch`, `sentinel`, `lane`), which may import one another and
+//!   anything below;
+//! - the connection: `connection` (the command connection, over `topology`);
+//! - the store: `topology` (where Redis is), over `guard` (guarded sockets);
+//! - leaves, importing nothing of this module: the parts `RedisTier` holds that own their
+//!   state (`health`: up or down, the probe's timing, whether stale copies are trusted;
+//!   `reports`: the rate-limited `onError` queue; `scripts`; `carried`; `order`), and `net`
+//!   (TCP settings, the timeout error), `target` (where a lane dials), `lane/resp`.
+//!
+//! `lane/transport` dials a `target` and imports nothing of the tier.
+//!
+//! The locking rule. Every `std::sync::Mutex` here is taken with `lock_or_recover`
+//! (`crate::sync`), held for a few statements, never across an `.await`, and never while
+//! another of them is taken, so no two can deadlock whatever the order:
+//! - `Health` (`health`): up or down, and whether a probe is running;
+//! - `Reports::log`: the failures waiting for `onError` and when each kind was last reported;
+//! - `Waiters` (`bus`): the lock waiters by key (each woken after the lock is let go);
+//! - `WriteOrder` (`order`): the queued writes by key;
+//! - `Carried` (`carried`): the envelopes announcements carried;
+//! - `Link::current` (`connection`): the shared command connection (it reads the topology's
+//!   move count, a `watch`, under it);
+//! - the topology's followed master (Sentinel);
+//! - a lane's `Opened` slot, shared with the embedder's thread.
+//!
+//! Two `tokio::sync::Mutex`es are held across awaits by design, and only they: `Link::connecting`
+//! for one connection attempt at a time (it takes `Link::current` and the followed master
+//! inside, briefly), and the topology's Sentinel client for one lookup.
 
 mod batch;
 mod bus;
@@ -22,20 +52,23 @@ mod carried;
 mod connection;
 mod envelopes;
 mod guard;
+mod health;
 mod lane;
 mod lock;
+mod net;
 mod order;
+mod reports;
+mod scripts;
 mod sentinel;
 mod tags;
+mod target;
 mod topology;
 
-use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
 
-use redis::{RedisResult, Script};
+use redis::RedisResult;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
@@ -43,24 +76,23 @@ use crate::envelope::{Fmt, Serializer};
 use crate::inbox::{Inbox, Stamp};
 use crate::key;
 use crate::stats::Stats;
-use crate::sync::LockOrRecover;
 
 pub use batch::FirstLook;
 pub use bus::{channel, Waiters};
 pub use connection::{classify, Fault};
 pub use envelopes::{new_token, Fence, Fetched, WriteBack};
+pub use health::PROBE_INTERVAL;
 pub use lane::{frame, Landing, LaneRead, LaneSocket, Opened};
 pub use lock::{Gate, HeldLock, LockOutcome};
 pub use order::WriteOrder;
+pub use reports::{Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
 
-use connection::{timed_out, Link};
-
-/// After a failure, Redis is skipped this long before a background probe tries it again.
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
-/// At most one `onError` report per operation kind per this interval.
-pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
+use connection::Link;
+use health::{Admit, Health};
+use net::timed_out;
+use scripts::Scripts;
 
 /// An entry read from Redis.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,43 +107,9 @@ pub struct Remote {
     pub fmt: Fmt,
 }
 
-/// A background failure for `onError`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Report {
-    pub op: &'static str,
-    pub key: Option<String>,
-    pub message: String,
-}
-
 /// Redis was skipped or failed; already counted and reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unavailable;
-
-#[derive(Debug)]
-enum Health {
-    Up,
-    /// Failed; skipped until `retry_at`, then one call (`probing`) tries it.
-    Down {
-        retry_at: Instant,
-        probing: bool,
-    },
-}
-
-/// The scripts, loaded by EVALSHA with a load on NOSCRIPT.
-struct Scripts {
-    fence: Script,
-    cold_gate: Script,
-    refresh_gate: Script,
-    write_back: Script,
-    write: Script,
-    release: Script,
-    replace: Script,
-    tag: Script,
-    clear: Script,
-    sweep: Script,
-    reborn: Script,
-    advance: Script,
-}
 
 pub struct RedisTier {
     /// Itself, for the background tasks it spawns.
@@ -125,10 +123,8 @@ pub struct RedisTier {
     origin: String,
     stats: Arc<Stats>,
     inbox: Arc<Inbox>,
-    /// Up or down (skipped until a probe answers).
-    health: Mutex<Health>,
-    /// True while the bus is subscribed.
-    bus_up: AtomicBool,
+    /// Whether Redis and the bus are up, and the probe's timing.
+    health: Health,
     /// Set once the first subscription attempt has ended (either way): the first commands wait
     /// for it, so nothing is cached before the bus could announce changes to it.
     bus_attempted: watch::Sender<bool>,
@@ -147,57 +143,6 @@ pub struct RedisTier {
     tag_ttl_ms: u64,
     /// Envelopes other processes' announcements carried, for the next read of their key.
     carried: carried::Carried,
-}
-
-/// Failures waiting for `onError`, at most one per operation kind per REPORT_INTERVAL.
-#[derive(Default)]
-pub struct Reports {
-    /// The queue, and when each kind was last reported.
-    log: Mutex<ReportLog>,
-    /// The queue is not empty (read without the lock: a report pushed just after a read of it
-    /// is taken at the next one).
-    waiting: AtomicBool,
-}
-
-#[derive(Default)]
-struct ReportLog {
-    queue: VecDeque<Report>,
-    last: HashMap<&'static str, Instant>,
-}
-
-impl Reports {
-    fn push(&self, op: &'static str, key: Option<&str>, message: String) {
-        let mut log = self.log.lock_or_recover();
-        let now = Instant::now();
-        if log
-            .last
-            .get(op)
-            .is_some_and(|t| now.duration_since(*t) < REPORT_INTERVAL)
-        {
-            return;
-        }
-        log.last.insert(op, now);
-        if log.queue.len() >= 64 {
-            log.queue.pop_front();
-        }
-        log.queue.push_back(Report {
-            op,
-            key: key.map(str::to_string),
-            message,
-        });
-        self.waiting.store(true, Ordering::Release);
-    }
-
-    pub fn take(&self) -> Vec<Report> {
-        let mut log = self.log.lock_or_recover();
-        self.waiting.store(false, Ordering::Release);
-        log.queue.drain(..).collect()
-    }
-
-    /// Reports wait to be taken.
-    pub fn waiting(&self) -> bool {
-        self.waiting.load(Ordering::Acquire)
-    }
 }
 
 impl RedisTier {
@@ -225,38 +170,14 @@ impl RedisTier {
             channel,
             origin: new_token(),
             stats,
-            inbox,
-            // Up until proven otherwise: the first calls wait for the first connection.
-            health: Mutex::new(Health::Up),
-            bus_up: AtomicBool::new(false),
+            inbox: inbox.clone(),
+            health: Health::new(inbox),
             bus_attempted,
             waiters: Waiters::default(),
             order: Arc::new(WriteOrder::default()),
             reports: Arc::new(Reports::default()),
             shutdown,
-            scripts: Scripts {
-                fence: Script::new(concat!(
-                    include_str!("scripts/fence_of.lua"),
-                    include_str!("scripts/fence.lua")
-                )),
-                cold_gate: Script::new(concat!(
-                    include_str!("scripts/fence_of.lua"),
-                    include_str!("scripts/cold_gate.lua")
-                )),
-                refresh_gate: Script::new(concat!(
-                    include_str!("scripts/fence_of.lua"),
-                    include_str!("scripts/refresh_gate.lua")
-                )),
-                write_back: Script::new(include_str!("scripts/write_back.lua")),
-                write: Script::new(include_str!("scripts/write.lua")),
-                release: Script::new(include_str!("scripts/release.lua")),
-                replace: Script::new(include_str!("scripts/replace.lua")),
-                tag: Script::new(include_str!("scripts/tag.lua")),
-                clear: Script::new(include_str!("scripts/clear.lua")),
-                sweep: Script::new(include_str!("scripts/sweep.lua")),
-                reborn: Script::new(include_str!("scripts/reborn.lua")),
-                advance: Script::new(include_str!("scripts/advance.lua")),
-            },
+            scripts: Scripts::new(),
             epoch: Instant::now(),
             serializer,
             tag_ttl_ms,
@@ -271,11 +192,7 @@ impl RedisTier {
             self.runtime.spawn(me.follow_master());
         }
         if self.connection(Instant::now()).await.is_err() {
-            // Counted and reported as calls find it down; the first call probes again.
-            *self.health.lock_or_recover() = Health::Down {
-                retry_at: Instant::now(),
-                probing: false,
-            };
+            self.health.first_connection_failed();
         }
     }
 
@@ -351,15 +268,12 @@ impl RedisTier {
         if self.closed() && op != "unlock" {
             return false;
         }
-        let mut h = self.health.lock_or_recover();
-        match &mut *h {
-            Health::Up => true,
-            Health::Down { retry_at, probing } => {
-                if !*probing && Instant::now() >= *retry_at {
-                    *probing = true;
-                    if let Some(me) = self.me.upgrade() {
-                        self.runtime.spawn(async move { me.probe().await });
-                    }
+        match self.health.admit() {
+            Admit::Go => true,
+            Admit::Skip => false,
+            Admit::Probe => {
+                if let Some(me) = self.me.upgrade() {
+                    self.runtime.spawn(async move { me.probe().await });
                 }
                 false
             }
@@ -393,37 +307,17 @@ impl RedisTier {
     }
 
     fn succeeded(&self) {
-        let mut h = self.health.lock_or_recover();
-        if !matches!(*h, Health::Up) {
-            *h = Health::Up;
-            drop(h);
-            self.update_trust();
-        }
+        self.health.succeeded();
     }
 
     fn went_down(&self, op: &'static str, key: Option<&str>, message: String) {
         self.stats.redis_errors.incr();
-        *self.health.lock_or_recover() = Health::Down {
-            retry_at: Instant::now() + PROBE_INTERVAL,
-            probing: false,
-        };
-        self.update_trust();
+        self.health.went_down();
         self.report(op, key, message);
     }
 
-    fn redis_up(&self) -> bool {
-        matches!(*self.health.lock_or_recover(), Health::Up)
-    }
-
     pub fn bus_up(&self) -> bool {
-        self.bus_up.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Stale in-process copies are served unless invalidations may be missed while Redis
-    /// could be asked instead (bus down, Redis up). With Redis down they are all we have.
-    fn update_trust(&self) {
-        self.inbox
-            .set_trust_stale(self.bus_up() || !self.redis_up());
+        self.health.bus_up()
     }
 
     /// Queues a failure for `onError` (rate-limited).

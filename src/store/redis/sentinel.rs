@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures_util::stream::{self, SelectAll, StreamExt};
 
 use super::topology::{announced_master, Address};
-use super::{until_true, Health, RedisTier};
+use super::{until_true, RedisTier};
 
 /// How often the sentinels are asked while no announcement can be heard, and retried.
 pub const POLL_PERIOD: Duration = Duration::from_secs(1);
@@ -117,11 +117,7 @@ impl RedisTier {
         if topology.learned(at, epoch) {
             self.link.master_moved();
             // Skipped because the old master failed: the new one is tried at the next call.
-            if let Health::Down { retry_at, .. } =
-                &mut *self.health.lock().unwrap_or_else(|p| p.into_inner())
-            {
-                *retry_at = Instant::now();
-            }
+            self.health.retry_now();
         }
     }
 }

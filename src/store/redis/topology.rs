@@ -27,9 +27,10 @@ use redis::{
 };
 use tokio::sync::watch;
 
-use super::connection::tcp_settings;
 use super::guard;
-use super::lane::LaneTarget;
+use super::net::{tcp_settings, timed_out};
+use super::target::LaneTarget;
+use crate::sync::LockOrRecover;
 
 pub use crate::policy::{RedisConfig, TlsOptions};
 
@@ -521,7 +522,7 @@ impl Topology {
                 ..
             } => {
                 let known = {
-                    let f = followed.lock().unwrap_or_else(|p| p.into_inner());
+                    let f = followed.lock_or_recover();
                     if f.stale {
                         None
                     } else {
@@ -551,17 +552,12 @@ impl Topology {
                             }
                         }
                         // Where it was followed to: an answer older than the one followed is not.
-                        followed
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .at
-                            .clone()
-                            .ok_or_else(|| {
-                                RedisError::from((
-                                    ErrorKind::MasterNameNotFoundBySentinel,
-                                    "the sentinels name no master",
-                                ))
-                            })?
+                        followed.lock_or_recover().at.clone().ok_or_else(|| {
+                            RedisError::from((
+                                ErrorKind::MasterNameNotFoundBySentinel,
+                                "the sentinels name no master",
+                            ))
+                        })?
                     }
                 };
                 client(at(node, host, port), self.tls.as_ref(), resp3)
@@ -592,7 +588,7 @@ impl Topology {
         let Kind::Sentinel { followed, .. } = &self.kind else {
             return false;
         };
-        let mut f = followed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = followed.lock_or_recover();
         if let Some(epoch) = epoch {
             if epoch < f.epoch {
                 return false;
@@ -615,7 +611,7 @@ impl Topology {
     /// A connection to the master failed: the next one asks the sentinels where it is.
     pub fn forget_master(&self) {
         if let Kind::Sentinel { followed, .. } = &self.kind {
-            followed.lock().unwrap_or_else(|p| p.into_inner()).stale = true;
+            followed.lock_or_recover().stale = true;
         }
     }
 
@@ -681,7 +677,7 @@ impl Topology {
         };
         tokio::time::timeout(self.connect_timeout, subscribed)
             .await
-            .map_err(|_| super::connection::timed_out("timed out subscribing on a sentinel"))?
+            .map_err(|_| timed_out("timed out subscribing on a sentinel"))?
     }
 
     /// Where the sentinels name the master now, and that answer's config epoch: every sentinel

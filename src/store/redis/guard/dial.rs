@@ -17,8 +17,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::Guarded;
-use crate::store::redis::connection::tcp_settings;
-use crate::store::redis::TlsOptions;
+use crate::policy::TlsOptions;
+use crate::store::redis::net::tcp_settings;
 
 trait Stream: AsyncRead + AsyncWrite + Send + Sync {}
 impl<S: AsyncRead + AsyncWrite + Send + Sync> Stream for S {}

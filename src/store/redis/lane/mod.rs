@@ -22,12 +22,13 @@ mod transport;
 use std::time::Duration;
 
 pub use resp::{frame, Reply};
-pub use transport::{Landing, LaneSocket, LaneTarget, Opened};
+pub use transport::{Landing, LaneSocket, Opened};
 
 use redis::RedisResult;
 
 use super::envelopes::{usable, Misdelivered};
-use super::{connection::timed_out, RedisTier, Remote};
+use super::net::timed_out;
+use super::{RedisTier, Remote};
 use crate::inbox::{tag_bucket, Stamp};
 use crate::key;
 use transport::refused;
@@ -52,7 +53,10 @@ impl RedisTier {
     /// Whether reads may take the lane now: a plain-TCP server, Redis up, the bus up (an entry
     /// without tags is then alive unless an announcement said otherwise), not closed.
     pub fn lane_usable(&self) -> bool {
-        self.link.topology.lane_possible() && !self.closed() && self.bus_up() && self.redis_up()
+        self.link.topology.lane_possible()
+            && !self.closed()
+            && self.bus_up()
+            && self.health.redis_up()
     }
 
     /// How long a read on the lane may take: the command timeout.

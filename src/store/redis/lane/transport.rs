@@ -1,6 +1,5 @@
-//! How a read lane connects: the target (host, port, credentials, db, TLS) taken from the
-//! command connection's, the TCP or TLS connection, and the handshake (AUTH, SELECT, a name),
-//! all on the runtime; the socket is then handed to the embedder as non-blocking.
+//! How a read lane connects to its target (`target.rs`): the TCP or TLS connection and the
+//! handshake, all on the runtime; the socket is then handed to the embedder as non-blocking.
 
 use std::io;
 use std::net::TcpStream;
@@ -8,119 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::io::tcp::socket2;
-use redis::{ConnectionAddr, ConnectionInfo, RedisError, RedisResult};
+use redis::{RedisError, RedisResult};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::resp::{frame, Reply};
-
-/// Where a lane connects, and as whom (its `Debug` never shows the password).
-#[derive(Clone)]
-pub struct LaneTarget {
-    host: String,
-    port: u16,
-    username: Option<String>,
-    password: Option<String>,
-    db: i64,
-    /// Over TLS: the name the server's certificate must carry (and SNI), and the client
-    /// configuration (`with_tls`).
-    tls: Option<LaneTls>,
-}
-
-impl std::fmt::Debug for LaneTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LaneTarget")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("db", &self.db)
-            .field("tls", &self.tls.as_ref().map(|t| &t.name))
-            .finish()
-    }
-}
-
-#[derive(Clone)]
-struct LaneTls {
-    name: String,
-    config: Option<Arc<rustls::ClientConfig>>,
-}
-
-impl LaneTarget {
-    /// TCP servers, plain or TLS with verification; Unix sockets and unverified TLS stay on the
-    /// command connection. A TLS target needs its configuration (`with_tls`) before it opens.
-    pub fn of(info: &ConnectionInfo) -> Option<LaneTarget> {
-        let (host, port, tls) = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => (host, port, None),
-            ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: false,
-                ..
-            } => (
-                host,
-                port,
-                Some(LaneTls {
-                    name: host.clone(),
-                    config: None,
-                }),
-            ),
-            _ => return None,
-        };
-        let s = info.redis_settings();
-        Some(LaneTarget {
-            host: host.clone(),
-            port: *port,
-            username: s.username().map(str::to_string),
-            password: s.password().map(str::to_string),
-            db: s.db(),
-            tls,
-        })
-    }
-
-    /// Whether the lane speaks TLS to this server.
-    pub fn is_tls(&self) -> bool {
-        self.tls.is_some()
-    }
-
-    /// The TLS target with its client configuration, connecting to `address` (the URL's host
-    /// when `tls.servername` named the certificate) and verifying the certificate's name.
-    pub fn with_tls(mut self, config: Arc<rustls::ClientConfig>, address: String) -> LaneTarget {
-        if let Some(tls) = &mut self.tls {
-            tls.config = Some(config);
-            self.host = address;
-        }
-        self
-    }
-
-    /// The commands that make a new connection ours: AUTH (ACL user or password), SELECT, and
-    /// a name operators see in CLIENT LIST (refused by some ACLs: then it stays unnamed). Each
-    /// with whether its refusal refuses the lane.
-    fn handshake(&self) -> Vec<(redis::Cmd, bool)> {
-        let mut out = Vec::new();
-        if let Some(password) = &self.password {
-            let mut auth = redis::cmd("AUTH");
-            if let Some(user) = &self.username {
-                auth.arg(user);
-            }
-            out.push((auth.arg(password).clone(), true));
-        }
-        if self.db != 0 {
-            out.push((redis::cmd("SELECT").arg(self.db).clone(), true));
-        }
-        // The lane ends each batch of reads with an ECHO (its alignment mark): a server or
-        // an ACL that refuses it refuses the lane, so reads stay on the command connection.
-        out.push((redis::cmd("ECHO").arg(LANE_NAME).clone(), true));
-        out.push((
-            redis::cmd("CLIENT").arg("SETNAME").arg(LANE_NAME).clone(),
-            false,
-        ));
-        out
-    }
-}
-
-/// The lane's connection name (CLIENT LIST shows it).
-pub const LANE_NAME: &str = "stampede-cache:read-lane";
+use crate::store::redis::target::{LaneTarget, LaneTls};
+use crate::sync::LockOrRecover;
 
 /// An open lane's socket (non-blocking), its TLS session if it has one, and the tier's command
 /// connection count when it began to open.
@@ -149,7 +42,7 @@ impl Landing {
     }
 
     pub fn land(mut self, opened: RedisResult<LaneSocket>) {
-        *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(opened);
+        *self.result.lock_or_recover() = Some(opened);
         self.landed = true;
     }
 }
@@ -157,9 +50,9 @@ impl Landing {
 impl Drop for Landing {
     fn drop(&mut self) {
         if !self.landed {
-            *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(Err(RedisError::from(
-                io::Error::other("the read lane's opening ended without a result"),
-            )));
+            *self.result.lock_or_recover() = Some(Err(RedisError::from(io::Error::other(
+                "the read lane's opening ended without a result",
+            ))));
         }
     }
 }
@@ -250,6 +143,7 @@ pub async fn connect(target: &LaneTarget, replacement: u64) -> RedisResult<LaneS
 #[cfg(test)]
 mod tests {
     use super::*;
+    use redis::ConnectionInfo;
 
     #[test]
     fn an_opening_that_ends_without_a_result_lands_a_failure() {
@@ -286,46 +180,5 @@ mod tests {
         let mut asked = vec![0u8; 64];
         let n = server.read(&mut asked).await.unwrap();
         assert!(asked[..n].starts_with(b"*2\r\n$4\r\nECHO"));
-    }
-
-    #[test]
-    fn the_handshake_authenticates_and_selects() {
-        let info: ConnectionInfo =
-            redis::IntoConnectionInfo::into_connection_info("redis://app:secret@127.0.0.1:6390/3")
-                .unwrap();
-        let target = LaneTarget::of(&info).unwrap();
-        assert!(!format!("{target:?}").contains("secret"), "{target:?}");
-        let packed: Vec<(Vec<u8>, bool)> = target
-            .handshake()
-            .iter()
-            .map(|(c, required)| (c.get_packed_command(), *required))
-            .collect();
-        assert_eq!(
-            packed,
-            vec![
-                (
-                    b"*3\r\n$4\r\nAUTH\r\n$3\r\napp\r\n$6\r\nsecret\r\n".to_vec(),
-                    true
-                ),
-                (b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n".to_vec(), true),
-                (
-                    b"*2\r\n$4\r\nECHO\r\n$24\r\nstampede-cache:read-lane\r\n".to_vec(),
-                    true
-                ),
-                (
-                    b"*3\r\n$6\r\nCLIENT\r\n$7\r\nSETNAME\r\n$24\r\nstampede-cache:read-lane\r\n"
-                        .to_vec(),
-                    false
-                ),
-            ]
-        );
-        let tls: ConnectionInfo =
-            redis::IntoConnectionInfo::into_connection_info("rediss://127.0.0.1:6390").unwrap();
-        assert!(LaneTarget::of(&tls).unwrap().is_tls());
-        assert!(!target.is_tls());
-        let insecure: ConnectionInfo =
-            redis::IntoConnectionInfo::into_connection_info("rediss://127.0.0.1:6390/#insecure")
-                .unwrap();
-        assert!(LaneTarget::of(&insecure).is_none());
     }
 }

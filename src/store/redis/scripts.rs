@@ -1,0 +1,48 @@
+//! The Lua scripts (`scripts/*.lua`, each naming its KEYS/ARGV), sent by EVALSHA with a load
+//! on NOSCRIPT. The fence's test (`fence_of.lua`) is shared by the scripts that check it.
+
+use redis::Script;
+
+/// One of each script, hashed once for the tier.
+pub struct Scripts {
+    pub(super) fence: Script,
+    pub(super) cold_gate: Script,
+    pub(super) refresh_gate: Script,
+    pub(super) write_back: Script,
+    pub(super) write: Script,
+    pub(super) release: Script,
+    pub(super) replace: Script,
+    pub(super) tag: Script,
+    pub(super) clear: Script,
+    pub(super) sweep: Script,
+    pub(super) reborn: Script,
+    pub(super) advance: Script,
+}
+
+impl Scripts {
+    pub fn new() -> Self {
+        Scripts {
+            fence: Script::new(concat!(
+                include_str!("scripts/fence_of.lua"),
+                include_str!("scripts/fence.lua")
+            )),
+            cold_gate: Script::new(concat!(
+                include_str!("scripts/fence_of.lua"),
+                include_str!("scripts/cold_gate.lua")
+            )),
+            refresh_gate: Script::new(concat!(
+                include_str!("scripts/fence_of.lua"),
+                include_str!("scripts/refresh_gate.lua")
+            )),
+            write_back: Script::new(include_str!("scripts/write_back.lua")),
+            write: Script::new(include_str!("scripts/write.lua")),
+            release: Script::new(include_str!("scripts/release.lua")),
+            replace: Script::new(include_str!("scripts/replace.lua")),
+            tag: Script::new(include_str!("scripts/tag.lua")),
+            clear: Script::new(include_str!("scripts/clear.lua")),
+            sweep: Script::new(include_str!("scripts/sweep.lua")),
+            reborn: Script::new(include_str!("scripts/reborn.lua")),
+            advance: Script::new(include_str!("scripts/advance.lua")),
+        }
+    }
+}
