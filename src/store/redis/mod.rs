@@ -90,7 +90,7 @@ pub struct Unavailable;
 #[derive(Debug)]
 enum Health {
     Up,
-    /// Failed; skipped until `retry_at`, then one call (`probing`) tries it.
+    /// Failed; skipped until `retry_at`, then one probe (`probing`) tries it.
     Down {
         retry_at: Instant,
         probing: bool,
@@ -344,7 +344,8 @@ impl RedisTier {
     }
 
     /// May a command go to Redis now? Only while it is up. While it is down, the first call
-    /// after `retry_at` starts the background probe and, like every other, skips Redis.
+    /// after `retry_at` (or `probe_at`'s timer) starts the background probe and, like every
+    /// other, skips Redis.
     fn admit(&self, op: &'static str) -> bool {
         // A closed cache still releases the locks its last loads hold, so other processes do
         // not wait out lockTtl.
@@ -403,12 +404,30 @@ impl RedisTier {
 
     fn went_down(&self, op: &'static str, key: Option<&str>, message: String) {
         self.stats.redis_errors.incr();
+        let retry_at = Instant::now() + PROBE_INTERVAL;
         *self.health.lock_or_recover() = Health::Down {
-            retry_at: Instant::now() + PROBE_INTERVAL,
+            retry_at,
             probing: false,
         };
         self.update_trust();
         self.report(op, key, message);
+        self.probe_at(retry_at);
+    }
+
+    /// Starts the probe at `at` (unless a call started one, or Redis is up again) whether or
+    /// not a call comes. Waiting for a call would leave an idle process that lost a connection
+    /// (killed, or through a failover while Redis stayed up) down however long it idles, and
+    /// that call, skipping Redis, would load without a fence: its result never written back.
+    /// Holds no strong reference while it waits: a dropped tier is not probed.
+    fn probe_at(&self, at: Instant) {
+        let me = self.me.clone();
+        self.runtime.spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            if let Some(me) = me.upgrade() {
+                // Down: starts the probe if none runs; up, or closed: does nothing.
+                let _ = me.admit("probe");
+            }
+        });
     }
 
     fn redis_up(&self) -> bool {
