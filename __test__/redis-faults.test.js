@@ -16,6 +16,8 @@ const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { setupRedis, RedisServer, barrier, waitFor, sleep, killAllSync } = require('./helpers/redis-server')
 const { TcpProxy } = require('./helpers/tcp-proxy')
+const { eventually } = require('./helpers/eventually')
+const { StampedeCache } = require('..')
 
 /** A hang fails its test instead of blocking the run. */
 const TEST_TIMEOUT = 45_000
@@ -433,4 +435,32 @@ test('lock releases after close() share one connection; the bus does not cross d
     assert.equal(xAfter.misses, xBefore.misses, 'X made no Redis read for k')
     assert.equal(xAfter.hits, xBefore.hits + 1, 'X served k from its in-process tier')
   })
+})
+
+test('after a connection is killed, an idle cache goes back to Redis by itself: its next load is written back', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { redis, base, vkey } = await setup(t)
+  const reports = []
+  // No in-process tier and a short ttl: Redis alone holds the value, stale by the time it is read again.
+  const cache = new StampedeCache({ ...base, ttl: 200, hardTtl: 60_000, l1: false, onError: (err) => reports.push(err.message) })
+  t.after(() => cache.close())
+  assert.equal(await cache.getOrLoad('k', () => 'v1'), 'v1')
+  await eventually(async () => envelopeValue(await redis.cmd('GET', vkey('k'))) === 'v1', { what: "k's first value in Redis" })
+
+  // A connection kill (Redis stays up): the next command fails on the dead connection.
+  assert.ok((await redis.cmd('CLIENT', 'KILL', 'TYPE', 'normal')) >= 1)
+  assert.equal(await cache.getOrLoad('other', () => 'o'), 'o', 'a read that meets the dead connection is served')
+  await eventually(() => cache.stats().redisErrors > 0, { what: 'the failure counted' })
+
+  // Idle, with no call to probe Redis, for longer than the probe interval and a command timeout.
+  await sleep(2_000)
+  let loads = 0
+  await cache.getOrLoad('k', () => {
+    loads++
+    return 'v2'
+  })
+  await eventually(async () => envelopeValue(await redis.cmd('GET', vkey('k'))) === 'v2', {
+    timeout: 5_000,
+    what: `the load after the idle time written back (reports: ${reports.join('; ')})`,
+  })
+  assert.equal(loads, 1)
 })

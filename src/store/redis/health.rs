@@ -16,7 +16,7 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 #[derive(Debug)]
 enum State {
     Up,
-    /// Failed; skipped until `retry_at`, then one call (`probing`) tries it.
+    /// Failed; skipped until `retry_at`, then one probe (`probing`) tries it.
     Down {
         retry_at: Instant,
         probing: bool,
@@ -77,13 +77,16 @@ impl Health {
         }
     }
 
-    /// Redis failed: skipped for `PROBE_INTERVAL`.
-    pub fn went_down(&self) {
+    /// Redis failed: skipped for `PROBE_INTERVAL`, until the returned time, when a probe starts
+    /// whether or not a call comes (see `RedisTier::probe_at`).
+    pub fn went_down(&self) -> Instant {
+        let retry_at = Instant::now() + PROBE_INTERVAL;
         *self.state.lock_or_recover() = State::Down {
-            retry_at: Instant::now() + PROBE_INTERVAL,
+            retry_at,
             probing: false,
         };
         self.update_trust();
+        retry_at
     }
 
     /// The first connection failed: down, and the next call probes at once (it is counted and

@@ -261,7 +261,8 @@ impl RedisTier {
     }
 
     /// May a command go to Redis now? Only while it is up. While it is down, the first call
-    /// after `retry_at` starts the background probe and, like every other, skips Redis.
+    /// after `retry_at` (or `probe_at`'s timer) starts the background probe and, like every
+    /// other, skips Redis.
     fn admit(&self, op: &'static str) -> bool {
         // A closed cache still releases the locks its last loads hold, so other processes do
         // not wait out lockTtl.
@@ -312,8 +313,25 @@ impl RedisTier {
 
     fn went_down(&self, op: &'static str, key: Option<&str>, message: String) {
         self.stats.redis_errors.incr();
-        self.health.went_down();
+        let retry_at = self.health.went_down();
         self.report(op, key, message);
+        self.probe_at(retry_at);
+    }
+
+    /// Starts the probe at `at` (unless a call started one, or Redis is up again) whether or
+    /// not a call comes. Waiting for a call would leave an idle process that lost a connection
+    /// (killed, or through a failover while Redis stayed up) down however long it idles, and
+    /// that call, skipping Redis, would load without a fence: its result never written back.
+    /// Holds no strong reference while it waits: a dropped tier is not probed.
+    fn probe_at(&self, at: Instant) {
+        let me = self.me.clone();
+        self.runtime.spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            if let Some(me) = me.upgrade() {
+                // Down: starts the probe if none runs; up, or closed: does nothing.
+                let _ = me.admit("probe");
+            }
+        });
     }
 
     pub fn bus_up(&self) -> bool {
