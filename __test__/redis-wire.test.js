@@ -74,6 +74,26 @@ for (const [path_, env] of [
   }
 }
 
+// The declared terabyte on a connection of a cache that reads nothing after it: the connection
+// closes on the header, not when a later read would replace it (there is none).
+for (const [path_, env] of [
+  ['read lane', {}],
+  ['command connection', { STAMPEDE_CACHE_NO_LANE: '1' }],
+]) {
+  test(`${path_}: huge, then idle: the flooded connection closes all the same`, { timeout: 90_000 }, async () => {
+    await started
+    const { code, signal, out, err } = await runClient('huge-idle', env)
+    assert.equal(signal, null, `killed by ${signal}: ${err}`)
+    assert.equal(code, 0, `exit ${code}: ${err}`)
+    const r = JSON.parse(out.trim().split('\n').pop())
+    assert.ok(r.got === 'value' || r.got === undefined, `read ${r.got}: ${out}`)
+    assert.equal(r.floods.length, 1, `flooded once: ${out}`)
+    const [f] = r.floods
+    assert.ok(f.closedAfter !== null && f.closedAfter < 10_000, `closed after ${f.closedAfter} ms: ${out}`)
+    assert.ok(f.sent < 256 * 1024 * 1024, `filler taken before closing: ${f.sent}`)
+  })
+}
+
 // A script's reply moved by one: an extra integer reply in front of a load's write-back, whose
 // own reply says it was fenced out (a set of the key since the load began). Read as written, the
 // load's older value would be kept in process over the set's; proven out of step by the ECHO

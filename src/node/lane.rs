@@ -98,7 +98,9 @@ struct Sent {
 pub struct Lane {
     env: sys::napi_env,
     tier: Arc<RedisTier>,
-    stream: std::net::TcpStream,
+    /// The socket; closed (`None`) as soon as its poll handle has closed, whoever still holds
+    /// the lane (see `on_close_poll`).
+    stream: Option<std::net::TcpStream>,
     /// The TLS session over `stream`, driven here: requests are encrypted into it and its
     /// records written out; records read in are decrypted out of it into `input`.
     tls: Option<Box<rustls::ClientConnection>>,
@@ -292,7 +294,7 @@ impl Lane {
         let lane = Rc::new(RefCell::new(Lane {
             env,
             tier,
-            stream: socket.stream,
+            stream: Some(socket.stream),
             tls: socket.tls,
             replacement: socket.opened_at_replacement,
             poll,
@@ -379,9 +381,10 @@ impl Lane {
         self.mark();
         let want = match &mut self.tls {
             None => {
+                let mut stream = connected(&self.stream)?;
                 let mut written = 0;
                 while written < self.out.len() {
-                    match self.stream.write(&self.out[written..]) {
+                    match stream.write(&self.out[written..]) {
                         Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                         Ok(n) => written += n,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -393,6 +396,7 @@ impl Lane {
                 !self.out.is_empty()
             }
             Some(tls) => {
+                let mut stream = connected(&self.stream)?;
                 let mut taken = 0;
                 loop {
                     let before = taken;
@@ -408,7 +412,7 @@ impl Lane {
                     let mut blocked = false;
                     let mut wrote = false;
                     while tls.wants_write() {
-                        match tls.write_tls(&mut &self.stream) {
+                        match tls.write_tls(&mut stream) {
                             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                             Ok(_) => wrote = true,
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -518,7 +522,11 @@ impl Lane {
                 self.input.reserve(16 * 1024);
             }
             let spare = self.input.capacity() - self.input.len();
-            match read_into_spare(&self.stream, &mut self.input) {
+            let stream = match connected(&self.stream) {
+                Ok(stream) => stream,
+                Err(e) => return Some(format!("Redis read lane failed: {e}")),
+            };
+            match read_into_spare(stream, &mut self.input) {
                 Ok(0) => return Some("Redis closed the read lane".to_string()),
                 // Short of the space given: the socket is drained for now.
                 Ok(n) if n < spare => return None,
@@ -537,10 +545,14 @@ impl Lane {
     fn receive_tls(&mut self) -> Option<String> {
         use std::io::BufRead;
         let tls = self.tls.as_mut()?;
+        let mut stream = match connected(&self.stream) {
+            Ok(stream) => stream,
+            Err(e) => return Some(format!("Redis read lane failed: {e}")),
+        };
         loop {
             let mut failure = None;
             let mut drained = false;
-            match tls.read_tls(&mut &self.stream) {
+            match tls.read_tls(&mut stream) {
                 // The TCP end: the reader below says whether TLS closed cleanly first.
                 Ok(0) => drained = true,
                 Ok(_) => {}
@@ -786,6 +798,18 @@ unsafe fn lane_of(handle: *mut c_void) -> Option<Rc<RefCell<Lane>>> {
 }
 
 unsafe extern "C" fn on_close_poll(handle: *mut c_void) {
+    // The socket closes with its poll handle, not with the last reference to the lane: the
+    // engine's slot keeps a shut lane until its next read, which may never come (a cache that
+    // serves everything in process), and a server flooding the lane would be left open. libuv
+    // watches the fd no more once the handle has closed.
+    // SAFETY: the handle's data is still the lane's Rc (taken back just below).
+    if let Some(lane) = unsafe { lane_of(handle) } {
+        if let Ok(mut l) = lane.try_borrow_mut() {
+            l.stream = None;
+            l.tls = None;
+            l.input = Vec::new();
+        }
+    }
     // SAFETY: the poll handle closed; nothing refers to it any more.
     unsafe { release_handle(handle, UV_POLL) }
 }
@@ -969,6 +993,13 @@ impl Uv {
         // SAFETY: the caller's promise.
         unsafe { std::alloc::dealloc(p.cast(), self.layout(kind)) }
     }
+}
+
+/// The lane's socket, unless it closed with its poll handle (nothing reads or writes a shut lane).
+fn connected(stream: &Option<std::net::TcpStream>) -> io::Result<&std::net::TcpStream> {
+    stream
+        .as_ref()
+        .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))
 }
 
 /// Reads from the socket into `buf`'s spare capacity (not zeroed first), extending it.
