@@ -3,19 +3,13 @@
 // reads), performance.now() alone and anchored to the epoch (timeOrigin + performance.now(), the
 // anchored monotonic clock), process.hrtime() and hrtime.bigint(), and lru-cache 11's cached
 // clock (performance.now() kept until a ttlResolution timer of 1 ms clears it). Each clock is read
-// N times in a loop that consumes every reading. One more row: the engine's clockBound(), the
-// bound of the wall clock that lib/fresh.js proves most hits fresh with (a raw N-API call that
-// writes the coarse wall clock plus its margin into a cell JS reads); interleaved rounds; median ns per read.
+// N times in a loop that consumes every reading; interleaved rounds; median ns per read.
 //
 //   node bench/clocks.js [--reads 5000000] [--rounds 5]
 //
 // The cached clock is cheap because it is not read: during synchronous work (and during a loop
 // of awaits on resolved promises, which never yields to timers) it returns the time it was
 // cached, so it cannot keep expiry exact (see __test__/fresh-index.test.js).
-
-const native = require('../binding.js')
-
-const clockCell = native.clockCell === null ? null : new Float64Array(native.clockCell)
 
 function arg(name, fallback) {
   const i = process.argv.indexOf(name)
@@ -48,14 +42,6 @@ const CLOCKS = {
   'process.hrtime.bigint()': () => process.hrtime.bigint(),
   'process.hrtime()': () => process.hrtime(),
   "lru-cache's cached clock": lruNow,
-  ...(clockCell === null
-    ? {}
-    : {
-        "the engine's clockBound() + its cell": () => {
-          native.clockBound()
-          return clockCell[0]
-        },
-      }),
 }
 
 function nsPerRead(read, n) {

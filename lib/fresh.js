@@ -11,10 +11,7 @@
 // the slots served here, which the engine applies to its LRU before it evicts anything.
 const native = require('../binding.js')
 
-const { freshIndex, applyTouches, clockBound } = native
-// The cell clockBound() writes a time never earlier than Date.now() into (src/node/hot_path.rs),
-// or null where the runtime cannot share it.
-const clockCell = native.clockCell === null ? null : new Float64Array(native.clockCell)
+const { freshIndex, applyTouches } = native
 const { FRESH_EPOCH, FRESH_TOUCH_GEN, FRESH_UNTIL, FRESH_TOUCH_LEN, FRESH_TOUCHES, FRESH_TOUCH_CAP } = native
 
 class FreshIndex {
@@ -52,25 +49,23 @@ class FreshIndex {
 
   /**
    * The slot of `key`'s value if it is indexed and still needs no decision, else -1. The epoch
-   * is a plain load: Atomics.load is a builtin call here (non-shared buffer), and the clock
-   * call after it keeps the JIT from reusing a load from an earlier read.
+   * is a plain load: Atomics.load is a builtin call here (non-shared buffer), and the Date.now()
+   * runtime call after it keeps the JIT from reusing a load from an earlier read.
    *
-   * Expiry is exact as users see it: fresh iff Date.now() < until, checked on every read. A
-   * bound of the wall clock from the engine proves most hits fresh (0.54-0.70x a Date.now()
-   * here, which was a third of a hit: bench/clocks.js), and Date.now() decides the rest, the
-   * last few ms before expiry (8 ms here). A cached reading, as lru-cache keeps until a timer clears it, is
-   * no bound: through synchronous work, or a loop of awaits that never yields to timers, it
-   * stops, and would serve an expired entry fresh.
+   * Date.now() on every read, because expiry is exact as users see it (fresh iff Date.now() <
+   * freshUntil). It is about a third of an indexed hit, yet no exact clock is materially cheaper
+   * here (bench/clocks.js): performance.now(), anchored or not, costs 1.1-1.5x as much, and
+   * process.hrtime.bigint() 0.9-1.1x with a BigInt per read. The coarse wall clock plus twice its
+   * resolution, read through a raw native call at 0.5-0.7x, was tried and dropped: on this VM
+   * (which has steal time) it was behind Date.now() in 0.13 % of reads, by up to 13 ms.
+   * A cached reading, as lru-cache keeps until a timer clears it, is cheap only because it
+   * stops: through synchronous work, or a loop of awaits that never yields to timers, it would
+   * serve an expired entry fresh.
    */
   find(key) {
     const slot = this.#slots.get(key)
-    if (slot === undefined || this.#words[FRESH_EPOCH] !== this.#epoch) return -1
-    const until = this.#untils[slot]
-    if (clockCell !== null) {
-      clockBound()
-      if (clockCell[0] < until) return slot
-    }
-    return Date.now() < until ? slot : -1
+    if (slot === undefined || this.#words[FRESH_EPOCH] !== this.#epoch || Date.now() >= this.#untils[slot]) return -1
+    return slot
   }
 
   /**

@@ -10,12 +10,10 @@ use napi::bindgen_prelude::*;
 use napi::sys;
 use napi_derive::napi;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::codes::{encode_hit, HIT_REFRESH, MISS};
 use super::engines::ENGINES;
-use crate::clock::{Clock, SystemClock};
 use crate::fresh::FreshWords;
 use crate::key;
 
@@ -223,88 +221,8 @@ unsafe extern "C" fn release_words(
     drop(unsafe { Box::from_raw(hint.cast::<Arc<FreshWords>>()) });
 }
 
-/// `clockBound()`: writes into its JS thread's clock cell (`clockCell`, one f64) a time never
-/// earlier than what `Date.now()` would return now, and returns nothing. The index of fresh
-/// entries proves a hit fresh with it when it is below the entry's `until`, and reads
-/// `Date.now()` only near expiry: the coarse wall clock it reads (`SystemClock::upper_bound_ms`)
-/// costs a few ns, and this call with the cell's read 0.54-0.70x a `Date.now()` here
-/// (`bench/clocks.js`). Being the wall clock, it follows a step of the system time as
-/// `Date.now()` does. The cell is found through a thread-local, not the function's data, which
-/// would take a `napi_get_cb_info` call per read.
-unsafe extern "C" fn clock_bound_raw(
-    _env: sys::napi_env,
-    _info: sys::napi_callback_info,
-) -> sys::napi_value {
-    CLOCK_CELL.with(|cell| {
-        cell.0
-            .store(SystemClock.upper_bound_ms().to_bits(), Ordering::Relaxed)
-    });
-    // A null result is `undefined` to N-API: no value to make.
-    std::ptr::null_mut()
-}
-
-/// One f64 (as bits), shared with JS as an 8-byte ArrayBuffer. An atomic so Rust's write
-/// aliases nothing JS's reads of the same bytes could break; both happen on the JS thread.
-#[repr(C, align(8))]
-struct ClockCell(AtomicU64);
-
-thread_local! {
-    /// The clock cell of the JS thread this is: every env of one thread (there is one, but a
-    /// second would share it) reads the time its own thread wrote. Boxed so its address stays
-    /// put; freed as the thread ends, after its isolate, so after the last JS read of it.
-    static CLOCK_CELL: Box<ClockCell> = Box::new(ClockCell(AtomicU64::new(0)));
-}
-
-/// Exports `clockBound` and `clockCell` (the ArrayBuffer over this thread's cell, or `null`
-/// where a runtime cannot make an external ArrayBuffer: the facade then reads `Date.now()` on
-/// every hit).
-fn register_clock(exports: &Object, env: &Env) -> napi::Result<()> {
-    let cell = CLOCK_CELL.with(|cell| std::ptr::from_ref::<ClockCell>(cell).cast_mut());
-    let env = env.raw();
-    let mut f = std::ptr::null_mut();
-    let mut buffer = std::ptr::null_mut();
-    // SAFETY: on the JS thread during module initialisation, with its env and exports. `cell`
-    // lives until this thread ends, after every JS read of the buffer (no JS runs on a thread
-    // once its isolate is gone), so the buffer needs no finalizer. The names are NUL-terminated
-    // literals.
-    unsafe {
-        napi::check_status!(sys::napi_create_function(
-            env,
-            c"clockBound".as_ptr(),
-            "clockBound".len() as isize,
-            Some(clock_bound_raw),
-            std::ptr::null_mut(),
-            &mut f
-        ))?;
-        napi::check_status!(sys::napi_set_named_property(
-            env,
-            exports.raw(),
-            c"clockBound".as_ptr(),
-            f
-        ))?;
-        if sys::napi_create_external_arraybuffer(
-            env,
-            cell.cast(),
-            std::mem::size_of::<ClockCell>(),
-            None,
-            std::ptr::null_mut(),
-            &mut buffer,
-        ) != sys::Status::napi_ok
-        {
-            napi::check_status!(sys::napi_get_null(env, &mut buffer))?;
-        }
-        napi::check_status!(sys::napi_set_named_property(
-            env,
-            exports.raw(),
-            c"clockCell".as_ptr(),
-            buffer
-        ))?;
-    }
-    Ok(())
-}
-
-/// Adds `peek(id, key)` (getOrLoad), `peekGet(id, key)` (get), `freshIndex(id)`, `clockBound()`
-/// and `clockCell` to the module's exports. One
+/// Adds `peek(id, key)` (getOrLoad), `peekGet(id, key)` (get) and `freshIndex(id)` to the
+/// module's exports. One
 /// function for every engine keeps each facade call site monomorphic (a function per engine made
 /// it ~15% slower with 3 caches).
 #[napi(module_exports)]
@@ -336,7 +254,7 @@ pub fn register_raw_functions(exports: Object, env: Env) -> napi::Result<()> {
             ))?;
         }
     }
-    register_clock(&exports, &env)
+    Ok(())
 }
 
 /// `v` as a `T`, once napi's own check says that it is one (`ValidateNapiValue`: the JS type, or
