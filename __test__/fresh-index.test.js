@@ -141,6 +141,73 @@ test('an entry whose ttl passed is not served', async (t) => {
   assert.equal(calls('k'), 2)
 })
 
+/** The states the hit channel publishes, in order, while the test runs. */
+function hitStates(t) {
+  const states = []
+  const onHit = (m) => states.push(m.state)
+  diagnostics.subscribe('stampede-cache:hit', onHit)
+  t.after(() => diagnostics.unsubscribe('stampede-cache:hit', onHit))
+  return states
+}
+
+test('an entry is fresh exactly while Date.now() < freshUntil, read by read across its expiry', async (t) => {
+  // One synchronous run of reads from the load to past expiry: a hit publishes its state before
+  // get returns, so each read is bracketed by two clock reads. A clock that lags the wall clock
+  // (cached, or read less often than once a read) would serve a read fresh after freshUntil.
+  const { cache, loader } = counted({ ttl: 300, hardTtl: HOUR, jitter: 0, beta: 0 })
+  t.after(() => cache.close())
+  await cache.getOrLoad('k', loader)
+  const { freshUntil } = await cache.inspect('k')
+  const states = hitStates(t)
+  let afterExpiry = 0
+  let freshAfterExpiry = 0
+  let staleAfterExpiry = 0
+  let staleBeforeExpiry = 0
+  let reads = 0
+  // Until 1,000 reads began at or after freshUntil: counted, not timed, so a preemption across
+  // expiry (a loaded machine) cannot leave the loop without reads past it.
+  while (afterExpiry < 1_000) {
+    const before = Date.now()
+    const n = states.length
+    cache.get('k')
+    const after = Date.now()
+    const state = states[n]
+    if (before >= freshUntil) {
+      afterExpiry++
+      if (state === 'fresh') freshAfterExpiry++
+      else if (state === 'stale') staleAfterExpiry++
+    }
+    if (state !== 'fresh' && after < freshUntil) staleBeforeExpiry++
+    reads++
+  }
+  assert.equal(states.length, reads, 'every read was a hit published as it was served')
+  assert.equal(freshAfterExpiry, 0, 'reads served fresh at or after freshUntil')
+  assert.equal(staleAfterExpiry, 1_000)
+  assert.equal(staleBeforeExpiry, 0, 'reads not served fresh before freshUntil')
+})
+
+test('an entry that expires during a long synchronous block is not served fresh after it', async (t) => {
+  const { cache, loader, calls } = counted({ ttl: 1_000, hardTtl: HOUR, jitter: 0, beta: 0 })
+  t.after(() => cache.close())
+  const v = await cache.getOrLoad('k', loader)
+  for (let i = 0; i < 100; i++) {
+    await cache.get('k')
+    await cache.getOrLoad('k', loader)
+  }
+  const { freshUntil } = await cache.inspect('k')
+  const states = hitStates(t)
+  // About 2 s of synchronous work, past expiry: no timer and no microtask runs meanwhile, so a
+  // clock cached until a timer clears it would still read the time before the block.
+  while (Date.now() < freshUntil + 1_000);
+  const got = cache.get('k')
+  const loaded = cache.getOrLoad('k', loader)
+  assert.deepEqual(states, ['stale', 'stale'])
+  assert.equal(await got, v, 'the stale value is served')
+  assert.equal(await loaded, v)
+  await eventually(() => calls('k') === 2, { what: 'the stale read to refresh the entry' })
+  await eventually(async () => (await cache.getOrLoad('k', loader)).n === 2, { what: 'the refreshed value' })
+})
+
 test('XFetch still refreshes early when no stale window covers a refresh', async (t) => {
   // hardTtl == ttl: no stale window; a 50 ms load at beta 4 reaches 7.4 s ahead of expiry, so a
   // read may draw an early refresh at any time, and near expiry almost surely does.

@@ -310,11 +310,12 @@ impl<C: Clock> Cache<C> {
         let entry = self.store.get(key)?;
         let env = entry.envelope;
         let slot = entry.slot;
-        // Fast proof of freshness: far enough from expiry that no XFetch draw could refresh,
-        // by a cheap upper bound of the time. Most hits on a hot key end here. `plain` (neither
-        // negative nor tagged) is one byte, tested as `!negative` was before tags existed.
+        let now = self.clock.now_ms();
+        // Fast proof of freshness: far enough from expiry that no XFetch draw could refresh.
+        // Most hits on a hot key end here. `plain` (neither negative nor tagged) is one byte,
+        // tested as `!negative` was before tags existed.
         if entry.plain
-            && self.clock.upper_bound_ms()
+            && now
                 < env.fresh_until
                     - xfetch::horizon(env.fresh_until, env.hard_until, env.compute_ms, beta)
         {
@@ -332,7 +333,7 @@ impl<C: Clock> Cache<C> {
                 return None;
             }
             if !env.negative
-                && self.clock.upper_bound_ms()
+                && now
                     < env.fresh_until
                         - xfetch::horizon(env.fresh_until, env.hard_until, env.compute_ms, beta)
             {
@@ -345,7 +346,6 @@ impl<C: Clock> Cache<C> {
             }
         }
         self.inbox.fresh().offer(0.0);
-        let now = self.clock.now_ms();
         let hit = match env.state(now) {
             State::Expired => return None,
             _ if env.negative => Hit::Negative { slot },

@@ -25,7 +25,7 @@
 //! * **Hit encoding**: a hit as one integer (slot, kind, refresh bit), see `node/codes.rs`.
 //!   **Codes**: the numbers the facade and the binding agree on, all exported from there.
 //! * **Plain** entry: neither negative nor tagged; the hot path proves it fresh with one compare
-//!   against an upper bound of the clock (the coarse clock, [`clock`]).
+//!   against the clock ([`clock`]).
 //! * **Flight** ([`singleflight`]): one load in progress for a key, named by a `FlightId`; a
 //!   `Load` (a miss or `forceRefresh`) or a `Refresh` (background). The first caller **leads**
 //!   it (calls the loader), later callers **join** it (await the leader's promise; `coalesced`).
