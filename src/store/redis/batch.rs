@@ -84,7 +84,7 @@ impl RedisTier {
     /// Whether every value this tier reads is JSON (the JSON serializer's): a batch's values
     /// can then cross to JS as one JSON array text.
     pub fn values_are_json(&self) -> bool {
-        self.serializer == Serializer::Json
+        self.policies.serializer == Serializer::Json
     }
 
     /// The pipelines a batch of Redis keys goes in: one on a single server (or a Sentinel's
@@ -235,7 +235,7 @@ impl RedisTier {
                     fetched.push(Fetched::Unavailable);
                     continue;
                 }
-                Ok(Value::BulkString(b)) => match usable(&b, self.serializer, &vkeys[i]) {
+                Ok(Value::BulkString(b)) => match usable(&b, self.policies.serializer, &vkeys[i]) {
                     Ok(found) => found,
                     Err(Misdelivered) => {
                         // The replies are out of step: none of them is trusted.
@@ -282,8 +282,8 @@ impl RedisTier {
     pub async fn cold_gate_many(
         &self,
         keys: &[(String, Stamp)],
-        lock_ttl_ms: u64,
     ) -> Vec<FirstLook> {
+        let lock_ttl_ms = self.policies.lock_ttl_ms;
         let fetched = self.fetch_many(keys, false).await;
         let mut out: Vec<Option<FirstLook>> = vec![None; keys.len()];
         let mut bids: Vec<usize> = Vec::new();

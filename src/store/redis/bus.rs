@@ -121,7 +121,7 @@ impl RedisTier {
     pub fn take_carried(&self, key: &str, stamp: Stamp) -> Option<Remote> {
         let bytes = self.carried.take(key, stamp)?;
         // One naming another key is no more served than a reply would be.
-        let found = usable(&bytes, self.serializer, &self.value_key(key)).ok()??;
+        let found = usable(&bytes, self.policies.serializer, &self.value_key(key)).ok()??;
         // Tagged envelopes are never carried (their tags' clocks are checked in Redis).
         if !found.tags.is_empty() {
             return None;

@@ -270,7 +270,7 @@ impl RedisTier {
         let found = match raw {
             Err(Unavailable) => return Fetched::Unavailable,
             Ok(None) => return Fetched::Missing,
-            Ok(Some(bytes)) => match usable(&bytes, self.serializer, &self.value_key(key)) {
+            Ok(Some(bytes)) => match usable(&bytes, self.policies.serializer, &self.value_key(key)) {
                 Ok(Some(found)) => found,
                 Ok(None) => return Fetched::Missing,
                 Err(Misdelivered) => {

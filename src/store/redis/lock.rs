@@ -158,7 +158,6 @@ impl RedisTier {
         &self,
         key: &str,
         token: &str,
-        lock_ttl_ms: u64,
         past_value: bool,
     ) -> Result<Look, Unavailable> {
         let keys = (
@@ -166,6 +165,7 @@ impl RedisTier {
             self.lock_key(key),
             self.generation_key(key),
         );
+        let lock_ttl_ms = self.policies.lock_ttl_ms;
         let echo = self.script_echo();
         let reply: Option<Vec<Value>> = self
             .run("lock", key, |mut c| async move {
@@ -208,8 +208,8 @@ impl RedisTier {
     /// without the lock (fenced like any load). Ends at once when the cache closes.
     /// `past_value`: the caller could not use the value Redis has (its serializer failed on
     /// it): the first look takes the lock past it.
-    pub async fn cold_gate(&self, key: &str, lock_ttl_ms: u64, past_value: bool) -> Gate {
-        self.cold_gate_observed(key, lock_ttl_ms, past_value, false)
+    pub async fn cold_gate(&self, key: &str, past_value: bool) -> Gate {
+        self.cold_gate_observed(key, past_value, false)
             .await
             .0
     }
@@ -219,12 +219,11 @@ impl RedisTier {
     pub async fn cold_gate_observed(
         &self,
         key: &str,
-        lock_ttl_ms: u64,
         past_value: bool,
         looked: bool,
     ) -> (Gate, LockOutcome) {
         let token = new_token();
-        let lock_ttl = Duration::from_millis(lock_ttl_ms);
+        let lock_ttl = Duration::from_millis(self.policies.lock_ttl_ms);
         let started = Instant::now();
         let give_up = started + 2 * lock_ttl;
         let mut deadline = started + lock_ttl;
@@ -255,10 +254,10 @@ impl RedisTier {
             let stamp = self.inbox.stamp(key);
             // Past an unusable value for one look only: a holder may write a good one meanwhile.
             let past = std::mem::take(&mut past_value);
-            let left = match self.look(key, &token, lock_ttl_ms, past).await {
+            let left = match self.look(key, &token, past).await {
                 Err(Unavailable) => return (Gate::unfenced(), no_lock(waited)),
                 Ok(Look::Value(bytes)) => {
-                    let found = match usable(&bytes, self.serializer, &self.value_key(key)) {
+                    let found = match usable(&bytes, self.policies.serializer, &self.value_key(key)) {
                         Ok(found) => found,
                         Err(Misdelivered) => {
                             // The script's reply cannot be trusted, the lock bid included:
@@ -338,8 +337,9 @@ impl RedisTier {
     /// first, in case another process has just refreshed (the Redis copy is newer than ours,
     /// `local_fresh_until`) or recorded a failure (error backoff). An XFetch refresh starts
     /// while the entry is still fresh, so freshness alone does not mean someone refreshed.
-    pub async fn refresh_gate(&self, key: &str, lock_ttl_ms: u64, local_fresh_until: f64) -> Gate {
+    pub async fn refresh_gate(&self, key: &str, local_fresh_until: f64) -> Gate {
         let token = new_token();
+        let lock_ttl_ms = self.policies.lock_ttl_ms;
         let stamp = self.inbox.stamp(key);
         let keys = (
             self.value_key(key),
@@ -380,7 +380,7 @@ impl RedisTier {
         let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
         let mut tags = Vec::new();
         if let Some(Value::BulkString(b)) = reply.get(1) {
-            let found = match usable(b, self.serializer, &self.value_key(key)) {
+            let found = match usable(b, self.policies.serializer, &self.value_key(key)) {
                 Ok(found) => found,
                 Err(Misdelivered) => {
                     self.misdelivered("lock", key);

@@ -107,6 +107,21 @@ pub struct Remote {
     pub fmt: Fmt,
 }
 
+/// What the constructor decided for this cache's use of Redis, fixed for the tier's life: the
+/// tier keeps them from `RedisTier::new`, so no call passes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policies {
+    /// Prefixes every key this cache writes, and names its bus channel.
+    pub namespace: String,
+    /// Envelopes written by another serializer are misses.
+    pub serializer: Serializer,
+    /// `lockTtl`: how long a lock a load takes lives, and how long a waiter waits for one
+    /// holder (at least 1 ms).
+    pub lock_ttl_ms: u64,
+    /// `tagTtl`: no entry carrying tags outlives it, so neither need a deleteByTag's record.
+    pub tag_ttl_ms: u64,
+}
+
 /// Redis was skipped or failed; already counted and reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unavailable;
@@ -117,7 +132,7 @@ pub struct RedisTier {
     link: Link,
     /// Where background work runs (writes in order, probes).
     runtime: Handle,
-    namespace: String,
+    policies: Policies,
     channel: String,
     /// Names this cache instance on the bus, so it ignores its own announcements.
     origin: String,
@@ -137,36 +152,30 @@ pub struct RedisTier {
     scripts: Scripts,
     /// Origin of the fence times handed to JS (ms since this instant).
     epoch: Instant,
-    /// Envelopes written by another serializer are misses.
-    serializer: Serializer,
-    /// `tagTtl`: no entry carrying tags outlives it, so neither need a deleteByTag's record.
-    tag_ttl_ms: u64,
     /// Envelopes other processes' announcements carried, for the next read of their key.
     carried: carried::Carried,
 }
 
 impl RedisTier {
     /// Prepares the tier for `config` (a URL, TLS material or a topology the redis crate
-    /// refuses is an error that says why); `connect` and `run_bus` (spawned by the embedder on
-    /// `runtime`) connect.
+    /// refuses is an error that says why) under `policies`; `connect` and `run_bus` (spawned
+    /// by the embedder on `runtime`) connect.
     pub fn new(
         config: &RedisConfig,
-        namespace: &str,
+        policies: Policies,
         stats: Arc<Stats>,
         inbox: Arc<Inbox>,
         runtime: Handle,
-        serializer: Serializer,
-        tag_ttl_ms: u64,
     ) -> Result<Arc<Self>, String> {
         let link = Link::new(topology::Topology::new(config)?);
-        let channel = channel(namespace, link.topology.db());
+        let channel = channel(&policies.namespace, link.topology.db());
         let (shutdown, _) = watch::channel(false);
         let (bus_attempted, _) = watch::channel(false);
         Ok(Arc::new_cyclic(|me| RedisTier {
             me: me.clone(),
             link,
             runtime,
-            namespace: namespace.to_string(),
+            policies,
             channel,
             origin: new_token(),
             stats,
@@ -179,8 +188,6 @@ impl RedisTier {
             shutdown,
             scripts: Scripts::new(),
             epoch: Instant::now(),
-            serializer,
-            tag_ttl_ms,
             carried: carried::Carried::default(),
         }))
     }
@@ -209,23 +216,23 @@ impl RedisTier {
     }
 
     pub fn value_key(&self, key: &str) -> String {
-        key::redis_value_key(&self.namespace, key)
+        key::redis_value_key(&self.policies.namespace, key)
     }
 
     pub fn lock_key(&self, key: &str) -> String {
-        key::redis_lock_key(&self.namespace, key)
+        key::redis_lock_key(&self.policies.namespace, key)
     }
 
     pub fn generation_key(&self, key: &str) -> String {
-        key::redis_generation_key(&self.namespace, key)
+        key::redis_generation_key(&self.policies.namespace, key)
     }
 
     pub fn tag_key(&self, tag: &str) -> String {
-        key::redis_tag_key(&self.namespace, tag)
+        key::redis_tag_key(&self.policies.namespace, tag)
     }
 
     pub fn meta_key(&self) -> String {
-        key::redis_meta_key(&self.namespace)
+        key::redis_meta_key(&self.policies.namespace)
     }
 
     /// Runs `job` after this instance's earlier writes of `key` (and earlier namespace-wide

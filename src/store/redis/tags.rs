@@ -225,7 +225,7 @@ impl RedisTier {
     /// later reply is abandoned), so two of them, and a second for the scheduling in between.
     fn tag_key_px(&self) -> u64 {
         let slack = 2 * self.link.command_timeout.as_millis() as u64 + 1_000;
-        self.tag_ttl_ms.saturating_add(slack)
+        self.policies.tag_ttl_ms.saturating_add(slack)
     }
 
     /// `clear()` in Redis, already applied here as `tentative`: advances the namespace clock,
@@ -269,7 +269,7 @@ impl RedisTier {
         let nodes = self
             .run("clear", "", |mut c| async move { c.scan_nodes().await })
             .await?;
-        let ns = &self.namespace;
+        let ns = &self.policies.namespace;
         let pattern = format!("{}:v*", glob_escape(ns));
         let (plain, hex) = (format!("{ns}:v:{{"), format!("{ns}:vx:{{"));
         let mut deleted = 0;

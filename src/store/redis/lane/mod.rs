@@ -88,7 +88,7 @@ impl RedisTier {
 
     /// The request of a lane read of `key`, appended to `out`.
     pub fn lane_request(&self, key: &str, out: &mut Vec<u8>) {
-        key::write_value_get(&self.namespace, key, out);
+        key::write_value_get(&self.policies.namespace, key, out);
     }
 
     /// The mark numbered `seq` that ends a batch of lane reads, appended to `out`: an ECHO,
@@ -121,7 +121,7 @@ impl RedisTier {
                     "Redis answered a GET on the read lane with a reply a GET never gives",
                 );
             }
-            Reply::Bulk(bytes) => match usable(bytes, self.serializer, &self.value_key(key)) {
+            Reply::Bulk(bytes) => match usable(bytes, self.policies.serializer, &self.value_key(key)) {
                 Err(Misdelivered) => {
                     self.stats.redis_errors.incr();
                     return LaneRead::Misaligned(
