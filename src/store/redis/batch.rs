@@ -23,9 +23,8 @@ use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 use redis::Value;
 
-use super::envelopes::{
-    new_token, next_echo, usable, Fence, Fetched, Misdelivered, GENERATION_TTL,
-};
+use super::envelopes::{new_token, next_echo, usable, Fetched, Misdelivered};
+use super::fence::GENERATION_TTL;
 use super::lock::{Gate, LockOutcome};
 use super::{RedisTier, Unavailable};
 use crate::envelope::Serializer;
@@ -383,10 +382,7 @@ impl RedisTier {
                         FirstLook::Done(
                             Gate::Lead {
                                 token: Some(tokens[j].clone()),
-                                fence: Some(Fence {
-                                    state: generation,
-                                    read_at_ms: self.fence_time(),
-                                }),
+                                fence: Some(self.fences.read(generation)),
                                 stamp: Some(stamps[j]),
                                 born: born.flatten(),
                                 tags: Vec::new(),

@@ -5,10 +5,9 @@
 //! load that took over an expired lock, is ever overwritten. A `clear` or `deleteByTag` since
 //! the load began makes its result dead on arrival instead (see `tags.rs`).
 
-use std::time::Duration;
-
 use redis::Value;
 
+use super::fence::{Fence, GENERATION_TTL};
 use super::{RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Body, Envelope, Fmt, Serializer, State};
@@ -24,22 +23,6 @@ pub fn new_token() -> String {
         .simple()
         .to_string()
 }
-
-/// What a load's result is checked against when it is written back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fence {
-    /// The key's state when the load began: its generation key and its envelope's generation,
-    /// as the scripts compute it.
-    pub state: String,
-    /// When it was read, in ms since the tier's epoch (see `fence_time`).
-    pub read_at_ms: f64,
-}
-
-/// How long a generation key lives after the `set`/`delete` that wrote it. A load whose fence is
-/// older than this (less a margin) is not written back: a generation key written after the
-/// load began may have expired by then, and the load would not see that it was fenced.
-pub const GENERATION_TTL: Duration = Duration::from_secs(600);
-const GENERATION_MARGIN: Duration = Duration::from_secs(30);
 
 /// A fresh mark for a GET's ECHO (see `fetch_uncounted`). Never a bare number: a tag key or
 /// the namespace clock holds one, and a moved clock landing in the echo's place must not match.
@@ -298,10 +281,7 @@ impl RedisTier {
         fence: Option<&Fence>,
         forced: bool,
     ) -> WriteBack {
-        let too_old = fence.is_some_and(|f| {
-            self.fence_time() - f.read_at_ms
-                >= (GENERATION_TTL - GENERATION_MARGIN).as_millis() as f64
-        });
+        let too_old = fence.is_some_and(|f| self.fences.outlived(f));
         let (Some((envelope, body)), Some(fence), false, false) =
             (written, fence, too_old, self.closed())
         else {

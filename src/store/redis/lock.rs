@@ -1,18 +1,17 @@
 //! The gates a load passes before calling the loader: the cross-process lock
 //! (`SET <ns>:lock:{key} <token> NX PX <lockTtl>`, released by a compare-and-delete so a holder
 //! whose lock expired never deletes the next holder's), and the fence the load takes with it
-//! (the key's state as the load began; `write_back.lua` drops the result if it changed).
-//! The lock is an efficiency lock (it saves loads); the fence is what keeps an older value from
-//! winning.
+//! (`fence.rs`: the key's state as the load began; `write_back.lua` drops the result if it
+//! changed). The lock is an efficiency lock (it saves loads); the fence is what keeps an older
+//! value from winning.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::envelopes::{
-    invoke_echoed, new_token, usable, Fence, Fetched, Misdelivered, GENERATION_TTL,
-};
+use super::envelopes::{invoke_echoed, new_token, usable, Fetched, Misdelivered};
+use super::fence::{Fence, GENERATION_TTL};
 use super::{RedisTier, Remote, Unavailable};
 use crate::inbox::Stamp;
 
@@ -142,18 +141,6 @@ fn number(v: &Value) -> i64 {
 }
 
 impl RedisTier {
-    fn fence(&self, state: String) -> Fence {
-        Fence {
-            state,
-            read_at_ms: self.fence_time(),
-        }
-    }
-
-    /// Ms since the tier's epoch: fences carry it through JS and back.
-    pub fn fence_time(&self) -> f64 {
-        self.epoch.elapsed().as_secs_f64() * 1_000.0
-    }
-
     async fn look(
         &self,
         key: &str,
@@ -284,7 +271,7 @@ impl RedisTier {
                     self.stats.lock_wins.incr();
                     let lead = Gate::Lead {
                         token: Some(token),
-                        fence: Some(self.fence(generation)),
+                        fence: Some(self.fences.read(generation)),
                         stamp: Some(stamp),
                         born: self.clock_now(key).await,
                         tags: Vec::new(),
@@ -309,7 +296,7 @@ impl RedisTier {
                         if now >= give_up {
                             let lead = Gate::Lead {
                                 token: None,
-                                fence: Some(self.fence(generation)),
+                                fence: Some(self.fences.read(generation)),
                                 stamp: Some(stamp),
                                 born: self.clock_now(key).await,
                                 tags: Vec::new(),
@@ -410,7 +397,7 @@ impl RedisTier {
         }
         Gate::Lead {
             token: Some(token),
-            fence: Some(self.fence(generation)),
+            fence: Some(self.fences.read(generation)),
             stamp: Some(stamp),
             born: self.clock_now(key).await,
             tags,
@@ -439,7 +426,7 @@ impl RedisTier {
             }
             Ok(Some(state)) => Gate::Lead {
                 token: None,
-                fence: Some(self.fence(state)),
+                fence: Some(self.fences.read(state)),
                 stamp: Some(stamp),
                 born,
                 tags: Vec::new(),

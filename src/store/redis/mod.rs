@@ -51,6 +51,7 @@ mod bus;
 mod carried;
 mod connection;
 mod envelopes;
+mod fence;
 mod guard;
 mod health;
 mod lane;
@@ -80,7 +81,8 @@ use crate::stats::Stats;
 pub use batch::FirstLook;
 pub use bus::{channel, Waiters};
 pub use connection::{classify, Fault};
-pub use envelopes::{new_token, Fence, Fetched, WriteBack};
+pub use envelopes::{new_token, Fetched, WriteBack};
+pub use fence::Fence;
 pub use health::PROBE_INTERVAL;
 pub use lane::{frame, Landing, LaneRead, LaneSocket, Opened};
 pub use lock::{Gate, HeldLock, LockOutcome};
@@ -90,6 +92,7 @@ pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
 
 use connection::Link;
+use fence::Fences;
 use health::{Admit, Health};
 use net::timed_out;
 use scripts::Scripts;
@@ -150,8 +153,8 @@ pub struct RedisTier {
     reports: Arc<Reports>,
     shutdown: watch::Sender<bool>,
     scripts: Scripts,
-    /// Origin of the fence times handed to JS (ms since this instant).
-    epoch: Instant,
+    /// The clock fences are read by.
+    fences: Fences,
     /// Envelopes other processes' announcements carried, for the next read of their key.
     carried: carried::Carried,
 }
@@ -187,7 +190,7 @@ impl RedisTier {
             reports: Arc::new(Reports::default()),
             shutdown,
             scripts: Scripts::new(),
-            epoch: Instant::now(),
+            fences: Fences::new(),
             carried: carried::Carried::default(),
         }))
     }
