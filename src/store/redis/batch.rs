@@ -25,7 +25,7 @@ use redis::Value;
 
 use super::envelopes::{new_token, next_echo, usable, Fetched, Misdelivered};
 use super::fence::GENERATION_TTL;
-use super::lock::{Gate, LockOutcome};
+use super::gates::{Gate, LockOutcome};
 use super::{RedisTier, Unavailable};
 use crate::envelope::Serializer;
 use crate::inbox::Stamp;
@@ -282,7 +282,7 @@ impl RedisTier {
         &self,
         keys: &[(String, Stamp)],
     ) -> Vec<FirstLook> {
-        let lock_ttl_ms = self.policies.lock_ttl_ms;
+        let lock_ttl_ms = self.lock.ttl_ms();
         let fetched = self.fetch_many(keys, false).await;
         let mut out: Vec<Option<FirstLook>> = vec![None; keys.len()];
         let mut bids: Vec<usize> = Vec::new();
@@ -311,7 +311,7 @@ impl RedisTier {
                     .arg(self.lock_key(names[i]))
                     .arg(self.generation_key(names[i]))
                     .arg(&tokens[i])
-                    .arg(lock_ttl_ms.max(1))
+                    .arg(lock_ttl_ms)
                     .arg("0")
                     .arg(new_token())
                     .arg(GENERATION_TTL.as_millis() as u64);

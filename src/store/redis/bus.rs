@@ -8,12 +8,10 @@
 //! deleteByTag) and `0xFF C <origin> <clock>` (a clear). Each subscription first learns the
 //! namespace clock and the clear clock, which were decided before it (see `tags.rs`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{PushKind, RedisResult, Value};
-use tokio::sync::Notify;
 
 use super::carried::{self, CARRIED_MESSAGE};
 use super::envelopes::usable;
@@ -21,7 +19,6 @@ use super::tags::NAMESPACE_MESSAGE;
 use super::{until_true, RedisTier, Remote};
 use crate::inbox::tag_bucket;
 use crate::inbox::Stamp;
-use crate::sync::LockOrRecover;
 
 /// The bus pings this often when no message arrives, to notice a Redis that stopped answering.
 pub const BUS_PING_INTERVAL: Duration = Duration::from_secs(1);
@@ -30,75 +27,6 @@ pub const BUS_PING_INTERVAL: Duration = Duration::from_secs(1);
 /// never invalidate each other.
 pub fn channel(namespace: &str, db: i64) -> String {
     format!("{namespace}:bus:{db}")
-}
-
-/// Lock waiters by key.
-#[derive(Default)]
-pub struct Waiters {
-    /// Per key: what wakes its waiters, and how many are registered (the last one out removes
-    /// the entry; counting explicitly, not by Arc count, so a wake in progress cannot leave an
-    /// empty entry behind).
-    map: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
-}
-
-/// One registered waiter; dropping it unregisters.
-pub struct Waiter<'a> {
-    waiters: &'a Waiters,
-    key: String,
-    pub notify: Arc<Notify>,
-}
-
-impl Waiters {
-    pub fn register(&self, key: &str) -> Waiter<'_> {
-        let mut map = self.map.lock_or_recover();
-        let entry = map.entry(key.to_string()).or_default();
-        entry.1 += 1;
-        Waiter {
-            waiters: self,
-            key: key.to_string(),
-            notify: entry.0.clone(),
-        }
-    }
-
-    pub fn wake(&self, key: &str) {
-        let notify = self.map.lock_or_recover().get(key).map(|e| e.0.clone());
-        if let Some(n) = notify {
-            n.notify_waiters();
-        }
-    }
-
-    pub fn wake_all(&self) {
-        let all: Vec<Arc<Notify>> = self
-            .map
-            .lock_or_recover()
-            .values()
-            .map(|e| e.0.clone())
-            .collect();
-        for n in all {
-            n.notify_waiters();
-        }
-    }
-
-    /// Keys with a waiter registered (for tests: none may be left behind).
-    pub fn len(&self) -> usize {
-        self.map.lock_or_recover().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl Drop for Waiter<'_> {
-    fn drop(&mut self) {
-        let mut map = self.waiters.map.lock_or_recover();
-        if let Some(entry) = map.get_mut(&self.key) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                map.remove(&self.key);
-            }
-        }
-    }
 }
 
 impl RedisTier {
@@ -142,7 +70,7 @@ impl RedisTier {
                 } else {
                     self.carried.own_heard(key);
                 }
-                self.waiters.wake(key);
+                self.lock.wake(key);
             }
             return;
         }
@@ -158,7 +86,7 @@ impl RedisTier {
         } else {
             self.carried.own_heard(key);
         }
-        self.waiters.wake(key);
+        self.lock.wake(key);
     }
 
     /// A deleteByTag (`T <origin> <clock> <tag>`) or clear (`C <origin> <clock>`) anywhere,
@@ -196,7 +124,7 @@ impl RedisTier {
         self.health.set_bus_up(up);
         // Waiters may have missed the announcement they wait for: they look again now (and
         // poll while the bus is down).
-        self.waiters.wake_all();
+        self.lock.wake_all();
     }
 
     /// The subscriber, resubscribing by itself until the cache closes, and on the new master
@@ -312,20 +240,6 @@ impl RedisTier {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_last_waiter_out_removes_the_key_even_while_a_wake_holds_the_notify() {
-        let w = Waiters::default();
-        let a = w.register("k");
-        let b = w.register("k");
-        // A wake in progress holds a clone of the Notify, as the bus does while it wakes.
-        let held = a.notify.clone();
-        drop(a);
-        drop(b);
-        assert_eq!(w.len(), 0);
-        drop(held);
-        assert!(w.is_empty());
-    }
 
     #[test]
     fn channels_name_the_database() {

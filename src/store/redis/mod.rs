@@ -52,6 +52,7 @@ mod carried;
 mod connection;
 mod envelopes;
 mod fence;
+mod gates;
 mod guard;
 mod health;
 mod lane;
@@ -79,13 +80,13 @@ use crate::key;
 use crate::stats::Stats;
 
 pub use batch::FirstLook;
-pub use bus::{channel, Waiters};
+pub use bus::channel;
 pub use connection::{classify, Fault};
 pub use envelopes::{new_token, Fetched, WriteBack};
 pub use fence::Fence;
 pub use health::PROBE_INTERVAL;
 pub use lane::{frame, Landing, LaneRead, LaneSocket, Opened};
-pub use lock::{Gate, HeldLock, LockOutcome};
+pub use gates::{Gate, HeldLock, LockOutcome};
 pub use order::WriteOrder;
 pub use reports::{Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;
@@ -93,6 +94,7 @@ pub use topology::{RedisConfig, TlsOptions};
 
 use connection::Link;
 use fence::Fences;
+use lock::Lock;
 use health::{Admit, Health};
 use net::timed_out;
 use scripts::Scripts;
@@ -146,7 +148,8 @@ pub struct RedisTier {
     /// Set once the first subscription attempt has ended (either way): the first commands wait
     /// for it, so nothing is cached before the bus could announce changes to it.
     bus_attempted: watch::Sender<bool>,
-    waiters: Waiters,
+    /// The lock's life and who waits for it here.
+    lock: Lock,
     order: Arc<WriteOrder>,
     /// Failures not yet handed to `onError` (shared with the embedder, which keeps draining it
     /// after the tier is gone).
@@ -174,6 +177,7 @@ impl RedisTier {
         let channel = channel(&policies.namespace, link.topology.db());
         let (shutdown, _) = watch::channel(false);
         let (bus_attempted, _) = watch::channel(false);
+        let lock = Lock::new(policies.lock_ttl_ms);
         Ok(Arc::new_cyclic(|me| RedisTier {
             me: me.clone(),
             link,
@@ -185,7 +189,7 @@ impl RedisTier {
             inbox: inbox.clone(),
             health: Health::new(inbox),
             bus_attempted,
-            waiters: Waiters::default(),
+            lock,
             order: Arc::new(WriteOrder::default()),
             reports: Arc::new(Reports::default()),
             shutdown,
@@ -211,7 +215,7 @@ impl RedisTier {
     /// queued for their keys. The connection closes once the last task holding the tier ends.
     pub fn close(&self) {
         self.shutdown.send_replace(true);
-        self.waiters.wake_all();
+        self.lock.wake_all();
     }
 
     pub fn closed(&self) -> bool {
@@ -449,7 +453,7 @@ impl RedisTier {
 
     /// Lock waiters registered now (for tests: none may be left behind).
     pub fn waiting_keys(&self) -> usize {
-        self.waiters.len()
+        self.lock.waiting_keys()
     }
 
     /// Writes queued or running (for tests: none may be left behind).
