@@ -185,6 +185,20 @@ impl Usable {
 }
 
 impl RedisTier {
+    /// The envelope another process's announcement carried for `key`, if nothing was heard of
+    /// the key since (`stamp`, taken on the caller's thread, is still the announcement's): a
+    /// read that needs no Redis round trip. Taken once; then the key is in process.
+    pub fn take_carried(&self, key: &str, stamp: Stamp) -> Option<Remote> {
+        let bytes = self.bus.carried().take(key, stamp)?;
+        // One naming another key is no more served than a reply would be.
+        let found = usable(&bytes, self.policies.serializer, &self.value_key(key)).ok()??;
+        // Tagged envelopes are never carried (their tags' clocks are checked in Redis).
+        if !found.tags.is_empty() {
+            return None;
+        }
+        Some(found.remote(stamp))
+    }
+
     /// Reads the key's envelope. `stamp`: the key's invalidation stamp when the read was asked
     /// for, taken by the caller on its own thread before any later write of this process could
     /// change it (taken here, on a runtime thread, it could already include such a write, and
@@ -307,11 +321,11 @@ impl RedisTier {
             self.generation_key(key),
         );
         let text = envelope.encode(body, &new_token(), &keys.0);
-        let msg = self.announcement(key);
+        let msg = self.bus.announcement(key);
         // Published instead of `msg` when the script writes: other processes then have the
         // value without reading it (see `carried.rs`).
-        let carrying = self.carrying_announcement(key, &text, !body.tags.is_empty());
-        self.carried.expect_own(key);
+        let carrying = self.bus.carrying_announcement(key, &text, !body.tags.is_empty());
+        self.bus.carried().expect_own(key);
         let echo = self.script_echo();
         let written = self
             .run("set", key, |mut c| async move {
@@ -323,7 +337,7 @@ impl RedisTier {
                     .arg(token.unwrap_or(""))
                     .arg(&fence.state)
                     .arg(if forced { "1" } else { "0" })
-                    .arg(&self.channel)
+                    .arg(self.bus.channel())
                     .arg(&msg)
                     .arg(&carrying);
                 invoke_echoed::<i64>(&call, &mut c, echo).await
@@ -338,14 +352,14 @@ impl RedisTier {
                 self.misdelivered("set", key);
                 match token {
                     Some(token) => self.release(key, token, true).await,
-                    None => self.carried.own_heard(key),
+                    None => self.bus.carried().own_heard(key),
                 }
                 WriteBack::Dropped
             }
             Ok(Some(_)) => {
                 if token.is_none() {
                     // Dropped without a lock to release: the script announced nothing.
-                    self.carried.own_heard(key);
+                    self.bus.carried().own_heard(key);
                 }
                 WriteBack::Dropped
             }
@@ -386,10 +400,10 @@ impl RedisTier {
             None => (String::new(), 1, None),
         };
         let keys = (self.value_key(key), self.generation_key(key));
-        let msg = self.announcement(key);
+        let msg = self.bus.announcement(key);
         let op = if written.is_some() { "set" } else { "delete" };
         let vkey = keys.0.clone();
-        self.carried.expect_own(key);
+        self.bus.carried().expect_own(key);
         let echo = self.script_echo();
         let wrote = self.run(op, key, |mut c| async move {
             let mut call = self.scripts.write.key(&keys.0);
@@ -398,7 +412,7 @@ impl RedisTier {
                 .arg(px)
                 .arg(new_token())
                 .arg(GENERATION_TTL.as_millis() as u64)
-                .arg(&self.channel)
+                .arg(self.bus.channel())
                 .arg(&msg);
             invoke_echoed::<i64>(&call, &mut c, echo).await
         });

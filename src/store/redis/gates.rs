@@ -426,14 +426,14 @@ impl RedisTier {
     /// Releases `token`'s lock; `announce` wakes the processes waiting on it (a failed cold
     /// load, a timed-out one).
     pub async fn release(&self, key: &str, token: &str, announce: bool) {
-        let (lkey, msg) = (self.lock_key(key), self.announcement(key));
+        let (lkey, msg) = (self.lock_key(key), self.bus.announcement(key));
         if announce {
-            self.carried.expect_own(key);
+            self.bus.carried().expect_own(key);
         }
         let echo = self.script_echo();
         let released = self
             .run("unlock", key, |mut c| async move {
-                let channel = if announce { self.channel.as_str() } else { "" };
+                let channel = if announce { self.bus.channel() } else { "" };
                 let mut call = self.scripts.release.key(&lkey);
                 call.arg(token).arg(channel).arg(&msg);
                 invoke_echoed::<i64>(&call, &mut c, echo).await
@@ -445,7 +445,7 @@ impl RedisTier {
         }
         if announce && released == Ok(Some(0)) {
             // Not ours any more: nothing was announced.
-            self.carried.own_heard(key);
+            self.bus.carried().own_heard(key);
         }
     }
 

@@ -62,6 +62,7 @@ mod order;
 mod reports;
 mod scripts;
 mod sentinel;
+mod subscriber;
 mod tags;
 mod target;
 mod topology;
@@ -92,6 +93,7 @@ pub use reports::{Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
 
+use bus::Bus;
 use connection::Link;
 use fence::Fences;
 use lock::Lock;
@@ -138,16 +140,12 @@ pub struct RedisTier {
     /// Where background work runs (writes in order, probes).
     runtime: Handle,
     policies: Policies,
-    channel: String,
-    /// Names this cache instance on the bus, so it ignores its own announcements.
-    origin: String,
     stats: Arc<Stats>,
     inbox: Arc<Inbox>,
     /// Whether Redis and the bus are up, and the probe's timing.
     health: Health,
-    /// Set once the first subscription attempt has ended (either way): the first commands wait
-    /// for it, so nothing is cached before the bus could announce changes to it.
-    bus_attempted: watch::Sender<bool>,
+    /// What the bus says and hears.
+    bus: Bus,
     /// The lock's life and who waits for it here.
     lock: Lock,
     order: Arc<WriteOrder>,
@@ -158,8 +156,6 @@ pub struct RedisTier {
     scripts: Scripts,
     /// The clock fences are read by.
     fences: Fences,
-    /// Envelopes other processes' announcements carried, for the next read of their key.
-    carried: carried::Carried,
 }
 
 impl RedisTier {
@@ -176,26 +172,22 @@ impl RedisTier {
         let link = Link::new(topology::Topology::new(config)?);
         let channel = channel(&policies.namespace, link.topology.db());
         let (shutdown, _) = watch::channel(false);
-        let (bus_attempted, _) = watch::channel(false);
         let lock = Lock::new(policies.lock_ttl_ms);
         Ok(Arc::new_cyclic(|me| RedisTier {
             me: me.clone(),
             link,
             runtime,
             policies,
-            channel,
-            origin: new_token(),
+            bus: Bus::new(channel, new_token(), inbox.clone()),
             stats,
             inbox: inbox.clone(),
             health: Health::new(inbox),
-            bus_attempted,
             lock,
             order: Arc::new(WriteOrder::default()),
             reports: Arc::new(Reports::default()),
             shutdown,
             scripts: Scripts::new(),
             fences: Fences::new(),
-            carried: carried::Carried::default(),
         }))
     }
 
@@ -263,8 +255,7 @@ impl RedisTier {
     /// The connection, once the first subscription attempt has ended (so nothing is cached
     /// before the bus could announce changes to it).
     async fn connection(&self, started: Instant) -> RedisResult<connection::Conn> {
-        if !*self.bus_attempted.borrow() {
-            let mut attempted = self.bus_attempted.subscribe();
+        if let Some(mut attempted) = self.bus.attempt() {
             let _ =
                 tokio::time::timeout(self.link.connect_timeout, until_true(&mut attempted)).await;
         }
