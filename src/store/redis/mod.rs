@@ -10,31 +10,45 @@
 //! either is dead wherever it is read (see `inbox.rs` and `tags.rs`). Every Lua script touches
 //! one cluster slot.
 //!
-//! By concern: `connection` (making, replacing and classifying), `order` (one instance's
-//! writes in call order), `bus` (pub/sub and lock waiters), `carried` (values announcements
-//! carry, read instead of Redis), `lock` (the gates a load passes),
-//! `envelopes` (reads and fenced writes), `sentinel` (following the master across failovers), `lane` (the read lane the embedder's event loop drives), `tags` (deleteByTag, clear, and whether an entry read
-//! is still alive), `scripts/*.lua` (each names its KEYS/ARGV).
+//! `RedisTier` (this file) is composed of parts that own their state and run no command:
+//! - `Policies` (this file): the constructor's choices (namespace, serializer, lockTtl,
+//!   tagTtl), fixed from `RedisTier::new`, so no call passes them;
+//! - `health`: up or down, the probe's timing, whether stale copies are trusted;
+//! - `bus`: the channel, this instance's origin, the messages' formats and what each heard one
+//!   does to the inbox, the envelopes announcements carried (`carried`), and whether the first
+//!   subscription attempt has ended;
+//! - `lock`: the lock's life (lockTtl), the waiters here, and how long one bid may wait;
+//! - `fence`: the clock fences are read by, and when one is too old to be written back;
+//! - `reports` (the rate-limited `onError` queue), `scripts` (`scripts/*.lua`, each naming its
+//!   KEYS/ARGV), `order` (one instance's writes in call order).
 //!
-//! Imports run one way, from the tier down to the store, never back:
-//! - the tier: `RedisTier` (this file) and the files that implement it by concern (`envelopes`,
-//!   `lock`, `bus`, `tags`, `batch`, `sentinel`, `lane`), which may import one another and
-//!   anything below;
-//! - the connection: `connection` (the command connection, over `topology`);
-//! - the store: `topology` (where Redis is), over `guard` (guarded sockets);
-//! - leaves, importing nothing of this module: the parts `RedisTier` holds that own their
-//!   state (`health`: up or down, the probe's timing, whether stale copies are trusted;
-//!   `reports`: the rate-limited `onError` queue; `scripts`; `carried`; `order`), and `net`
-//!   (TCP settings, the timeout error), `target` (where a lane dials), `lane/resp`.
+//! The tier's work runs commands on its connection (`run`, here), so it is written as methods
+//! of `RedisTier`, one file per concern: `envelopes` (reads and fenced writes), `gates` (the
+//! lock bids and release, and the fence a load takes), `tags` (deleteByTag, clear, and whether
+//! an entry read is still alive), `batch` (many keys in one round trip), `subscriber` (the
+//! bus's subscription loop), `sentinel` (following the master across failovers), `lane` (the
+//! read lane the embedder's event loop drives). These methods call one another through
+//! `self` (a write-back releases the lock, a gate reads the envelope); their imports do not
+//! go round.
 //!
-//! `lane/transport` dials a `target` and imports nothing of the tier.
+//! Imports run one way, from the tier down to the store, never back (check with
+//! `grep -n "^use super::\|^use crate::" src/store/redis/*.rs src/store/redis/*/*.rs`):
+//! 1. the tier's files import `RedisTier` from this file, the parts and anything below, and
+//!    among themselves only downwards: `batch` → `gates` → `envelopes`; `tags` and `lane` →
+//!    `envelopes`; `subscriber`, `sentinel` → none of them;
+//! 2. the parts import no tier file and no `RedisTier`: `bus` → `carried`; `health`, `lock`,
+//!    `fence`, `reports`, `scripts`, `carried`, `order` import nothing of this module;
+//! 3. the connection: `connection` (making, replacing and classifying) → `topology`, `net`;
+//! 4. the store: `topology` (where Redis is) → `guard` (guarded sockets), `net`, `target`;
+//!    `lane/transport` → `target`, `lane/resp`; leaves: `net` (TCP settings, the timeout
+//!    error), `target` (where a lane dials), `lane/resp`.
 //!
 //! The locking rule. Every `std::sync::Mutex` here is taken with `lock_or_recover`
 //! (`crate::sync`), held for a few statements, never across an `.await`, and never while
 //! another of them is taken, so no two can deadlock whatever the order:
 //! - `Health` (`health`): up or down, and whether a probe is running;
 //! - `Reports::log`: the failures waiting for `onError` and when each kind was last reported;
-//! - `Waiters` (`bus`): the lock waiters by key (each woken after the lock is let go);
+//! - `Waiters` (`lock`): the lock waiters by key (each woken after the lock is let go);
 //! - `WriteOrder` (`order`): the queued writes by key;
 //! - `Carried` (`carried`): the envelopes announcements carried;
 //! - `Link::current` (`connection`): the shared command connection (it reads the topology's
