@@ -292,7 +292,7 @@ impl RedisTier {
                     out[i] = Some(FirstLook::Done(Gate::Found(r), LockOutcome::None))
                 }
                 Fetched::Unavailable => {
-                    out[i] = Some(FirstLook::Done(unfenced(), LockOutcome::None))
+                    out[i] = Some(FirstLook::Done(Gate::unfenced(), LockOutcome::None))
                 }
                 Fetched::Missing => bids.push(i),
             }
@@ -358,7 +358,7 @@ impl RedisTier {
                 let i = bids[j];
                 let look = match reply {
                     Err(Unavailable) => {
-                        out[i] = Some(FirstLook::Done(unfenced(), LockOutcome::None));
+                        out[i] = Some(FirstLook::Done(Gate::unfenced(), LockOutcome::None));
                         continue;
                     }
                     Ok(Value::ServerError(e)) => {
@@ -368,7 +368,7 @@ impl RedisTier {
                             Some(names[j]),
                             format!("Redis lock failed: {}", e.code()),
                         );
-                        out[i] = Some(FirstLook::Done(unfenced(), LockOutcome::None));
+                        out[i] = Some(FirstLook::Done(Gate::unfenced(), LockOutcome::None));
                         continue;
                     }
                     Ok(v) => look_of(&v),
@@ -399,16 +399,6 @@ impl RedisTier {
         out.into_iter()
             .map(|l| l.unwrap_or(FirstLook::Wait))
             .collect()
-    }
-}
-
-fn unfenced() -> Gate {
-    Gate::Lead {
-        token: None,
-        fence: None,
-        stamp: None,
-        born: None,
-        tags: Vec::new(),
     }
 }
 

@@ -97,7 +97,8 @@ pub enum LockOutcome {
 }
 
 impl Gate {
-    fn unfenced() -> Gate {
+    /// Load without Redis: no lock, no fence (the result is kept in process only).
+    pub(super) fn unfenced() -> Gate {
         Gate::Lead {
             token: None,
             fence: None,
