@@ -358,10 +358,7 @@ async fn refresh_is_skipped_while_another_holds_the_lock_and_backs_off_after_a_f
     else {
         panic!("the first refresher leads")
     };
-    assert_eq!(
-        b.refresh_gate("k", stale.fresh_until).await,
-        Gate::Skip
-    );
+    assert_eq!(b.refresh_gate("k", stale.fresh_until).await, Gate::Skip);
 
     let retry_after = now_ms() + 30_000.0;
     a.record_failure("k", Some(&token), retry_after).await;

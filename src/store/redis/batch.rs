@@ -278,10 +278,7 @@ impl RedisTier {
     /// The cold gates of many keys at once: one pipelined GET of them all, then one pipelined
     /// lock bid (`cold_gate.lua`) for those the GET did not answer. A key whose lock another
     /// process holds is [`FirstLook::Wait`]: never waited for here.
-    pub async fn cold_gate_many(
-        &self,
-        keys: &[(String, Stamp)],
-    ) -> Vec<FirstLook> {
+    pub async fn cold_gate_many(&self, keys: &[(String, Stamp)]) -> Vec<FirstLook> {
         let lock_ttl_ms = self.lock.ttl_ms();
         let fetched = self.fetch_many(keys, false).await;
         let mut out: Vec<Option<FirstLook>> = vec![None; keys.len()];

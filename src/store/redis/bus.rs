@@ -180,7 +180,10 @@ mod tests {
 
     fn bus(origin: &str) -> (Bus, Arc<Inbox>) {
         let inbox = Arc::new(Inbox::default());
-        (Bus::new(channel("app", 0), origin.to_string(), inbox.clone()), inbox)
+        (
+            Bus::new(channel("app", 0), origin.to_string(), inbox.clone()),
+            inbox,
+        )
     }
 
     #[test]
@@ -188,7 +191,11 @@ mod tests {
         let (bus, inbox) = bus("me");
         let before = inbox.stamp("k");
         assert_eq!(bus.hear(b"me k"), Some("k"));
-        assert_eq!(inbox.stamp("k"), before, "our own announcement invalidates nothing");
+        assert_eq!(
+            inbox.stamp("k"),
+            before,
+            "our own announcement invalidates nothing"
+        );
         assert_eq!(bus.hear(b"them k"), Some("k"));
         assert_ne!(inbox.stamp("k"), before);
         assert_eq!(bus.hear(b"no-space"), None);

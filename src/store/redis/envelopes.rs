@@ -267,7 +267,8 @@ impl RedisTier {
         let found = match raw {
             Err(Unavailable) => return Fetched::Unavailable,
             Ok(None) => return Fetched::Missing,
-            Ok(Some(bytes)) => match usable(&bytes, self.policies.serializer, &self.value_key(key)) {
+            Ok(Some(bytes)) => match usable(&bytes, self.policies.serializer, &self.value_key(key))
+            {
                 Ok(Some(found)) => found,
                 Ok(None) => return Fetched::Missing,
                 Err(Misdelivered) => {
@@ -324,7 +325,9 @@ impl RedisTier {
         let msg = self.bus.announcement(key);
         // Published instead of `msg` when the script writes: other processes then have the
         // value without reading it (see `carried.rs`).
-        let carrying = self.bus.carrying_announcement(key, &text, !body.tags.is_empty());
+        let carrying = self
+            .bus
+            .carrying_announcement(key, &text, !body.tags.is_empty());
         self.bus.carried().expect_own(key);
         let echo = self.script_echo();
         let written = self

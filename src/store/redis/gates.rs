@@ -141,12 +141,7 @@ fn number(v: &Value) -> i64 {
 }
 
 impl RedisTier {
-    async fn look(
-        &self,
-        key: &str,
-        token: &str,
-        past_value: bool,
-    ) -> Result<Look, Unavailable> {
+    async fn look(&self, key: &str, token: &str, past_value: bool) -> Result<Look, Unavailable> {
         let keys = (
             self.value_key(key),
             self.lock_key(key),
@@ -196,9 +191,7 @@ impl RedisTier {
     /// `past_value`: the caller could not use the value Redis has (its serializer failed on
     /// it): the first look takes the lock past it.
     pub async fn cold_gate(&self, key: &str, past_value: bool) -> Gate {
-        self.cold_gate_observed(key, past_value, false)
-            .await
-            .0
+        self.cold_gate_observed(key, past_value, false).await.0
     }
 
     /// `cold_gate`, with what became of the bid for the lock. `looked`: the caller's own GET
@@ -240,7 +233,8 @@ impl RedisTier {
             let left = match self.look(key, &token, past).await {
                 Err(Unavailable) => return (Gate::unfenced(), no_lock(patience.waited())),
                 Ok(Look::Value(bytes)) => {
-                    let found = match usable(&bytes, self.policies.serializer, &self.value_key(key)) {
+                    let found = match usable(&bytes, self.policies.serializer, &self.value_key(key))
+                    {
                         Ok(found) => found,
                         Err(Misdelivered) => {
                             // The script's reply cannot be trusted, the lock bid included:
