@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use stampede_cache::envelope::{Body, Envelope, Serializer};
 use stampede_cache::inbox::{Inbox, Stamp};
 use stampede_cache::stats::Stats;
-use stampede_cache::store::redis::{Fetched, Gate, LockOutcome, RedisConfig, RedisTier, WriteBack};
+use stampede_cache::store::redis::{
+    Fetched, Gate, LockOutcome, Policies, RedisConfig, RedisTier, WriteBack,
+};
 
 struct RedisServer {
     child: Child,
@@ -106,20 +108,30 @@ impl Drop for RedisServer {
     }
 }
 
-fn tier(url: &str) -> (Arc<RedisTier>, Arc<Stats>) {
+/// A tier of namespace `t` whose locks live `lock_ttl_ms`, counting into stats of its own.
+fn tier(url: &str, lock_ttl_ms: u64) -> (Arc<RedisTier>, Arc<Stats>) {
     let stats = Arc::new(Stats::default());
+    (counted_tier(url, lock_ttl_ms, stats.clone()), stats)
+}
+
+/// A tier as `tier` makes, counting into `stats` (shared by tiers of one process).
+fn counted_tier(url: &str, lock_ttl_ms: u64, stats: Arc<Stats>) -> Arc<RedisTier> {
+    let policies = Policies {
+        namespace: "t".to_string(),
+        serializer: Serializer::Json,
+        lock_ttl_ms,
+        tag_ttl_ms: stampede_cache::policy::MAX_HARD_TTL_MS as u64,
+    };
     let tier = RedisTier::new(
         &RedisConfig::from_url(url),
-        "t",
-        stats.clone(),
+        policies,
+        stats,
         Arc::new(Inbox::default()),
         tokio::runtime::Handle::current(),
-        Serializer::Json,
-        stampede_cache::policy::MAX_HARD_TTL_MS as u64,
     )
     .unwrap();
     tokio::spawn(tier.clone().run_bus());
-    (tier, stats)
+    tier
 }
 
 fn now_ms() -> f64 {
@@ -151,8 +163,8 @@ async fn until_waiting(t: &RedisTier) {
 }
 
 /// A cold gate that must lead: (token, gate) for `write_back`.
-async fn lead(t: &RedisTier, key: &str, lock_ttl: u64) -> Gate {
-    let gate = t.cold_gate(key, lock_ttl, false).await;
+async fn lead(t: &RedisTier, key: &str) -> Gate {
+    let gate = t.cold_gate(key, false).await;
     assert!(
         matches!(gate, Gate::Lead { .. }),
         "expected to lead: {gate:?}"
@@ -177,11 +189,11 @@ async fn write_back(t: &RedisTier, key: &str, gate: &Gate, value: &str) -> Write
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_deletes_only_its_own_token() {
     let server = RedisServer::start();
-    let (t, _) = tier(&server.url);
+    let (t, _) = tier(&server.url, 60_000);
     let mut c = server.conn().await;
     let Gate::Lead {
         token: Some(mine), ..
-    } = lead(&t, "k", 60_000).await
+    } = lead(&t, "k").await
     else {
         panic!("the first caller takes the lock")
     };
@@ -197,14 +209,14 @@ async fn release_deletes_only_its_own_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leader_and_the_waiter_gets_its_value_from_the_bus() {
     let server = RedisServer::start();
-    let (a, a_stats) = tier(&server.url);
-    let (b, b_stats) = tier(&server.url);
-    let gate = lead(&a, "k", 10_000).await;
+    let (a, a_stats) = tier(&server.url, 10_000);
+    let (b, b_stats) = tier(&server.url, 10_000);
+    let gate = lead(&a, "k").await;
     let waiter = {
         let b = b.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            (b.cold_gate("k", 10_000, false).await, started.elapsed())
+            (b.cold_gate("k", false).await, started.elapsed())
         })
     };
     until_waiting(&b).await;
@@ -239,11 +251,11 @@ async fn one_leader_and_the_waiter_gets_its_value_from_the_bus() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     let server = RedisServer::start();
-    let (a, _) = tier(&server.url);
-    let (b, _) = tier(&server.url);
+    let (a, _) = tier(&server.url, 10_000);
+    let (b, _) = tier(&server.url, 10_000);
     let mut c = server.conn().await;
     // delete: the key stays gone.
-    let gate = lead(&a, "d", 10_000).await;
+    let gate = lead(&a, "d").await;
     assert_eq!(b.write("d", None).await, Ok(false));
     assert_eq!(
         write_back(&a, "d", &gate, "\"old\"").await,
@@ -256,7 +268,7 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
         "the lock was released anyway"
     );
     // set: the newer value stays.
-    let gate = lead(&a, "s", 10_000).await;
+    let gate = lead(&a, "s").await;
     let newer = envelope(60_000.0);
     assert_eq!(
         b.write("s", Some((&newer, &Body::json(Some("\"new\"")))))
@@ -272,7 +284,7 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
         .unwrap()
         .ends_with(r#""value":"new"}"#));
     // A load that began after them is written.
-    let gate = lead(&a, "d", 10_000).await;
+    let gate = lead(&a, "d").await;
     assert_eq!(
         write_back(&a, "d", &gate, "\"after\"").await,
         WriteBack::Written
@@ -282,12 +294,12 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_takeover_result_is_never_overwritten_by_the_expired_holder() {
     let server = RedisServer::start();
-    let (a, _) = tier(&server.url);
-    let (b, _) = tier(&server.url);
+    let (a, _) = tier(&server.url, 200);
+    let (b, _) = tier(&server.url, 10_000);
     let mut c = server.conn().await;
-    let first = lead(&a, "k", 200).await;
+    let first = lead(&a, "k").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let takeover = lead(&b, "k", 10_000).await;
+    let takeover = lead(&b, "k").await;
     assert_eq!(
         write_back(&b, "k", &takeover, "\"B\"").await,
         WriteBack::Written
@@ -307,7 +319,7 @@ async fn a_takeover_result_is_never_overwritten_by_the_expired_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_without_an_expiry_is_given_one() {
     let server = RedisServer::start();
-    let (t, _) = tier(&server.url);
+    let (t, _) = tier(&server.url, 300);
     let mut c = server.conn().await;
     let _: () = redis::cmd("SET")
         .arg("t:lock:{k}")
@@ -316,7 +328,7 @@ async fn a_lock_without_an_expiry_is_given_one() {
         .await
         .unwrap();
     let started = Instant::now();
-    let gate = t.cold_gate("k", 300, false).await;
+    let gate = t.cold_gate("k", false).await;
     assert!(
         matches!(gate, Gate::Lead { token: Some(_), .. }),
         "{gate:?}"
@@ -332,8 +344,8 @@ async fn a_lock_without_an_expiry_is_given_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refresh_is_skipped_while_another_holds_the_lock_and_backs_off_after_a_failure() {
     let server = RedisServer::start();
-    let (a, _) = tier(&server.url);
-    let (b, _) = tier(&server.url);
+    let (a, _) = tier(&server.url, 10_000);
+    let (b, _) = tier(&server.url, 10_000);
     let stale = Envelope::new(now_ms() - 10_000.0, 1_000.0, 60_000.0, 5.0, false);
     assert_eq!(
         a.write("k", Some((&stale, &Body::json(Some("1"))))).await,
@@ -342,18 +354,15 @@ async fn refresh_is_skipped_while_another_holds_the_lock_and_backs_off_after_a_f
 
     let Gate::Lead {
         token: Some(token), ..
-    } = a.refresh_gate("k", 10_000, stale.fresh_until).await
+    } = a.refresh_gate("k", stale.fresh_until).await
     else {
         panic!("the first refresher leads")
     };
-    assert_eq!(
-        b.refresh_gate("k", 10_000, stale.fresh_until).await,
-        Gate::Skip
-    );
+    assert_eq!(b.refresh_gate("k", stale.fresh_until).await, Gate::Skip);
 
     let retry_after = now_ms() + 30_000.0;
     a.record_failure("k", Some(&token), retry_after).await;
-    match b.refresh_gate("k", 10_000, stale.fresh_until).await {
+    match b.refresh_gate("k", stale.fresh_until).await {
         Gate::Found(r) => assert_eq!(r.envelope.retry_after, retry_after),
         other => panic!("the recorded backoff must hold the refresh back, got {other:?}"),
     }
@@ -372,7 +381,7 @@ async fn an_unreachable_redis_degrades_at_once_after_the_first_failure() {
         .local_addr()
         .unwrap()
         .port();
-    let (t, stats) = tier(&format!("redis://127.0.0.1:{port}"));
+    let (t, stats) = tier(&format!("redis://127.0.0.1:{port}"), 1_000);
     let started = Instant::now();
     assert_eq!(t.fetch("k", Stamp(0), false).await, Fetched::Unavailable);
     assert!(
@@ -382,7 +391,7 @@ async fn an_unreachable_redis_degrades_at_once_after_the_first_failure() {
     let again = Instant::now();
     for _ in 0..100 {
         assert!(matches!(
-            t.cold_gate("k", 1_000, false).await,
+            t.cold_gate("k", false).await,
             Gate::Lead {
                 token: None,
                 fence: None,
@@ -416,7 +425,7 @@ async fn close_drops_the_bus_and_the_command_connection_with_the_tier() {
     let server = RedisServer::start();
     let mut admin = server.conn().await;
     let baseline = connected_clients(&mut admin).await;
-    let (t, _) = tier(&server.url);
+    let (t, _) = tier(&server.url, 10_000);
     assert_eq!(t.fetch("k", Stamp(0), false).await, Fetched::Missing);
     let deadline = Instant::now() + Duration::from_secs(5);
     while connected_clients(&mut admin).await < baseline + 2 {
@@ -446,8 +455,10 @@ async fn close_drops_the_bus_and_the_command_connection_with_the_tier() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_bid_for_the_lock_says_how_it_ended() {
     let server = RedisServer::start();
-    let (a, _) = tier(&server.url);
-    let (b, b_stats) = tier(&server.url);
+    let (a, _) = tier(&server.url, 10_000);
+    // One process's bids, each under the lockTtl its case needs, counted together.
+    let b_stats = Arc::new(Stats::default());
+    let b = |lock_ttl_ms| counted_tier(&server.url, lock_ttl_ms, b_stats.clone());
     let mut c = server.conn().await;
     let set_lock = |key: &str, px: u64| {
         redis::cmd("SET")
@@ -459,7 +470,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
     };
 
     // A free lock: won at the first look.
-    let (gate, outcome) = b.cold_gate_observed("free", 1_000, false, false).await;
+    let (gate, outcome) = b(1_000).cold_gate_observed("free", false, false).await;
     assert!(
         matches!(gate, Gate::Lead { token: Some(_), .. }),
         "{gate:?}"
@@ -467,12 +478,13 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
     assert_eq!(outcome, LockOutcome::Won);
 
     // Held by a process that writes its value: waited, then found it.
-    let held = lead(&a, "filled", 10_000).await;
+    let held = lead(&a, "filled").await;
+    let filling = b(10_000);
     let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move { b.cold_gate_observed("filled", 10_000, false, false).await })
+        let b = filling.clone();
+        tokio::spawn(async move { b.cold_gate_observed("filled", false, false).await })
     };
-    until_waiting(&b).await;
+    until_waiting(&filling).await;
     assert_eq!(
         write_back(&a, "filled", &held, "1").await,
         WriteBack::Written
@@ -483,7 +495,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
 
     // Held by a holder that vanishes (its lock expires): waited, then took it over.
     let _: () = set_lock("expiring", 150).query_async(&mut c).await.unwrap();
-    let (gate, outcome) = b.cold_gate_observed("expiring", 5_000, false, false).await;
+    let (gate, outcome) = b(5_000).cold_gate_observed("expiring", false, false).await;
     assert!(
         matches!(gate, Gate::Lead { token: Some(_), .. }),
         "{gate:?}"
@@ -492,7 +504,7 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
 
     // Held past two lockTtls: waited, then gave up and loads without the lock (fenced).
     let _: () = set_lock("stuck", 60_000).query_async(&mut c).await.unwrap();
-    let (gate, outcome) = b.cold_gate_observed("stuck", 150, false, false).await;
+    let (gate, outcome) = b(150).cold_gate_observed("stuck", false, false).await;
     assert!(
         matches!(
             gate,

@@ -58,9 +58,9 @@ pub const BATCH_VALUE: u32 = 1 << 5;
 #[napi]
 pub const BATCH_STATE_SHIFT: u32 = 6;
 
-/// The tier and lockTtl of a live cache, and each key's invalidation stamp taken now, on the JS
-/// thread (before a later `set` or `delete` of this process can change it).
-fn asked(id: u32, keys: &[String]) -> Option<(Arc<RedisTier>, f64, Vec<Stamp>)> {
+/// The tier of a live cache, and each key's invalidation stamp taken now, on the JS thread
+/// (before a later `set` or `delete` of this process can change it).
+fn asked(id: u32, keys: &[String]) -> Option<(Arc<RedisTier>, Vec<Stamp>)> {
     let e = engine(id)?;
     let e = e.borrow();
     if e.cache.is_closed() {
@@ -68,7 +68,7 @@ fn asked(id: u32, keys: &[String]) -> Option<(Arc<RedisTier>, f64, Vec<Stamp>)> 
     }
     let tier = e.redis.clone()?;
     let stamps = keys.iter().map(|k| e.cache.inbox().stamp(k)).collect();
-    Some((tier, e.cache.options().lock_ttl, stamps))
+    Some((tier, stamps))
 }
 
 /// A batch's keys, given as one string (`keys.join('')`) and each key's length in UTF-16 units:
@@ -198,7 +198,7 @@ pub fn redis_gate_many(
                 gated,
             })
         };
-        let Some((tier, lock_ttl, stamps)) = tier else {
+        let Some((tier, stamps)) = tier else {
             for (i, _) in &rest {
                 let closed = (RedisAnswer::kind(GATE_CLOSED, None), Gated::Nothing);
                 answers[*i] = Some(landed(*i, closed));
@@ -206,7 +206,7 @@ pub fn redis_gate_many(
             return Ok(Batch::of(rest, answers, false, false, Some(records)));
         };
         let asks: Vec<(String, Stamp)> = names.into_iter().zip(stamps.iter().copied()).collect();
-        let looks = tier.cold_gate_many(&asks, lock_ttl as u64).await;
+        let looks = tier.cold_gate_many(&asks).await;
         let closed = tier.closed();
         for (((i, _), (key, stamp)), look) in rest.iter().zip(&asks).zip(looks) {
             let answer = match look {
@@ -279,7 +279,7 @@ pub fn redis_fetch_many(
     settle::spawn_settled(env, async move {
         let mut answers = asked_.answers();
         let rest = asked_.rest;
-        let Some((tier, _, stamps)) = tier else {
+        let Some((tier, stamps)) = tier else {
             for (i, _) in &rest {
                 answers[*i] = Some(Each::Other(RedisAnswer::kind(GATE_UNAVAILABLE, None)));
             }

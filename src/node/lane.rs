@@ -68,7 +68,7 @@ enum Failure {
 #[derive(Clone, Copy)]
 pub enum LaneAsk {
     /// A cold load's gate (`redisGate`, `PURPOSE_COLD`) for flight `flight` of engine `id`.
-    Cold { id: u32, flight: u64, lock_ttl: f64 },
+    Cold { id: u32, flight: u64 },
     /// `redisFetch`.
     Fetch { count: bool },
 }

@@ -14,7 +14,7 @@ use super::options::engine_options;
 use super::{js_err, JsErr};
 use crate::cache::Cache;
 use crate::error::Error as CoreError;
-use crate::store::redis::RedisTier;
+use crate::store::redis::{Policies, RedisTier};
 
 /// Validates the constructor's options and creates an engine. The facade checks the two
 /// function options (`waitUntil`, `onError`), which stay in JS.
@@ -27,14 +27,18 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
         Some(config) => {
             let runtime =
                 napi::bindgen_prelude::within_runtime_if_available(tokio::runtime::Handle::current);
+            let policies = Policies {
+                namespace: cache.options().namespace.clone(),
+                serializer: cache.options().serializer,
+                lock_ttl_ms: cache.options().lock_ttl as u64,
+                tag_ttl_ms: cache.options().tag_ttl as u64,
+            };
             let tier = RedisTier::new(
                 config,
-                &cache.options().namespace,
+                policies,
                 cache.stats.clone(),
                 cache.inbox().clone(),
                 runtime,
-                cache.options().serializer,
-                cache.options().tag_ttl as u64,
             )
             .map_err(|why| {
                 js_err(CoreError::invalid_option(

@@ -16,8 +16,8 @@ use super::settle;
 use crate::inbox::Stamp;
 use crate::store::redis::{Fetched, Gate, LaneRead, LockOutcome, RedisTier, Remote};
 
-/// The tier, lockTtl, and what a refresh gate compares Redis's copy with.
-pub(super) type Gating = (Arc<RedisTier>, f64, f64);
+/// The tier, and what a refresh gate compares Redis's copy with.
+pub(super) type Gating = (Arc<RedisTier>, f64);
 
 /// Which flight of which engine a gate is for.
 #[derive(Clone, Copy)]
@@ -35,7 +35,7 @@ pub(super) async fn gate(
     stamp: Option<Stamp>,
     looked: bool,
 ) -> napi::Result<Landed> {
-    let Some((tier, lock_ttl, local_fresh_until)) = tier else {
+    let Some((tier, local_fresh_until)) = tier else {
         return Ok(Landed {
             id: to.id,
             flight: to.flight,
@@ -45,9 +45,7 @@ pub(super) async fn gate(
     };
     let (gate, lock) = match purpose {
         PURPOSE_REFRESH => {
-            let gate = tier
-                .refresh_gate(&key, lock_ttl as u64, local_fresh_until)
-                .await;
+            let gate = tier.refresh_gate(&key, local_fresh_until).await;
             // The refresh gate takes the lock before it looks (a value found was refreshed
             // elsewhere meanwhile; the lock is given back): a win, as `lockWins` counts.
             let lock = match &gate {
@@ -58,14 +56,8 @@ pub(super) async fn gate(
             (gate, lock)
         }
         PURPOSE_FORCE => (tier.force_gate(&key).await, LockOutcome::None),
-        PURPOSE_PAST_VALUE => {
-            tier.cold_gate_observed(&key, lock_ttl as u64, true, false)
-                .await
-        }
-        _ => {
-            tier.cold_gate_observed(&key, lock_ttl as u64, false, looked)
-                .await
-        }
+        PURPOSE_PAST_VALUE => tier.cold_gate_observed(&key, true, false).await,
+        _ => tier.cold_gate_observed(&key, false, looked).await,
     };
     // Closed while asking: no loader runs, and a lock just taken is given back at once.
     let gate = if tier.closed() {
@@ -117,12 +109,8 @@ pub(super) fn settle_lane_read(
     ask: LaneAsk,
     read: Option<LaneRead>,
 ) {
-    let (to, lock_ttl) = match ask {
-        LaneAsk::Cold {
-            id,
-            flight,
-            lock_ttl,
-        } => (For { id, flight }, lock_ttl),
+    let to = match ask {
+        LaneAsk::Cold { id, flight } => For { id, flight },
         LaneAsk::Fetch { count } => {
             let answer = match read {
                 Some(LaneRead::Found(r)) => RedisAnswer::found(r),
@@ -160,7 +148,7 @@ pub(super) fn settle_lane_read(
         }
         // The lock script runs next, without a GET of its own first.
         Some(LaneRead::Missing) => {
-            let tier = Some((tier.clone(), lock_ttl, 0.0));
+            let tier = Some((tier.clone(), 0.0));
             settle::spawn_into(
                 promised,
                 gate(to, tier, key, PURPOSE_COLD, Some(stamp), true),
@@ -168,7 +156,7 @@ pub(super) fn settle_lane_read(
             return;
         }
         Some(LaneRead::Ask | LaneRead::Misaligned(_)) | None => {
-            let tier = Some((tier.clone(), lock_ttl, 0.0));
+            let tier = Some((tier.clone(), 0.0));
             settle::spawn_into(
                 promised,
                 gate(to, tier, key, PURPOSE_COLD, Some(stamp), false),

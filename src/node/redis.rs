@@ -39,7 +39,7 @@ fn lane_of(env: &Env, id: u32, tier: &Arc<RedisTier>) -> Option<Rc<RefCell<Lane>
 }
 
 /// Begins flight `to`'s record at its first gate (`purpose`: what it is for), and answers what
-/// the gate needs: the tier, lockTtl and the refresh basis of a live cache, and the key's
+/// the gate needs: the tier and the refresh basis of a live cache, and the key's
 /// invalidation stamp taken now (an invalidation after this may predate the read).
 fn begin(to: For, key: &str, purpose: u32) -> (Option<Gating>, Option<Stamp>) {
     let Some(e) = engine(to.id) else {
@@ -57,8 +57,7 @@ fn begin(to: For, key: &str, purpose: u32) -> (Option<Gating>, Option<Stamp>) {
     // What a refresh gate compares Redis's copy with: the copy the refresh replaces (with
     // `l1: false` there is no in-process entry to ask).
     let local_fresh_until = e.cache.refresh_basis(key).unwrap_or(0.0);
-    let lock_ttl = e.cache.options().lock_ttl;
-    (Some((tier, lock_ttl, local_fresh_until)), stamp)
+    (Some((tier, local_fresh_until)), stamp)
 }
 
 /// Asks Redis before flight `flight` loads (`purpose`: a `PURPOSE_*` code; anything unknown is a
@@ -86,12 +85,11 @@ pub fn redis_gate(
             return Ok(Either::A(found));
         }
     }
-    if let (PURPOSE_COLD, Some((tier, lock_ttl, _)), Some(stamp)) = (purpose, &gating, stamp) {
+    if let (PURPOSE_COLD, Some((tier, _)), Some(stamp)) = (purpose, &gating, stamp) {
         if let Some(lane) = lane_of(env, id, tier) {
             let ask = LaneAsk::Cold {
                 id,
                 flight: to.flight,
-                lock_ttl: *lock_ttl,
             };
             return lane::send(env, &lane, tier, key, stamp, ask, settle_lane_read).map(Either::B);
         }

@@ -23,10 +23,9 @@ use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 use redis::Value;
 
-use super::envelopes::{
-    new_token, next_echo, usable, Fence, Fetched, Misdelivered, GENERATION_TTL,
-};
-use super::lock::{Gate, LockOutcome};
+use super::envelopes::{new_token, next_echo, usable, Fetched, Misdelivered};
+use super::fence::GENERATION_TTL;
+use super::gates::{Gate, LockOutcome};
 use super::{RedisTier, Unavailable};
 use crate::envelope::Serializer;
 use crate::inbox::Stamp;
@@ -84,7 +83,7 @@ impl RedisTier {
     /// Whether every value this tier reads is JSON (the JSON serializer's): a batch's values
     /// can then cross to JS as one JSON array text.
     pub fn values_are_json(&self) -> bool {
-        self.serializer == Serializer::Json
+        self.policies.serializer == Serializer::Json
     }
 
     /// The pipelines a batch of Redis keys goes in: one on a single server (or a Sentinel's
@@ -235,7 +234,7 @@ impl RedisTier {
                     fetched.push(Fetched::Unavailable);
                     continue;
                 }
-                Ok(Value::BulkString(b)) => match usable(&b, self.serializer, &vkeys[i]) {
+                Ok(Value::BulkString(b)) => match usable(&b, self.policies.serializer, &vkeys[i]) {
                     Ok(found) => found,
                     Err(Misdelivered) => {
                         // The replies are out of step: none of them is trusted.
@@ -279,11 +278,8 @@ impl RedisTier {
     /// The cold gates of many keys at once: one pipelined GET of them all, then one pipelined
     /// lock bid (`cold_gate.lua`) for those the GET did not answer. A key whose lock another
     /// process holds is [`FirstLook::Wait`]: never waited for here.
-    pub async fn cold_gate_many(
-        &self,
-        keys: &[(String, Stamp)],
-        lock_ttl_ms: u64,
-    ) -> Vec<FirstLook> {
+    pub async fn cold_gate_many(&self, keys: &[(String, Stamp)]) -> Vec<FirstLook> {
+        let lock_ttl_ms = self.lock.ttl_ms();
         let fetched = self.fetch_many(keys, false).await;
         let mut out: Vec<Option<FirstLook>> = vec![None; keys.len()];
         let mut bids: Vec<usize> = Vec::new();
@@ -293,7 +289,7 @@ impl RedisTier {
                     out[i] = Some(FirstLook::Done(Gate::Found(r), LockOutcome::None))
                 }
                 Fetched::Unavailable => {
-                    out[i] = Some(FirstLook::Done(unfenced(), LockOutcome::None))
+                    out[i] = Some(FirstLook::Done(Gate::unfenced(), LockOutcome::None))
                 }
                 Fetched::Missing => bids.push(i),
             }
@@ -312,7 +308,7 @@ impl RedisTier {
                     .arg(self.lock_key(names[i]))
                     .arg(self.generation_key(names[i]))
                     .arg(&tokens[i])
-                    .arg(lock_ttl_ms.max(1))
+                    .arg(lock_ttl_ms)
                     .arg("0")
                     .arg(new_token())
                     .arg(GENERATION_TTL.as_millis() as u64);
@@ -359,7 +355,7 @@ impl RedisTier {
                 let i = bids[j];
                 let look = match reply {
                     Err(Unavailable) => {
-                        out[i] = Some(FirstLook::Done(unfenced(), LockOutcome::None));
+                        out[i] = Some(FirstLook::Done(Gate::unfenced(), LockOutcome::None));
                         continue;
                     }
                     Ok(Value::ServerError(e)) => {
@@ -369,7 +365,7 @@ impl RedisTier {
                             Some(names[j]),
                             format!("Redis lock failed: {}", e.code()),
                         );
-                        out[i] = Some(FirstLook::Done(unfenced(), LockOutcome::None));
+                        out[i] = Some(FirstLook::Done(Gate::unfenced(), LockOutcome::None));
                         continue;
                     }
                     Ok(v) => look_of(&v),
@@ -383,10 +379,7 @@ impl RedisTier {
                         FirstLook::Done(
                             Gate::Lead {
                                 token: Some(tokens[j].clone()),
-                                fence: Some(Fence {
-                                    state: generation,
-                                    read_at_ms: self.fence_time(),
-                                }),
+                                fence: Some(self.fences.read(generation)),
                                 stamp: Some(stamps[j]),
                                 born: born.flatten(),
                                 tags: Vec::new(),
@@ -403,16 +396,6 @@ impl RedisTier {
         out.into_iter()
             .map(|l| l.unwrap_or(FirstLook::Wait))
             .collect()
-    }
-}
-
-fn unfenced() -> Gate {
-    Gate::Lead {
-        token: None,
-        fence: None,
-        stamp: None,
-        born: None,
-        tags: Vec::new(),
     }
 }
 

@@ -7,24 +7,27 @@
 //! instances, which read messages as UTF-8, ignore them): `0xFF T <origin> <clock> <tag>` (a
 //! deleteByTag) and `0xFF C <origin> <clock>` (a clear). Each subscription first learns the
 //! namespace clock and the clear clock, which were decided before it (see `tags.rs`).
+//!
+//! This part owns what the bus says and hears: the channel, this instance's origin, the
+//! messages' formats, what a message does to the inbox and to the carried envelopes, and
+//! whether the first subscription attempt has ended. The subscription itself runs on the
+//! tier's connections (`subscriber.rs`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{PushKind, RedisResult, Value};
-use tokio::sync::Notify;
+use tokio::sync::watch;
 
-use super::carried::{self, CARRIED_MESSAGE};
-use super::envelopes::usable;
-use super::tags::NAMESPACE_MESSAGE;
-use super::{until_true, RedisTier, Remote};
-use crate::inbox::tag_bucket;
-use crate::inbox::Stamp;
-use crate::sync::LockOrRecover;
+use super::carried::{self, Carried, CARRIED_MESSAGE};
+use crate::inbox::{tag_bucket, Inbox};
 
 /// The bus pings this often when no message arrives, to notice a Redis that stopped answering.
 pub const BUS_PING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// First byte of a namespace-wide bus message: never the first byte of a key's announcement,
+/// since keys are UTF-8 and 0xFF never appears in UTF-8 (an older instance, which reads
+/// messages as UTF-8, ignores these).
+pub const NAMESPACE_MESSAGE: u8 = 0xFF;
 
 /// The channel of one namespace in one database: apps on different databases of one server
 /// never invalidate each other.
@@ -32,138 +35,99 @@ pub fn channel(namespace: &str, db: i64) -> String {
     format!("{namespace}:bus:{db}")
 }
 
-/// Lock waiters by key.
-#[derive(Default)]
-pub struct Waiters {
-    /// Per key: what wakes its waiters, and how many are registered (the last one out removes
-    /// the entry; counting explicitly, not by Arc count, so a wake in progress cannot leave an
-    /// empty entry behind).
-    map: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
+pub struct Bus {
+    channel: String,
+    /// Names this cache instance on the bus, so it ignores its own announcements.
+    origin: String,
+    /// What announcements invalidate.
+    inbox: Arc<Inbox>,
+    /// Envelopes other processes' announcements carried, for the next read of their key.
+    carried: Carried,
+    /// Set once the first subscription attempt has ended (either way): the first commands wait
+    /// for it, so nothing is cached before the bus could announce changes to it.
+    attempted: watch::Sender<bool>,
 }
 
-/// One registered waiter; dropping it unregisters.
-pub struct Waiter<'a> {
-    waiters: &'a Waiters,
-    key: String,
-    pub notify: Arc<Notify>,
-}
-
-impl Waiters {
-    pub fn register(&self, key: &str) -> Waiter<'_> {
-        let mut map = self.map.lock_or_recover();
-        let entry = map.entry(key.to_string()).or_default();
-        entry.1 += 1;
-        Waiter {
-            waiters: self,
-            key: key.to_string(),
-            notify: entry.0.clone(),
+impl Bus {
+    pub fn new(channel: String, origin: String, inbox: Arc<Inbox>) -> Self {
+        let (attempted, _) = watch::channel(false);
+        Bus {
+            channel,
+            origin,
+            inbox,
+            carried: Carried::default(),
+            attempted,
         }
     }
 
-    pub fn wake(&self, key: &str) {
-        let notify = self.map.lock_or_recover().get(key).map(|e| e.0.clone());
-        if let Some(n) = notify {
-            n.notify_waiters();
-        }
+    pub fn channel(&self) -> &str {
+        &self.channel
     }
 
-    pub fn wake_all(&self) {
-        let all: Vec<Arc<Notify>> = self
-            .map
-            .lock_or_recover()
-            .values()
-            .map(|e| e.0.clone())
-            .collect();
-        for n in all {
-            n.notify_waiters();
-        }
+    /// The envelopes announcements carried (see `carried.rs`).
+    pub fn carried(&self) -> &Carried {
+        &self.carried
     }
 
-    /// Keys with a waiter registered (for tests: none may be left behind).
-    pub fn len(&self) -> usize {
-        self.map.lock_or_recover().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl Drop for Waiter<'_> {
-    fn drop(&mut self) {
-        let mut map = self.waiters.map.lock_or_recover();
-        if let Some(entry) = map.get_mut(&self.key) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                map.remove(&self.key);
-            }
-        }
-    }
-}
-
-impl RedisTier {
-    pub(super) fn announcement(&self, key: &str) -> String {
+    /// The announcement of a change of `key`.
+    pub fn announcement(&self, key: &str) -> String {
         format!("{} {key}", self.origin)
     }
 
     /// The announcement of a load's result that carries the envelope written, if it is small
     /// and untagged (see `carried.rs`).
-    pub(super) fn carrying_announcement(&self, key: &str, envelope: &str, tagged: bool) -> Vec<u8> {
+    pub fn carrying_announcement(&self, key: &str, envelope: &str, tagged: bool) -> Vec<u8> {
         (!tagged)
             .then(|| carried::message(&self.origin, key, envelope))
             .flatten()
             .unwrap_or_else(|| self.announcement(key).into_bytes())
     }
 
-    /// The envelope another process's announcement carried for `key`, if nothing was heard of
-    /// the key since (`stamp`, taken on the caller's thread, is still the announcement's): a
-    /// read that needs no Redis round trip. Taken once; then the key is in process.
-    pub fn take_carried(&self, key: &str, stamp: Stamp) -> Option<Remote> {
-        let bytes = self.carried.take(key, stamp)?;
-        // One naming another key is no more served than a reply would be.
-        let found = usable(&bytes, self.serializer, &self.value_key(key)).ok()??;
-        // Tagged envelopes are never carried (their tags' clocks are checked in Redis).
-        if !found.tags.is_empty() {
-            return None;
-        }
-        Some(found.remote(stamp))
+    /// A deleteByTag's announcement of `tag` at `clock`.
+    pub fn tag_message(&self, clock: u64, tag: &str) -> Vec<u8> {
+        let mut msg = vec![NAMESPACE_MESSAGE];
+        msg.extend_from_slice(format!("T {} {clock} {tag}", self.origin).as_bytes());
+        msg
     }
 
-    fn on_announcement(&self, payload: &[u8]) {
+    /// A clear's announcement, less the clock `clear.lua` appends.
+    pub fn clear_prefix(&self) -> Vec<u8> {
+        let mut prefix = vec![NAMESPACE_MESSAGE];
+        prefix.extend_from_slice(format!("C {} ", self.origin).as_bytes());
+        prefix
+    }
+
+    /// Takes in a message heard on the channel. Answers the key whose lock waiters should look
+    /// again (the key's holder may have written or let go).
+    pub fn hear<'p>(&self, payload: &'p [u8]) -> Option<&'p str> {
         if let Some(rest) = payload.strip_prefix(&[NAMESPACE_MESSAGE]) {
-            self.on_namespace_message(rest);
-            return;
+            self.hear_namespace_message(rest);
+            return None;
         }
         if let Some(rest) = payload.strip_prefix(&[CARRIED_MESSAGE]) {
-            if let Some((origin, key, envelope)) = carried::parse(rest) {
-                if origin != self.origin {
-                    let stamp = self.inbox.invalidate_stamped(key);
-                    self.carried.keep(key, stamp, envelope);
-                } else {
-                    self.carried.own_heard(key);
-                }
-                self.waiters.wake(key);
+            let (origin, key, envelope) = carried::parse(rest)?;
+            if origin != self.origin {
+                let stamp = self.inbox.invalidate_stamped(key);
+                self.carried.keep(key, stamp, envelope);
+            } else {
+                self.carried.own_heard(key);
             }
-            return;
+            return Some(key);
         }
-        let Ok(text) = std::str::from_utf8(payload) else {
-            return;
-        };
-        let Some((origin, key)) = text.split_once(' ') else {
-            return;
-        };
+        let text = std::str::from_utf8(payload).ok()?;
+        let (origin, key) = text.split_once(' ')?;
         if origin != self.origin {
             self.inbox.invalidate(key);
             self.carried.forget(key);
         } else {
             self.carried.own_heard(key);
         }
-        self.waiters.wake(key);
+        Some(key)
     }
 
     /// A deleteByTag (`T <origin> <clock> <tag>`) or clear (`C <origin> <clock>`) anywhere,
     /// this instance's own included (the clock it was given may be newer than the mark it made).
-    fn on_namespace_message(&self, text: &[u8]) {
+    fn hear_namespace_message(&self, text: &[u8]) {
         let Ok(text) = std::str::from_utf8(text) else {
             return;
         };
@@ -192,120 +156,21 @@ impl RedisTier {
         }
     }
 
-    fn set_bus_up(&self, up: bool) {
-        self.health.set_bus_up(up);
-        // Waiters may have missed the announcement they wait for: they look again now (and
-        // poll while the bus is down).
-        self.waiters.wake_all();
+    /// Subscribed again after a gap: announcements may have been missed meanwhile, so every
+    /// in-process copy and every carried envelope goes.
+    pub fn missed_announcements(&self) {
+        self.inbox.invalidate_all();
+        self.carried.clear();
     }
 
-    /// The subscriber, resubscribing by itself until the cache closes, and on the new master
-    /// when the Sentinel master moves. Each resubscription drops every in-process copy, since
-    /// announcements may have been missed meanwhile. It is a RESP3
-    /// connection whose pushes carry the messages, made like command connections (TLS, server
-    /// name, timeouts); on a cluster each attempt tries the next node.
-    pub async fn run_bus(self: Arc<Self>) {
-        let mut shutdown = self.shutdown.subscribe();
-        let mut backoff = Duration::from_millis(50);
-        let mut first = true;
-        let mut attempt = 0usize;
-        let mut moves = self.link.topology.moves();
-        while !self.closed() {
-            // A move of the master after this ends the subscription, made where it was before.
-            moves.borrow_and_update();
-            let (pushes, mut messages) = tokio::sync::mpsc::unbounded_channel();
-            let subscribed = tokio::time::timeout(self.link.connect_timeout, async {
-                let mut command = self.link.current().map(|c| c.inner);
-                let mut conn = self
-                    .link
-                    .topology
-                    .subscriber(pushes, attempt, command.as_mut())
-                    .await?;
-                conn.subscribe(&self.channel).await?;
-                RedisResult::Ok(conn)
-            })
-            .await;
-            attempt = attempt.wrapping_add(1);
-            if matches!(subscribed, Ok(Ok(_))) {
-                // Before any call goes on: a load must not be born before a clear it could
-                // have known of, nor an entry read from Redis be checked against nothing.
-                self.sync_namespace().await;
-            }
-            // Calls waiting for the first attempt go on now, whatever its outcome.
-            let first_succeeded = first && matches!(subscribed, Ok(Ok(_)));
-            first = false;
-            self.bus_attempted.send_replace(true);
-            match subscribed {
-                Ok(Ok(mut conn)) => {
-                    backoff = Duration::from_millis(50);
-                    // Copies made before this subscription may have missed announcements,
-                    // unless it is the first one, which every Redis command waited for.
-                    if !first_succeeded {
-                        self.inbox.invalidate_all();
-                        self.carried.clear();
-                    }
-                    self.set_bus_up(true);
-                    let mut moved = false;
-                    loop {
-                        tokio::select! {
-                            _ = until_true(&mut shutdown) => {
-                                self.set_bus_up(false);
-                                return;
-                            }
-                            Ok(()) = moves.changed() => {
-                                moved = true;
-                                break;
-                            }
-                            push = messages.recv() => match push {
-                                Some(push) if push.kind == PushKind::Message => {
-                                    if let Some(Value::BulkString(payload)) = push.data.get(1) {
-                                        self.on_announcement(payload);
-                                    }
-                                }
-                                Some(push) if push.kind == PushKind::Disconnection => break,
-                                Some(_) => {}
-                                None => break,
-                            },
-                            _ = tokio::time::sleep(BUS_PING_INTERVAL) => {
-                                let pong = tokio::time::timeout(
-                                    self.link.command_timeout,
-                                    redis::cmd("PING").query_async::<Value>(&mut conn),
-                                )
-                                .await;
-                                if !matches!(pong, Ok(Ok(_))) {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    self.set_bus_up(false);
-                    if moved {
-                        // Not a failure: subscribed again at once, on the new master.
-                        backoff = Duration::from_millis(50);
-                        continue;
-                    }
-                    self.stats.redis_errors.incr();
-                    self.report(
-                        "bus",
-                        None,
-                        "Redis bus connection lost; resubscribing".to_string(),
-                    );
-                }
-                Ok(Err(e)) => {
-                    self.stats.redis_errors.incr();
-                    self.report("bus", None, format!("Redis bus subscription failed: {e}"));
-                }
-                Err(_) => {
-                    self.stats.redis_errors.incr();
-                    self.report("bus", None, "Redis bus subscription timed out".to_string());
-                }
-            }
-            tokio::select! {
-                _ = until_true(&mut shutdown) => return,
-                _ = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(1));
-        }
+    /// The first subscription attempt has ended (calls waiting for it go on).
+    pub fn attempted(&self) {
+        self.attempted.send_replace(true);
+    }
+
+    /// Whether the first subscription attempt has ended, and, if not, what tells when it has.
+    pub fn attempt(&self) -> Option<watch::Receiver<bool>> {
+        (!*self.attempted.borrow()).then(|| self.attempted.subscribe())
     }
 }
 
@@ -313,18 +178,53 @@ impl RedisTier {
 mod tests {
     use super::*;
 
+    fn bus(origin: &str) -> (Bus, Arc<Inbox>) {
+        let inbox = Arc::new(Inbox::default());
+        (
+            Bus::new(channel("app", 0), origin.to_string(), inbox.clone()),
+            inbox,
+        )
+    }
+
     #[test]
-    fn the_last_waiter_out_removes_the_key_even_while_a_wake_holds_the_notify() {
-        let w = Waiters::default();
-        let a = w.register("k");
-        let b = w.register("k");
-        // A wake in progress holds a clone of the Notify, as the bus does while it wakes.
-        let held = a.notify.clone();
-        drop(a);
-        drop(b);
-        assert_eq!(w.len(), 0);
-        drop(held);
-        assert!(w.is_empty());
+    fn another_origins_announcement_invalidates_and_wakes_its_key_and_ours_only_wakes() {
+        let (bus, inbox) = bus("me");
+        let before = inbox.stamp("k");
+        assert_eq!(bus.hear(b"me k"), Some("k"));
+        assert_eq!(
+            inbox.stamp("k"),
+            before,
+            "our own announcement invalidates nothing"
+        );
+        assert_eq!(bus.hear(b"them k"), Some("k"));
+        assert_ne!(inbox.stamp("k"), before);
+        assert_eq!(bus.hear(b"no-space"), None);
+        assert_eq!(bus.hear(&[0xC3, 0x28, b' ', b'k']), None, "not UTF-8");
+    }
+
+    #[test]
+    fn namespace_messages_move_the_clock_and_wake_no_key() {
+        let (bus, inbox) = bus("me");
+        let mut tagged = bus.tag_message(7, "t");
+        assert_eq!(tagged[0], NAMESPACE_MESSAGE);
+        assert_eq!(bus.hear(&tagged), None);
+        assert_eq!(inbox.clock(), 7);
+        let mut cleared = bus.clear_prefix();
+        cleared.extend_from_slice(b"9");
+        assert_eq!(bus.hear(&cleared), None);
+        assert_eq!(inbox.clock(), 9);
+        tagged.truncate(3);
+        assert_eq!(bus.hear(&tagged), None, "cut short: ignored");
+        assert_eq!(inbox.clock(), 9);
+    }
+
+    #[test]
+    fn the_first_attempt_is_waited_for_until_it_ends() {
+        let (bus, _) = bus("me");
+        let rx = bus.attempt().expect("not attempted yet");
+        bus.attempted();
+        assert!(*rx.borrow());
+        assert!(bus.attempt().is_none());
     }
 
     #[test]

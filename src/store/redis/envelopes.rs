@@ -5,10 +5,9 @@
 //! load that took over an expired lock, is ever overwritten. A `clear` or `deleteByTag` since
 //! the load began makes its result dead on arrival instead (see `tags.rs`).
 
-use std::time::Duration;
-
 use redis::Value;
 
+use super::fence::{Fence, GENERATION_TTL};
 use super::{RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Body, Envelope, Fmt, Serializer, State};
@@ -24,22 +23,6 @@ pub fn new_token() -> String {
         .simple()
         .to_string()
 }
-
-/// What a load's result is checked against when it is written back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fence {
-    /// The key's state when the load began: its generation key and its envelope's generation,
-    /// as the scripts compute it.
-    pub state: String,
-    /// When it was read, in ms since the tier's epoch (see `fence_time`).
-    pub read_at_ms: f64,
-}
-
-/// How long a generation key lives after the `set`/`delete` that wrote it. A load whose fence is
-/// older than this (less a margin) is not written back: a generation key written after the
-/// load began may have expired by then, and the load would not see that it was fenced.
-pub const GENERATION_TTL: Duration = Duration::from_secs(600);
-const GENERATION_MARGIN: Duration = Duration::from_secs(30);
 
 /// A fresh mark for a GET's ECHO (see `fetch_uncounted`). Never a bare number: a tag key or
 /// the namespace clock holds one, and a moved clock landing in the echo's place must not match.
@@ -202,6 +185,20 @@ impl Usable {
 }
 
 impl RedisTier {
+    /// The envelope another process's announcement carried for `key`, if nothing was heard of
+    /// the key since (`stamp`, taken on the caller's thread, is still the announcement's): a
+    /// read that needs no Redis round trip. Taken once; then the key is in process.
+    pub fn take_carried(&self, key: &str, stamp: Stamp) -> Option<Remote> {
+        let bytes = self.bus.carried().take(key, stamp)?;
+        // One naming another key is no more served than a reply would be.
+        let found = usable(&bytes, self.policies.serializer, &self.value_key(key)).ok()??;
+        // Tagged envelopes are never carried (their tags' clocks are checked in Redis).
+        if !found.tags.is_empty() {
+            return None;
+        }
+        Some(found.remote(stamp))
+    }
+
     /// Reads the key's envelope. `stamp`: the key's invalidation stamp when the read was asked
     /// for, taken by the caller on its own thread before any later write of this process could
     /// change it (taken here, on a runtime thread, it could already include such a write, and
@@ -270,7 +267,8 @@ impl RedisTier {
         let found = match raw {
             Err(Unavailable) => return Fetched::Unavailable,
             Ok(None) => return Fetched::Missing,
-            Ok(Some(bytes)) => match usable(&bytes, self.serializer, &self.value_key(key)) {
+            Ok(Some(bytes)) => match usable(&bytes, self.policies.serializer, &self.value_key(key))
+            {
                 Ok(Some(found)) => found,
                 Ok(None) => return Fetched::Missing,
                 Err(Misdelivered) => {
@@ -298,10 +296,7 @@ impl RedisTier {
         fence: Option<&Fence>,
         forced: bool,
     ) -> WriteBack {
-        let too_old = fence.is_some_and(|f| {
-            self.fence_time() - f.read_at_ms
-                >= (GENERATION_TTL - GENERATION_MARGIN).as_millis() as f64
-        });
+        let too_old = fence.is_some_and(|f| self.fences.outlived(f));
         let (Some((envelope, body)), Some(fence), false, false) =
             (written, fence, too_old, self.closed())
         else {
@@ -327,11 +322,13 @@ impl RedisTier {
             self.generation_key(key),
         );
         let text = envelope.encode(body, &new_token(), &keys.0);
-        let msg = self.announcement(key);
+        let msg = self.bus.announcement(key);
         // Published instead of `msg` when the script writes: other processes then have the
         // value without reading it (see `carried.rs`).
-        let carrying = self.carrying_announcement(key, &text, !body.tags.is_empty());
-        self.carried.expect_own(key);
+        let carrying = self
+            .bus
+            .carrying_announcement(key, &text, !body.tags.is_empty());
+        self.bus.carried().expect_own(key);
         let echo = self.script_echo();
         let written = self
             .run("set", key, |mut c| async move {
@@ -343,7 +340,7 @@ impl RedisTier {
                     .arg(token.unwrap_or(""))
                     .arg(&fence.state)
                     .arg(if forced { "1" } else { "0" })
-                    .arg(&self.channel)
+                    .arg(self.bus.channel())
                     .arg(&msg)
                     .arg(&carrying);
                 invoke_echoed::<i64>(&call, &mut c, echo).await
@@ -358,14 +355,14 @@ impl RedisTier {
                 self.misdelivered("set", key);
                 match token {
                     Some(token) => self.release(key, token, true).await,
-                    None => self.carried.own_heard(key),
+                    None => self.bus.carried().own_heard(key),
                 }
                 WriteBack::Dropped
             }
             Ok(Some(_)) => {
                 if token.is_none() {
                     // Dropped without a lock to release: the script announced nothing.
-                    self.carried.own_heard(key);
+                    self.bus.carried().own_heard(key);
                 }
                 WriteBack::Dropped
             }
@@ -406,10 +403,10 @@ impl RedisTier {
             None => (String::new(), 1, None),
         };
         let keys = (self.value_key(key), self.generation_key(key));
-        let msg = self.announcement(key);
+        let msg = self.bus.announcement(key);
         let op = if written.is_some() { "set" } else { "delete" };
         let vkey = keys.0.clone();
-        self.carried.expect_own(key);
+        self.bus.carried().expect_own(key);
         let echo = self.script_echo();
         let wrote = self.run(op, key, |mut c| async move {
             let mut call = self.scripts.write.key(&keys.0);
@@ -418,7 +415,7 @@ impl RedisTier {
                 .arg(px)
                 .arg(new_token())
                 .arg(GENERATION_TTL.as_millis() as u64)
-                .arg(&self.channel)
+                .arg(self.bus.channel())
                 .arg(&msg);
             invoke_echoed::<i64>(&call, &mut c, echo).await
         });

@@ -90,12 +90,13 @@ impl Health {
     }
 
     /// The first connection failed: down, and the next call probes at once (it is counted and
-    /// reported as calls find it down).
+    /// reported as calls find it down). Down, stale copies are trusted, as after any failure.
     pub fn first_connection_failed(&self) {
         *self.state.lock_or_recover() = State::Down {
             retry_at: Instant::now(),
             probing: false,
         };
+        self.update_trust();
     }
 
     /// The master moved: if Redis was skipped because the old one failed, the new one is tried
@@ -155,6 +156,20 @@ mod tests {
         health.succeeded();
         assert!(!inbox.trusts_stale());
         health.set_bus_up(true);
+        assert!(inbox.trusts_stale());
+    }
+
+    /// The bus subscribed and was lost (Redis up: copies untrusted), then the first command
+    /// connection failed: Redis is down, so the stale copies are all there is.
+    #[test]
+    fn a_failed_first_connection_trusts_stale_copies_like_any_failure() {
+        let inbox = Arc::new(Inbox::default());
+        let health = Health::new(inbox.clone());
+        health.set_bus_up(true);
+        health.set_bus_up(false);
+        assert!(!inbox.trusts_stale());
+        health.first_connection_failed();
+        assert!(!health.redis_up());
         assert!(inbox.trusts_stale());
     }
 }

@@ -1,508 +1,229 @@
-//! The gates a load passes before calling the loader: the cross-process lock
-//! (`SET <ns>:lock:{key} <token> NX PX <lockTtl>`, released by a compare-and-delete so a holder
-//! whose lock expired never deletes the next holder's), and the fence the load takes with it
-//! (the key's state as the load began; `write_back.lua` drops the result if it changed).
-//! The lock is an efficiency lock (it saves loads); the fence is what keeps an older value from
-//! winning.
+//! The cross-process lock's own state in this process: how long a lock lives (`lockTtl`), who
+//! waits here for a key's holder to finish (woken by the bus's announcement of the key, or by
+//! a change of the bus, after which announcements may have been missed), and how long one bid
+//! may wait. The bids themselves (`cold_gate.lua`, `refresh_gate.lua`) and the release run on
+//! the tier's connection (`gates.rs`).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::Value;
+use tokio::sync::Notify;
 
-use super::envelopes::{
-    invoke_echoed, new_token, usable, Fence, Fetched, Misdelivered, GENERATION_TTL,
-};
-use super::{RedisTier, Remote, Unavailable};
-use crate::inbox::Stamp;
+use crate::sync::LockOrRecover;
 
 /// While the bus is down, lock waiters look again this often (no notification can come).
 const POLL_WITHOUT_BUS: Duration = Duration::from_millis(100);
 
-/// A lock this instance holds for a running load: released (and announced, so waiters take
-/// over at once) when dropped, unless `take`n by what releases it itself (a write-back, a
-/// failure's record). A load that ends any other way (its cache closed or collected, its
-/// record dropped on an error) so never leaves the lock to its TTL.
-pub struct HeldLock {
-    tier: Arc<RedisTier>,
+/// The lock's life and its waiters here.
+pub struct Lock {
+    /// `lockTtl`, at least 1 ms.
+    ttl_ms: u64,
+    waiters: Waiters,
+}
+
+impl Lock {
+    pub fn new(ttl_ms: u64) -> Self {
+        Lock {
+            ttl_ms: ttl_ms.max(1),
+            waiters: Waiters::default(),
+        }
+    }
+
+    /// How long a lock taken now lives in Redis (PX of the bid).
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+
+    /// A waiter for `key`'s holder, registered now (before the look, so an announcement
+    /// between the look and the wait still wakes it).
+    pub fn register(&self, key: &str) -> Waiter<'_> {
+        self.waiters.register(key)
+    }
+
+    /// The key's holder announced its end: its waiters look again.
+    pub fn wake(&self, key: &str) {
+        self.waiters.wake(key);
+    }
+
+    /// Every waiter looks again (the bus went up or down, or the cache closed).
+    pub fn wake_all(&self) {
+        self.waiters.wake_all();
+    }
+
+    /// Keys with a waiter registered (for tests: none may be left behind).
+    pub fn waiting_keys(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// The patience of a bid that begins at `started`.
+    pub fn patience(&self, started: Instant) -> Patience {
+        let ttl = Duration::from_millis(self.ttl_ms);
+        Patience {
+            ttl,
+            deadline: started + ttl,
+            give_up: started + 2 * ttl,
+            waited: false,
+        }
+    }
+}
+
+/// How long one bid may still wait: no wait for one holder lasts longer than lockTtl, and no
+/// bid waits for more than two holders (2 x lockTtl in all).
+pub struct Patience {
+    ttl: Duration,
+    /// When the holder waited for now is taken to be gone.
+    deadline: Instant,
+    give_up: Instant,
+    waited: bool,
+}
+
+impl Patience {
+    /// True the first time only: the bid waits from now on (counted once as a lockWait).
+    pub fn begins_waiting(&mut self) -> bool {
+        !std::mem::replace(&mut self.waited, true)
+    }
+
+    pub fn waited(&self) -> bool {
+        self.waited
+    }
+
+    /// Another process holds the lock for `left_ms` more (as of `now`): how long to wait
+    /// before looking again, or `None` once two holders' lockTtl are spent (the bid then loads
+    /// without the lock). Past the first holder's deadline, the holder that took over is waited
+    /// for too (or the first holder's late value), never past the end.
+    pub fn held(&mut self, left_ms: u64, now: Instant) -> Option<Duration> {
+        let left = Duration::from_millis(left_ms + 1);
+        if now >= self.deadline {
+            if now >= self.give_up {
+                return None;
+            }
+            self.deadline = (now + left.min(self.ttl)).min(self.give_up);
+        }
+        Some(left.min(self.deadline - now))
+    }
+
+    /// A wait of `wait`, or shorter while the bus is down (no announcement can wake it then).
+    pub fn paced(wait: Duration, bus_up: bool) -> Duration {
+        if bus_up {
+            wait
+        } else {
+            wait.min(POLL_WITHOUT_BUS)
+        }
+    }
+}
+
+/// Lock waiters by key.
+#[derive(Default)]
+struct Waiters {
+    /// Per key: what wakes its waiters, and how many are registered (the last one out removes
+    /// the entry; counting explicitly, not by Arc count, so a wake in progress cannot leave an
+    /// empty entry behind).
+    map: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
+}
+
+/// One registered waiter; dropping it unregisters.
+pub struct Waiter<'a> {
+    waiters: &'a Waiters,
     key: String,
-    token: Option<String>,
+    pub notify: Arc<Notify>,
 }
 
-impl HeldLock {
-    pub fn new(tier: Arc<RedisTier>, key: String, token: String) -> Self {
-        HeldLock {
-            tier,
-            key,
-            token: Some(token),
+impl Waiters {
+    fn register(&self, key: &str) -> Waiter<'_> {
+        let mut map = self.map.lock_or_recover();
+        let entry = map.entry(key.to_string()).or_default();
+        entry.1 += 1;
+        Waiter {
+            waiters: self,
+            key: key.to_string(),
+            notify: entry.0.clone(),
         }
     }
 
-    /// The token, for a release of the caller's own; the drop then releases nothing.
-    pub fn take(mut self) -> String {
-        self.token.take().expect("taken only once, by value")
+    fn wake(&self, key: &str) {
+        let notify = self.map.lock_or_recover().get(key).map(|e| e.0.clone());
+        if let Some(n) = notify {
+            n.notify_waiters();
+        }
+    }
+
+    fn wake_all(&self) {
+        let all: Vec<Arc<Notify>> = self
+            .map
+            .lock_or_recover()
+            .values()
+            .map(|e| e.0.clone())
+            .collect();
+        for n in all {
+            n.notify_waiters();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.map.lock_or_recover().len()
     }
 }
 
-impl Drop for HeldLock {
+impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        let Some(token) = self.token.take() else {
-            return;
-        };
-        let tier = self.tier.clone();
-        let key = self.key.clone();
-        // After this instance's earlier writes of the key, as every release is.
-        self.tier.in_order(&self.key, async move {
-            tier.release(&key, &token, true).await;
-        });
-    }
-}
-
-/// What a load should do after asking Redis.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Gate {
-    /// Redis has the entry (another process wrote it): use it.
-    Found(Remote),
-    /// Call the loader, holding the lock if `token` is set. `fence: None` when Redis could not
-    /// be asked: the result is then kept in process only. `stamp`: the key's invalidation stamp
-    /// before the look that led (an invalidation since means the result may be older). `born`:
-    /// the namespace clock Redis had as the load passed the gate (its result is born at it).
-    /// `tags`: a refresh's entry's tags, kept by a result given none.
-    Lead {
-        token: Option<String>,
-        fence: Option<Fence>,
-        stamp: Option<Stamp>,
-        born: Option<u64>,
-        tags: Vec<String>,
-    },
-    /// Another process is refreshing the key: keep serving what we have.
-    Skip,
-    /// The cache closed while waiting.
-    Closed,
-}
-
-/// What became of a load's bid for the lock, for observers (`stats` counts the same).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LockOutcome {
-    /// No bid (Redis had the value at once, was unavailable, or the cache closed).
-    None,
-    /// Took the lock at the first look (`lockWins`).
-    Won,
-    /// Another process held it; its value came (or Redis went away) while waiting (`lockWaits`).
-    Waited,
-    /// Waited, then took the lock: the holder failed or its lock expired (both counters).
-    TookOver,
-    /// Waited past two holders' lockTtl: loads without the lock (`lockWaits`).
-    GaveUp,
-    /// A background refresh: another process holds the lock and refreshes the key.
-    Skipped,
-}
-
-impl Gate {
-    fn unfenced() -> Gate {
-        Gate::Lead {
-            token: None,
-            fence: None,
-            stamp: None,
-            born: None,
-            tags: Vec::new(),
-        }
-    }
-}
-
-/// One look of `cold_gate.lua`.
-enum Look {
-    Value(Vec<u8>),
-    Locked(String),
-    Held(String, u64),
-}
-
-/// A bid that ends without the lock: `Waited` if it waited for another holder.
-fn no_lock(waited: bool) -> LockOutcome {
-    if waited {
-        LockOutcome::Waited
-    } else {
-        LockOutcome::None
-    }
-}
-
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
-fn number(v: &Value) -> i64 {
-    match v {
-        Value::Int(n) => *n,
-        _ => 0,
-    }
-}
-
-impl RedisTier {
-    fn fence(&self, state: String) -> Fence {
-        Fence {
-            state,
-            read_at_ms: self.fence_time(),
-        }
-    }
-
-    /// Ms since the tier's epoch: fences carry it through JS and back.
-    pub fn fence_time(&self) -> f64 {
-        self.epoch.elapsed().as_secs_f64() * 1_000.0
-    }
-
-    async fn look(
-        &self,
-        key: &str,
-        token: &str,
-        lock_ttl_ms: u64,
-        past_value: bool,
-    ) -> Result<Look, Unavailable> {
-        let keys = (
-            self.value_key(key),
-            self.lock_key(key),
-            self.generation_key(key),
-        );
-        let echo = self.script_echo();
-        let reply: Option<Vec<Value>> = self
-            .run("lock", key, |mut c| async move {
-                let mut call = self.scripts.cold_gate.key(&keys.0);
-                call.key(&keys.1)
-                    .key(&keys.2)
-                    .arg(token)
-                    .arg(lock_ttl_ms.max(1))
-                    .arg(if past_value { "1" } else { "0" })
-                    .arg(new_token())
-                    .arg(GENERATION_TTL.as_millis() as u64);
-                invoke_echoed(&call, &mut c, echo).await
-            })
-            .await?;
-        let Some(reply) = reply else {
-            // Out of step: the reply may be another key's bid (read as ours, a lock we do not
-            // hold). Load without Redis; a lock the script took expires in lockTtl.
-            self.misdelivered("lock", key);
-            return Err(Unavailable);
-        };
-        let generation = reply.get(1).and_then(text).unwrap_or_default();
-        Ok(match reply.get(2).map(number) {
-            Some(0) => match reply.first() {
-                Some(Value::BulkString(b)) => Look::Value(b.clone()),
-                _ => Look::Held(generation, 0),
-            },
-            Some(1) => Look::Locked(generation),
-            _ => Look::Held(
-                generation,
-                reply.get(3).map(number).unwrap_or(0).max(0) as u64,
-            ),
-        })
-    }
-
-    /// A cold load's way through Redis: the value if another process has it; else take the
-    /// lock and load; else wait, woken by the bus, for the holder's value. A lock that expires
-    /// is taken over by the first waiter to look (one extra load, at worst), and the others
-    /// wait for whichever of the two values comes first. No wait for one holder lasts longer
-    /// than lockTtl, and no waiter waits for more than two (2 x lockTtl in all): then it loads
-    /// without the lock (fenced like any load). Ends at once when the cache closes.
-    /// `past_value`: the caller could not use the value Redis has (its serializer failed on
-    /// it): the first look takes the lock past it.
-    pub async fn cold_gate(&self, key: &str, lock_ttl_ms: u64, past_value: bool) -> Gate {
-        self.cold_gate_observed(key, lock_ttl_ms, past_value, false)
-            .await
-            .0
-    }
-
-    /// `cold_gate`, with what became of the bid for the lock. `looked`: the caller's own GET
-    /// (the read lane's) found nothing usable just now, so none is sent first.
-    pub async fn cold_gate_observed(
-        &self,
-        key: &str,
-        lock_ttl_ms: u64,
-        past_value: bool,
-        looked: bool,
-    ) -> (Gate, LockOutcome) {
-        let token = new_token();
-        let lock_ttl = Duration::from_millis(lock_ttl_ms);
-        let started = Instant::now();
-        let give_up = started + 2 * lock_ttl;
-        let mut deadline = started + lock_ttl;
-        let mut past_value = past_value;
-        let mut waited = false;
-        // Most cold reads find the value: a plain GET answers them (0.3 µs of Redis time, where
-        // the gate script takes 6.6 µs; measured with INFO commandstats). The script, which
-        // takes the lock and reads the fence, runs only when the GET found nothing usable (dead
-        // entries included), or at once when the caller could not read the value Redis has.
-        if !past_value && !looked {
-            match self.fetch(key, self.inbox.stamp(key), false).await {
-                Fetched::Found(r) => return (Gate::Found(r), LockOutcome::None),
-                Fetched::Unavailable => return (Gate::unfenced(), LockOutcome::None),
-                Fetched::Missing => {}
+        let mut map = self.waiters.map.lock_or_recover();
+        if let Some(entry) = map.get_mut(&self.key) {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                map.remove(&self.key);
             }
         }
-        loop {
-            if self.closed() {
-                return (Gate::Closed, LockOutcome::None);
-            }
-            // Registered before looking, so an announcement between the look and the wait
-            // still wakes us.
-            let waiter = self.waiters.register(key);
-            let notified = waiter.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-
-            let stamp = self.inbox.stamp(key);
-            // Past an unusable value for one look only: a holder may write a good one meanwhile.
-            let past = std::mem::take(&mut past_value);
-            let left = match self.look(key, &token, lock_ttl_ms, past).await {
-                Err(Unavailable) => return (Gate::unfenced(), no_lock(waited)),
-                Ok(Look::Value(bytes)) => {
-                    let found = match usable(&bytes, self.serializer, &self.value_key(key)) {
-                        Ok(found) => found,
-                        Err(Misdelivered) => {
-                            // The script's reply cannot be trusted, the lock bid included:
-                            // load without Redis (a lock it took expires in lockTtl).
-                            self.misdelivered("lock", key);
-                            return (Gate::unfenced(), no_lock(waited));
-                        }
-                    };
-                    if let Some(found) = found {
-                        match self.alive(key, found.envelope.born, &found.tags).await {
-                            Ok(true) => {
-                                return (Gate::Found(found.remote(stamp)), no_lock(waited));
-                            }
-                            Ok(false) => {}
-                            Err(Unavailable) => return (Gate::unfenced(), no_lock(waited)),
-                        }
-                    }
-                    // Not ours, another serializer's, expired by our clock, or dead (cleared or
-                    // tag-deleted since it was born): a miss; take the lock past it.
-                    past_value = true;
-                    continue;
-                }
-                Ok(Look::Locked(generation)) => {
-                    self.stats.lock_wins.incr();
-                    let lead = Gate::Lead {
-                        token: Some(token),
-                        fence: Some(self.fence(generation)),
-                        stamp: Some(stamp),
-                        born: self.clock_now(key).await,
-                        tags: Vec::new(),
-                    };
-                    let outcome = if waited {
-                        LockOutcome::TookOver
-                    } else {
-                        LockOutcome::Won
-                    };
-                    return (lead, outcome);
-                }
-                Ok(Look::Held(generation, left_ms)) => {
-                    if !waited {
-                        waited = true;
-                        self.stats.lock_waits.incr();
-                    }
-                    let now = Instant::now();
-                    let left = Duration::from_millis(left_ms + 1);
-                    if now >= deadline {
-                        // The holder we waited for is gone and another took over: wait for it
-                        // (or the first holder's late value) too, but never past `give_up`.
-                        if now >= give_up {
-                            let lead = Gate::Lead {
-                                token: None,
-                                fence: Some(self.fence(generation)),
-                                stamp: Some(stamp),
-                                born: self.clock_now(key).await,
-                                tags: Vec::new(),
-                            };
-                            return (lead, LockOutcome::GaveUp);
-                        }
-                        deadline = (now + left.min(lock_ttl)).min(give_up);
-                    }
-                    left.min(deadline - now)
-                }
-            };
-            if self.closed() {
-                return (Gate::Closed, LockOutcome::None);
-            }
-            let wait = if self.bus_up() {
-                left
-            } else {
-                left.min(POLL_WITHOUT_BUS)
-            };
-            let _ = tokio::time::timeout(wait, notified).await;
-        }
-    }
-
-    /// A background refresh's way through Redis: only the lock holder refreshes; it re-checks
-    /// first, in case another process has just refreshed (the Redis copy is newer than ours,
-    /// `local_fresh_until`) or recorded a failure (error backoff). An XFetch refresh starts
-    /// while the entry is still fresh, so freshness alone does not mean someone refreshed.
-    pub async fn refresh_gate(&self, key: &str, lock_ttl_ms: u64, local_fresh_until: f64) -> Gate {
-        let token = new_token();
-        let stamp = self.inbox.stamp(key);
-        let keys = (
-            self.value_key(key),
-            self.lock_key(key),
-            self.generation_key(key),
-        );
-        let echo = self.script_echo();
-        let reply: Result<Option<Vec<Value>>, Unavailable> = self
-            .run("lock", key, |mut c| {
-                let token = token.clone();
-                async move {
-                    let mut call = self.scripts.refresh_gate.key(&keys.0);
-                    call.key(&keys.1)
-                        .key(&keys.2)
-                        .arg(token)
-                        .arg(lock_ttl_ms.max(1))
-                        .arg(new_token())
-                        .arg(GENERATION_TTL.as_millis() as u64);
-                    invoke_echoed(&call, &mut c, echo).await
-                }
-            })
-            .await;
-        let reply = match reply {
-            Err(Unavailable) => return Gate::unfenced(),
-            Ok(None) => {
-                // Out of step: whether we hold the lock is unknown; free it if we do.
-                self.misdelivered("lock", key);
-                self.release(key, &token, false).await;
-                return Gate::unfenced();
-            }
-            Ok(Some(r)) => r,
-        };
-        if reply.first().map(number) != Some(1) {
-            return Gate::Skip;
-        }
-        self.stats.lock_wins.incr();
-        let generation = reply.get(2).and_then(text).unwrap_or_default();
-        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
-        let mut tags = Vec::new();
-        if let Some(Value::BulkString(b)) = reply.get(1) {
-            let found = match usable(b, self.serializer, &self.value_key(key)) {
-                Ok(found) => found,
-                Err(Misdelivered) => {
-                    self.misdelivered("lock", key);
-                    self.release(key, &token, false).await;
-                    return Gate::unfenced();
-                }
-            };
-            if let Some(found) = found {
-                let e = found.envelope;
-                if e.fresh_until > local_fresh_until || !e.refresh_allowed(now) {
-                    // Redis has a newer copy, or a failed refresh holds refreshes back: use it,
-                    // unless it is dead (then refresh it).
-                    match self.alive(key, e.born, &found.tags).await {
-                        Ok(true) => {
-                            self.release(key, &token, false).await;
-                            return Gate::Found(found.remote(stamp));
-                        }
-                        Ok(false) => {}
-                        Err(Unavailable) => {
-                            self.release(key, &token, false).await;
-                            return Gate::unfenced();
-                        }
-                    }
-                }
-                tags = found.tags;
-            }
-        }
-        Gate::Lead {
-            token: Some(token),
-            fence: Some(self.fence(generation)),
-            stamp: Some(stamp),
-            born: self.clock_now(key).await,
-            tags,
-        }
-    }
-
-    /// A forceRefresh's fence: the key's state now (no lock: a forced load is written whoever
-    /// holds it).
-    pub async fn force_gate(&self, key: &str) -> Gate {
-        let stamp = self.inbox.stamp(key);
-        let keys = (self.value_key(key), self.generation_key(key));
-        let echo = self.script_echo();
-        let state = self.run("get", key, |mut c| async move {
-            let mut call = self.scripts.fence.key(&keys.0);
-            call.key(&keys.1)
-                .arg(new_token())
-                .arg(GENERATION_TTL.as_millis() as u64);
-            invoke_echoed::<String>(&call, &mut c, echo).await
-        });
-        let (state, born) = tokio::join!(state, self.clock_now(key));
-        match state {
-            Ok(None) => {
-                // Out of step: the fence may be another key's; load unfenced.
-                self.misdelivered("get", key);
-                Gate::unfenced()
-            }
-            Ok(Some(state)) => Gate::Lead {
-                token: None,
-                fence: Some(self.fence(state)),
-                stamp: Some(stamp),
-                born,
-                tags: Vec::new(),
-            },
-            Err(Unavailable) => Gate::unfenced(),
-        }
-    }
-
-    /// Releases `token`'s lock; `announce` wakes the processes waiting on it (a failed cold
-    /// load, a timed-out one).
-    pub async fn release(&self, key: &str, token: &str, announce: bool) {
-        let (lkey, msg) = (self.lock_key(key), self.announcement(key));
-        if announce {
-            self.carried.expect_own(key);
-        }
-        let echo = self.script_echo();
-        let released = self
-            .run("unlock", key, |mut c| async move {
-                let channel = if announce { self.channel.as_str() } else { "" };
-                let mut call = self.scripts.release.key(&lkey);
-                call.arg(token).arg(channel).arg(&msg);
-                invoke_echoed::<i64>(&call, &mut c, echo).await
-            })
-            .await;
-        if released == Ok(None) {
-            // Out of step: the lock, if still ours, expires in lockTtl.
-            self.misdelivered("unlock", key);
-        }
-        if announce && released == Ok(Some(0)) {
-            // Not ours any more: nothing was announced.
-            self.carried.own_heard(key);
-        }
-    }
-
-    /// `lkey`'s remaining life in ms (None: absent; Some(u64::MAX): no expiry). For tests.
-    pub async fn lock_left_ms(&self, key: &str) -> Result<Option<u64>, Unavailable> {
-        let lkey = self.lock_key(key);
-        let pttl: i64 = self
-            .run("get", key, |mut c| async move {
-                redis::cmd("PTTL").arg(&lkey).query_async(&mut c).await
-            })
-            .await?;
-        Ok(match pttl {
-            -2 => None,
-            -1 => Some(u64::MAX),
-            n => Some(n.max(0) as u64),
-        })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::new_token;
+    use super::*;
 
     #[test]
-    fn tokens_are_distinct_version_4_uuids() {
-        let tokens: std::collections::HashSet<String> = (0..10_000).map(|_| new_token()).collect();
-        assert_eq!(tokens.len(), 10_000);
-        for t in tokens.iter().take(100) {
-            let u = uuid::Uuid::parse_str(t).expect("a UUID");
-            assert_eq!(u.get_version_num(), 4);
-            assert_eq!(u.get_variant(), uuid::Variant::RFC4122);
-            assert_eq!(t, &u.simple().to_string());
-        }
+    fn the_last_waiter_out_removes_the_key_even_while_a_wake_holds_the_notify() {
+        let lock = Lock::new(1_000);
+        let a = lock.register("k");
+        let b = lock.register("k");
+        // A wake in progress holds a clone of the Notify, as the bus does while it wakes.
+        let held = a.notify.clone();
+        drop(a);
+        drop(b);
+        assert_eq!(lock.waiting_keys(), 0);
+        drop(held);
+        assert_eq!(lock.waiting_keys(), 0);
+    }
+
+    #[test]
+    fn a_bid_waits_one_holder_at_most_lock_ttl_and_two_at_most_twice_that() {
+        let lock = Lock::new(100);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut p = lock.patience(t0);
+        assert!(!p.waited());
+        assert!(p.begins_waiting());
+        assert!(!p.begins_waiting(), "counted once");
+        // The first holder: what its lock has left (and a millisecond), within lockTtl.
+        assert_eq!(p.held(50, t0), Some(ms(51)));
+        assert_eq!(p.held(5_000, t0 + ms(30)), Some(ms(70)));
+        // Past it, another took over: waited for up to lockTtl more, never past 2 x lockTtl.
+        assert_eq!(p.held(5_000, t0 + ms(100)), Some(ms(100)));
+        assert_eq!(p.held(5_000, t0 + ms(150)), Some(ms(50)));
+        assert_eq!(p.held(5_000, t0 + ms(200)), None);
+    }
+
+    #[test]
+    fn without_the_bus_a_waiter_polls() {
+        let ms = Duration::from_millis;
+        assert_eq!(Patience::paced(ms(5_000), true), ms(5_000));
+        assert_eq!(Patience::paced(ms(5_000), false), POLL_WITHOUT_BUS);
+        assert_eq!(Patience::paced(ms(20), false), ms(20));
+    }
+
+    #[test]
+    fn a_lock_lives_at_least_a_millisecond() {
+        assert_eq!(Lock::new(0).ttl_ms(), 1);
+        assert_eq!(Lock::new(250).ttl_ms(), 250);
     }
 }

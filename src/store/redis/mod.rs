@@ -10,31 +10,45 @@
 //! either is dead wherever it is read (see `inbox.rs` and `tags.rs`). Every Lua script touches
 //! one cluster slot.
 //!
-//! By concern: `connection` (making, replacing and classifying), `order` (one instance's
-//! writes in call order), `bus` (pub/sub and lock waiters), `carried` (values announcements
-//! carry, read instead of Redis), `lock` (the gates a load passes),
-//! `envelopes` (reads and fenced writes), `sentinel` (following the master across failovers), `lane` (the read lane the embedder's event loop drives), `tags` (deleteByTag, clear, and whether an entry read
-//! is still alive), `scripts/*.lua` (each names its KEYS/ARGV).
+//! `RedisTier` (this file) is composed of parts that own their state and run no command:
+//! - `Policies` (this file): the constructor's choices (namespace, serializer, lockTtl,
+//!   tagTtl), fixed from `RedisTier::new`, so no call passes them;
+//! - `health`: up or down, the probe's timing, whether stale copies are trusted;
+//! - `bus`: the channel, this instance's origin, the messages' formats and what each heard one
+//!   does to the inbox, the envelopes announcements carried (`carried`), and whether the first
+//!   subscription attempt has ended;
+//! - `lock`: the lock's life (lockTtl), the waiters here, and how long one bid may wait;
+//! - `fence`: the clock fences are read by, and when one is too old to be written back;
+//! - `reports` (the rate-limited `onError` queue), `scripts` (`scripts/*.lua`, each naming its
+//!   KEYS/ARGV), `order` (one instance's writes in call order).
 //!
-//! Imports run one way, from the tier down to the store, never back:
-//! - the tier: `RedisTier` (this file) and the files that implement it by concern (`envelopes`,
-//!   `lock`, `bus`, `tags`, `batch`, `sentinel`, `lane`), which may import one another and
-//!   anything below;
-//! - the connection: `connection` (the command connection, over `topology`);
-//! - the store: `topology` (where Redis is), over `guard` (guarded sockets);
-//! - leaves, importing nothing of this module: the parts `RedisTier` holds that own their
-//!   state (`health`: up or down, the probe's timing, whether stale copies are trusted;
-//!   `reports`: the rate-limited `onError` queue; `scripts`; `carried`; `order`), and `net`
-//!   (TCP settings, the timeout error), `target` (where a lane dials), `lane/resp`.
+//! The tier's work runs commands on its connection (`run`, here), so it is written as methods
+//! of `RedisTier`, one file per concern: `envelopes` (reads and fenced writes), `gates` (the
+//! lock bids and release, and the fence a load takes), `tags` (deleteByTag, clear, and whether
+//! an entry read is still alive), `batch` (many keys in one round trip), `subscriber` (the
+//! bus's subscription loop), `sentinel` (following the master across failovers), `lane` (the
+//! read lane the embedder's event loop drives). These methods call one another through
+//! `self` (a write-back releases the lock, a gate reads the envelope); their imports do not
+//! go round.
 //!
-//! `lane/transport` dials a `target` and imports nothing of the tier.
+//! Imports run one way, from the tier down to the store, never back (check with
+//! `grep -n "^use super::\|^use crate::" src/store/redis/*.rs src/store/redis/*/*.rs`):
+//! 1. the tier's files import `RedisTier` from this file, the parts and anything below, and
+//!    among themselves only downwards: `batch` → `gates` → `envelopes`; `tags` and `lane` →
+//!    `envelopes`; `subscriber`, `sentinel` → none of them;
+//! 2. the parts import no tier file and no `RedisTier`: `bus` → `carried`; `health`, `lock`,
+//!    `fence`, `reports`, `scripts`, `carried`, `order` import nothing of this module;
+//! 3. the connection: `connection` (making, replacing and classifying) → `topology`, `net`;
+//! 4. the store: `topology` (where Redis is) → `guard` (guarded sockets), `net`, `target`;
+//!    `lane/transport` → `target`, `lane/resp`; leaves: `net` (TCP settings, the timeout
+//!    error), `target` (where a lane dials), `lane/resp`.
 //!
 //! The locking rule. Every `std::sync::Mutex` here is taken with `lock_or_recover`
 //! (`crate::sync`), held for a few statements, never across an `.await`, and never while
 //! another of them is taken, so no two can deadlock whatever the order:
 //! - `Health` (`health`): up or down, and whether a probe is running;
 //! - `Reports::log`: the failures waiting for `onError` and when each kind was last reported;
-//! - `Waiters` (`bus`): the lock waiters by key (each woken after the lock is let go);
+//! - `Waiters` (`lock`): the lock waiters by key (each woken after the lock is let go);
 //! - `WriteOrder` (`order`): the queued writes by key;
 //! - `Carried` (`carried`): the envelopes announcements carried;
 //! - `Link::current` (`connection`): the shared command connection (it reads the topology's
@@ -51,6 +65,8 @@ mod bus;
 mod carried;
 mod connection;
 mod envelopes;
+mod fence;
+mod gates;
 mod guard;
 mod health;
 mod lane;
@@ -60,6 +76,7 @@ mod order;
 mod reports;
 mod scripts;
 mod sentinel;
+mod subscriber;
 mod tags;
 mod target;
 mod topology;
@@ -78,19 +95,23 @@ use crate::key;
 use crate::stats::Stats;
 
 pub use batch::FirstLook;
-pub use bus::{channel, Waiters};
+pub use bus::channel;
 pub use connection::{classify, Fault};
-pub use envelopes::{new_token, Fence, Fetched, WriteBack};
+pub use envelopes::{new_token, Fetched, WriteBack};
+pub use fence::Fence;
+pub use gates::{Gate, HeldLock, LockOutcome};
 pub use health::PROBE_INTERVAL;
 pub use lane::{frame, Landing, LaneRead, LaneSocket, Opened};
-pub use lock::{Gate, HeldLock, LockOutcome};
 pub use order::WriteOrder;
 pub use reports::{Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
 
+use bus::Bus;
 use connection::Link;
+use fence::Fences;
 use health::{Admit, Health};
+use lock::Lock;
 use net::timed_out;
 use scripts::Scripts;
 
@@ -107,6 +128,21 @@ pub struct Remote {
     pub fmt: Fmt,
 }
 
+/// What the constructor decided for this cache's use of Redis, fixed for the tier's life: the
+/// tier keeps them from `RedisTier::new`, so no call passes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policies {
+    /// Prefixes every key this cache writes, and names its bus channel.
+    pub namespace: String,
+    /// Envelopes written by another serializer are misses.
+    pub serializer: Serializer,
+    /// `lockTtl`: how long a lock a load takes lives, and how long a waiter waits for one
+    /// holder (at least 1 ms).
+    pub lock_ttl_ms: u64,
+    /// `tagTtl`: no entry carrying tags outlives it, so neither need a deleteByTag's record.
+    pub tag_ttl_ms: u64,
+}
+
 /// Redis was skipped or failed; already counted and reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unavailable;
@@ -117,71 +153,55 @@ pub struct RedisTier {
     link: Link,
     /// Where background work runs (writes in order, probes).
     runtime: Handle,
-    namespace: String,
-    channel: String,
-    /// Names this cache instance on the bus, so it ignores its own announcements.
-    origin: String,
+    policies: Policies,
     stats: Arc<Stats>,
     inbox: Arc<Inbox>,
     /// Whether Redis and the bus are up, and the probe's timing.
     health: Health,
-    /// Set once the first subscription attempt has ended (either way): the first commands wait
-    /// for it, so nothing is cached before the bus could announce changes to it.
-    bus_attempted: watch::Sender<bool>,
-    waiters: Waiters,
+    /// What the bus says and hears.
+    bus: Bus,
+    /// The lock's life and who waits for it here.
+    lock: Lock,
     order: Arc<WriteOrder>,
     /// Failures not yet handed to `onError` (shared with the embedder, which keeps draining it
     /// after the tier is gone).
     reports: Arc<Reports>,
     shutdown: watch::Sender<bool>,
     scripts: Scripts,
-    /// Origin of the fence times handed to JS (ms since this instant).
-    epoch: Instant,
-    /// Envelopes written by another serializer are misses.
-    serializer: Serializer,
-    /// `tagTtl`: no entry carrying tags outlives it, so neither need a deleteByTag's record.
-    tag_ttl_ms: u64,
-    /// Envelopes other processes' announcements carried, for the next read of their key.
-    carried: carried::Carried,
+    /// The clock fences are read by.
+    fences: Fences,
 }
 
 impl RedisTier {
     /// Prepares the tier for `config` (a URL, TLS material or a topology the redis crate
-    /// refuses is an error that says why); `connect` and `run_bus` (spawned by the embedder on
-    /// `runtime`) connect.
+    /// refuses is an error that says why) under `policies`; `connect` and `run_bus` (spawned
+    /// by the embedder on `runtime`) connect.
     pub fn new(
         config: &RedisConfig,
-        namespace: &str,
+        policies: Policies,
         stats: Arc<Stats>,
         inbox: Arc<Inbox>,
         runtime: Handle,
-        serializer: Serializer,
-        tag_ttl_ms: u64,
     ) -> Result<Arc<Self>, String> {
         let link = Link::new(topology::Topology::new(config)?);
-        let channel = channel(namespace, link.topology.db());
+        let channel = channel(&policies.namespace, link.topology.db());
         let (shutdown, _) = watch::channel(false);
-        let (bus_attempted, _) = watch::channel(false);
+        let lock = Lock::new(policies.lock_ttl_ms);
         Ok(Arc::new_cyclic(|me| RedisTier {
             me: me.clone(),
             link,
             runtime,
-            namespace: namespace.to_string(),
-            channel,
-            origin: new_token(),
+            policies,
+            bus: Bus::new(channel, new_token(), inbox.clone()),
             stats,
             inbox: inbox.clone(),
             health: Health::new(inbox),
-            bus_attempted,
-            waiters: Waiters::default(),
+            lock,
             order: Arc::new(WriteOrder::default()),
             reports: Arc::new(Reports::default()),
             shutdown,
             scripts: Scripts::new(),
-            epoch: Instant::now(),
-            serializer,
-            tag_ttl_ms,
-            carried: carried::Carried::default(),
+            fences: Fences::new(),
         }))
     }
 
@@ -201,7 +221,7 @@ impl RedisTier {
     /// queued for their keys. The connection closes once the last task holding the tier ends.
     pub fn close(&self) {
         self.shutdown.send_replace(true);
-        self.waiters.wake_all();
+        self.lock.wake_all();
     }
 
     pub fn closed(&self) -> bool {
@@ -209,23 +229,23 @@ impl RedisTier {
     }
 
     pub fn value_key(&self, key: &str) -> String {
-        key::redis_value_key(&self.namespace, key)
+        key::redis_value_key(&self.policies.namespace, key)
     }
 
     pub fn lock_key(&self, key: &str) -> String {
-        key::redis_lock_key(&self.namespace, key)
+        key::redis_lock_key(&self.policies.namespace, key)
     }
 
     pub fn generation_key(&self, key: &str) -> String {
-        key::redis_generation_key(&self.namespace, key)
+        key::redis_generation_key(&self.policies.namespace, key)
     }
 
     pub fn tag_key(&self, tag: &str) -> String {
-        key::redis_tag_key(&self.namespace, tag)
+        key::redis_tag_key(&self.policies.namespace, tag)
     }
 
     pub fn meta_key(&self) -> String {
-        key::redis_meta_key(&self.namespace)
+        key::redis_meta_key(&self.policies.namespace)
     }
 
     /// Runs `job` after this instance's earlier writes of `key` (and earlier namespace-wide
@@ -249,8 +269,7 @@ impl RedisTier {
     /// The connection, once the first subscription attempt has ended (so nothing is cached
     /// before the bus could announce changes to it).
     async fn connection(&self, started: Instant) -> RedisResult<connection::Conn> {
-        if !*self.bus_attempted.borrow() {
-            let mut attempted = self.bus_attempted.subscribe();
+        if let Some(mut attempted) = self.bus.attempt() {
             let _ =
                 tokio::time::timeout(self.link.connect_timeout, until_true(&mut attempted)).await;
         }
@@ -439,7 +458,7 @@ impl RedisTier {
 
     /// Lock waiters registered now (for tests: none may be left behind).
     pub fn waiting_keys(&self) -> usize {
-        self.waiters.len()
+        self.lock.waiting_keys()
     }
 
     /// Writes queued or running (for tests: none may be left behind).

@@ -34,11 +34,6 @@ use crate::inbox::{tag_bucket, Tentative};
 /// Keys asked of SCAN per step of the sweep (memory stays bounded by one batch).
 const SWEEP_BATCH: u64 = 1_000;
 
-/// First byte of a namespace-wide bus message: never the first byte of a key's announcement,
-/// since keys are UTF-8 and 0xFF never appears in UTF-8 (an older instance, which reads
-/// messages as UTF-8, ignores these).
-pub const NAMESPACE_MESSAGE: u8 = 0xFF;
-
 /// How a `deleteByTag` failed in Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TagFailure {
@@ -195,12 +190,11 @@ impl RedisTier {
         let px = self.tag_key_px();
         let writes = tags.iter().map(|tag| {
             let tkey = self.tag_key(tag);
-            let mut msg = vec![NAMESPACE_MESSAGE];
-            msg.extend_from_slice(format!("T {} {clock} {tag}", self.origin).as_bytes());
+            let msg = self.bus.tag_message(clock, tag);
             let echo = self.script_echo();
             self.run("deleteByTag", tag, |mut c| async move {
                 let mut call = self.scripts.tag.key(&tkey);
-                call.arg(clock).arg(&self.channel).arg(msg).arg(px);
+                call.arg(clock).arg(self.bus.channel()).arg(msg).arg(px);
                 invoke_echoed::<i64>(&call, &mut c, echo).await
             })
         });
@@ -225,7 +219,7 @@ impl RedisTier {
     /// later reply is abandoned), so two of them, and a second for the scheduling in between.
     fn tag_key_px(&self) -> u64 {
         let slack = 2 * self.link.command_timeout.as_millis() as u64 + 1_000;
-        self.tag_ttl_ms.saturating_add(slack)
+        self.policies.tag_ttl_ms.saturating_add(slack)
     }
 
     /// `clear()` in Redis, already applied here as `tentative`: advances the namespace clock,
@@ -233,14 +227,13 @@ impl RedisTier {
     /// [`RedisTier::sweep`]). Run it through `in_order_global`.
     pub async fn clear(&self, tentative: &Tentative) -> Result<u64, Unavailable> {
         let meta = self.meta_key();
-        let mut prefix = vec![NAMESPACE_MESSAGE];
-        prefix.extend_from_slice(format!("C {} ", self.origin).as_bytes());
+        let prefix = self.bus.clear_prefix();
         let known = self.inbox.clock();
         let echo = self.script_echo();
         let clock = self
             .run("clear", "", |mut c| async move {
                 let mut call = self.scripts.clear.key(&meta);
-                call.arg(&self.channel).arg(prefix).arg(known);
+                call.arg(self.bus.channel()).arg(prefix).arg(known);
                 invoke_echoed::<u64>(&call, &mut c, echo).await
             })
             .await;
@@ -269,7 +262,7 @@ impl RedisTier {
         let nodes = self
             .run("clear", "", |mut c| async move { c.scan_nodes().await })
             .await?;
-        let ns = &self.namespace;
+        let ns = &self.policies.namespace;
         let pattern = format!("{}:v*", glob_escape(ns));
         let (plain, hex) = (format!("{ns}:v:{{"), format!("{ns}:vx:{{"));
         let mut deleted = 0;

@@ -88,7 +88,7 @@ impl RedisTier {
 
     /// The request of a lane read of `key`, appended to `out`.
     pub fn lane_request(&self, key: &str, out: &mut Vec<u8>) {
-        key::write_value_get(&self.namespace, key, out);
+        key::write_value_get(&self.policies.namespace, key, out);
     }
 
     /// The mark numbered `seq` that ends a batch of lane reads, appended to `out`: an ECHO,
@@ -121,25 +121,27 @@ impl RedisTier {
                     "Redis answered a GET on the read lane with a reply a GET never gives",
                 );
             }
-            Reply::Bulk(bytes) => match usable(bytes, self.serializer, &self.value_key(key)) {
-                Err(Misdelivered) => {
-                    self.stats.redis_errors.incr();
-                    return LaneRead::Misaligned(
-                        "Redis answered a GET on the read lane with another key's entry",
-                    );
-                }
-                Ok(None) => LaneRead::Missing,
-                Ok(Some(found)) => {
-                    let buckets: Vec<u16> = found.tags.iter().map(|t| tag_bucket(t)).collect();
-                    if self.inbox.dead(found.envelope.born, &buckets) {
-                        LaneRead::Missing
-                    } else if !found.tags.is_empty() || !self.bus_up() {
-                        return LaneRead::Ask;
-                    } else {
-                        LaneRead::Found(found.remote(stamp))
+            Reply::Bulk(bytes) => {
+                match usable(bytes, self.policies.serializer, &self.value_key(key)) {
+                    Err(Misdelivered) => {
+                        self.stats.redis_errors.incr();
+                        return LaneRead::Misaligned(
+                            "Redis answered a GET on the read lane with another key's entry",
+                        );
+                    }
+                    Ok(None) => LaneRead::Missing,
+                    Ok(Some(found)) => {
+                        let buckets: Vec<u16> = found.tags.iter().map(|t| tag_bucket(t)).collect();
+                        if self.inbox.dead(found.envelope.born, &buckets) {
+                            LaneRead::Missing
+                        } else if !found.tags.is_empty() || !self.bus_up() {
+                            return LaneRead::Ask;
+                        } else {
+                            LaneRead::Found(found.remote(stamp))
+                        }
                     }
                 }
-            },
+            }
         };
         if count {
             match read {
