@@ -50,7 +50,10 @@ test('a refresh in one instance reaches the other on the bus: its next read need
   const { redis, A, B } = await setup(t)
   const key = 'carried:one'
   assert.equal((await read(A, key, { value: 'v1' })).value, 'v1')
-  assert.deepEqual(await read(B, key, { value: MUST_NOT_LOAD }), { value: 'v1', loaderCalls: 0 }, 'B holds v1 from Redis')
+  // A's first load is announced too: B applies that before the refresh, so the wait below sees
+  // only the refresh's announcement.
+  await heard(B, "B to hear A's first load")
+  assert.deepEqual(await read(B, key, { value: MUST_NOT_LOAD }), { value: 'v1', loaderCalls: 0 }, 'B holds v1')
 
   assert.equal((await read(A, key, { value: 'v2' }, { forceRefresh: true })).value, 'v2')
   await heard(B, "B to hear A's refresh")
@@ -86,6 +89,7 @@ test('a carried value is never served over what the instance did or heard since:
   for (const [i, [what, act]] of cases.entries()) {
     const key = `carried:fenced:${i}`
     assert.equal((await read(A, key, { value: 'old' })).value, 'old')
+    await heard(B, `B to hear A's first load (${what})`)
     assert.equal((await read(B, key, { value: MUST_NOT_LOAD })).value, 'old')
     assert.equal((await read(A, key, { value: 'carried' }, { forceRefresh: true })).value, 'carried')
     await heard(B, `B to hear A's refresh (${what})`)
@@ -105,6 +109,8 @@ test('tagged and large values are announced without the value: the other instanc
     ['carried:big', big, { forceRefresh: true }],
   ]) {
     assert.equal((await read(A, key, { value: 'v1' })).loaderCalls, 1)
+    // As above: B applies the announcement of A's first load before the refresh.
+    await heard(B, `B to hear A's first load of ${key}`)
     assert.equal((await read(B, key, { value: MUST_NOT_LOAD })).value, 'v1')
     assert.equal((await read(A, key, { value }, opts)).value, value)
     await heard(B, `B to hear the refresh of ${key}`)
