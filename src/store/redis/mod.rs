@@ -82,7 +82,7 @@ pub use bus::{channel, Waiters};
 pub use connection::{classify, Fault};
 pub use envelopes::{new_token, Fence, Fetched, WriteBack};
 pub use health::PROBE_INTERVAL;
-pub use lane::{frame, Landing, LaneRead, LaneSocket, Opened};
+pub use lane::{frame, frame_values, Landing, LaneRead, LaneSocket, Opened};
 pub use lock::{Gate, HeldLock, LockOutcome};
 pub use order::WriteOrder;
 pub use reports::{Report, Reports, REPORT_INTERVAL};
@@ -435,6 +435,11 @@ impl RedisTier {
     /// A `get` answered without Redis (a carried envelope) is still an l2Hit.
     pub fn count_l2_hit(&self) {
         self.stats.l2_hits.incr();
+    }
+
+    /// A batch read's key that Redis did not have (for `getMany`) is a miss.
+    pub fn count_miss(&self) {
+        self.stats.misses.incr();
     }
 
     /// Lock waiters registered now (for tests: none may be left behind).
