@@ -128,6 +128,8 @@ class StampedeCache {
    * that cannot share the engine's memory. Filled by the hot paths' native hits.
    */
   #fresh
+  /** getMany's scratch array of fresh slots, one per key (see getMany). */
+  #slotScratch = new Int32Array(0)
 
   constructor(options) {
     if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
@@ -715,28 +717,36 @@ class StampedeCache {
     if (this.#closed) throw closedError()
     checkBatchKeys(keys)
     const n = keys.length
-    const out = new Array(n).fill(undefined)
+    const out = new Array(n)
     // Entries the engine proved fresh first, without a native call: `slots[i]` is key i's, or
     // -1, and the hits are counted once every other key is checked (a bad key fails the call
-    // before anything is counted).
+    // before anything is counted). `slots` is this cache's scratch array (no allocation per
+    // call) unless a hit subscriber listens, which may call getMany itself before it is read.
     const fresh = this.#fresh
+    const held = this.#values
     const now = Date.now()
-    const slots = new Int32Array(n)
+    const publish = hitChannel.hasSubscribers
+    let slots = this.#slotScratch
+    if (publish || slots.length < n) {
+      slots = new Int32Array(n)
+      if (!publish) this.#slotScratch = slots
+    }
     let rest = null
-    for (let i = 0; i < n; i++) {
-      const key = keys[i]
-      const slot = fresh !== null && typeof key === 'string' ? fresh.findAt(key, now) : -1
-      slots[i] = slot
-      if (slot >= 0) out[i] = this.#values[slot]
-      else (rest ??= []).push(i)
+    if (fresh !== null) rest = fresh.findMany(keys, now, slots, out, held)
+    else if (n > 0) {
+      out.fill(undefined)
+      rest = Array.from({ length: n }, (_, i) => i)
     }
     const encoded = rest === null ? null : rest.map((i) => engine.encodeKey(keys[i]))
     if (fresh !== null && (rest === null || rest.length < n)) {
-      for (let i = 0; i < n; i++) {
-        const slot = slots[i]
-        if (slot < 0) continue
-        fresh.served(slot)
-        if (hitChannel.hasSubscribers) this.#publishHit(keys[i], 'memory', 'fresh')
+      if (!publish) fresh.servedMany(slots, n)
+      else {
+        for (let i = 0; i < n; i++) {
+          const slot = slots[i]
+          if (slot < 0) continue
+          fresh.served(slot)
+          this.#publishHit(keys[i], 'memory', 'fresh')
+        }
       }
     }
     if (rest === null) return out
