@@ -89,7 +89,14 @@ pub type Then =
 /// handle scope: the keys and stamps it gave, and what each key's value means (`None`: the lane
 /// failed or closed before it answered, or the reply was not the batch's).
 pub type ThenMany = Box<
-    dyn FnOnce(sys::napi_env, &Arc<RedisTier>, Promised, Vec<String>, Vec<Stamp>, Option<Vec<LaneRead>>),
+    dyn FnOnce(
+        sys::napi_env,
+        &Arc<RedisTier>,
+        Promised,
+        Vec<String>,
+        Vec<Stamp>,
+        Option<Vec<LaneRead>>,
+    ),
 >;
 
 /// What a read sent on the lane asked.
@@ -567,7 +574,15 @@ impl Lane {
                 .map(|&(_, seq)| seq);
             let sent = self.sent.get(self.framed.len());
             let framed = match (mark, sent.map(|s| &s.asked)) {
-                (None, Some(Asked::Many { keys, stamps, count, .. })) => {
+                (
+                    None,
+                    Some(Asked::Many {
+                        keys,
+                        stamps,
+                        count,
+                        ..
+                    }),
+                ) => {
                     // A batch read: its MGET's reply, one element per key.
                     let (values, len) = match frame_values(&self.input[at..], keys.len()) {
                         Ok(Some(framed)) => framed,

@@ -175,7 +175,9 @@ impl RedisTier {
         match usable(bytes, self.serializer, &self.value_key(key)) {
             Err(Misdelivered) => {
                 self.stats.redis_errors.incr();
-                LaneRead::Misaligned("Redis answered a read on the read lane with another key's entry")
+                LaneRead::Misaligned(
+                    "Redis answered a read on the read lane with another key's entry",
+                )
             }
             Ok(None) => LaneRead::Missing,
             Ok(Some(found)) => {

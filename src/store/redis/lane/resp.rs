@@ -231,7 +231,10 @@ mod tests {
         let reply = b"*3\r\n$1\r\na\r\n$-1\r\n$0\r\n\r\n$2\r\nhi\r\n";
         assert_eq!(
             frame_values(reply, 3),
-            Ok(Some((Values::Each(vec![Some(&b"a"[..]), None, Some(&b""[..])]), 22)))
+            Ok(Some((
+                Values::Each(vec![Some(&b"a"[..]), None, Some(&b""[..])]),
+                22
+            )))
         );
         for cut in 0..22 {
             assert_eq!(frame_values(&reply[..cut], 3), Ok(None), "cut at {cut}");
@@ -246,12 +249,21 @@ mod tests {
     fn an_mget_reply_that_is_not_one_element_per_key_is_out_of_step() {
         // Another length, a nil, a single value: framed as far as their first line only.
         assert_eq!(frame_values(b"*2\r\n", 3), Ok(Some((Values::Other, 4))));
-        assert_eq!(frame_values(b"*4000000000\r\n", 3), Ok(Some((Values::Other, 13))));
+        assert_eq!(
+            frame_values(b"*4000000000\r\n", 3),
+            Ok(Some((Values::Other, 13)))
+        );
         assert_eq!(frame_values(b"*-1\r\n", 3), Ok(Some((Values::Other, 5))));
-        assert_eq!(frame_values(b"$1\r\na\r\n", 1), Ok(Some((Values::Other, 7))));
+        assert_eq!(
+            frame_values(b"$1\r\na\r\n", 1),
+            Ok(Some((Values::Other, 7)))
+        );
         assert_eq!(frame_values(b"+OK\r\n", 1), Ok(Some((Values::Other, 5))));
         // Elements no MGET gives (nested arrays, integers) are refused, never recursed into.
-        assert_eq!(frame_values(b"*1\r\n*1\r\n$1\r\na\r\n", 1), Err(ProtocolError));
+        assert_eq!(
+            frame_values(b"*1\r\n*1\r\n$1\r\na\r\n", 1),
+            Err(ProtocolError)
+        );
         assert_eq!(frame_values(b"*1\r\n:1\r\n", 1), Err(ProtocolError));
         assert_eq!(frame_values(b"*1\r\n$536870913\r\n", 1), Err(ProtocolError));
     }
