@@ -236,6 +236,14 @@ export declare const GATE_UNAVAILABLE: number
 export declare const GATE_WAIT: number
 
 /**
+ * `getEntry` for many keys at once (`getMany` without an index of fresh entries: l1 off), in
+ * one call where `getMany` made two per key (get's hot path, then `getEntry` for its miss), what
+ * `getEntry` answers per key (the keys checked by the facade already). `joined`, `lengths`: the
+ * keys (see `split_keys`).
+ */
+export declare function getEntries(id: number, joined: string, lengths: Uint32Array): Int32Array
+
+/**
  * A fresh, stale or negative entry as `encode_hit` (never loads, never refreshes), or `MISS`.
  * With Redis, a miss here is counted by the Redis read that follows.
  */

@@ -753,7 +753,30 @@ class StampedeCache {
     this.#watchInvalidations()
     // Positions of the keys the in-process tier does not have, by key (each asked of Redis once).
     const missed = new Map()
-    for (let j = 0; j < rest.length; j++) {
+    if (fresh === null) {
+      // No index of fresh entries (l1 off): the tier is asked for every key in one call.
+      const positions = new Map()
+      for (let j = 0; j < rest.length; j++) {
+        const at = positions.get(encoded[j])
+        if (at !== undefined) at.push(rest[j])
+        else positions.set(encoded[j], [rest[j]])
+      }
+      const asked = [...positions.keys()]
+      const hits = engine.getEntries(this.#id, asked.join(''), keyLengths(asked))
+      for (let u = 0; u < asked.length; u++) {
+        const k = asked[u]
+        const hit = hits[u]
+        if (hit >= 0) {
+          if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(hit))
+          const value = this.#values[hit >> HIT_SLOT_SHIFT]
+          for (const i of positions.get(k)) out[i] = value
+          continue
+        }
+        if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+        missed.set(k, positions.get(k))
+      }
+    }
+    for (let j = 0; fresh !== null && j < rest.length; j++) {
       const i = rest[j]
       const k = encoded[j]
       const positions = missed.get(k)

@@ -27,18 +27,19 @@ use napi_derive::napi;
 
 use super::answer::{answer_of, Landed, RedisAnswer};
 use super::codes::{
-    hit_state, lock_code, GATE_CLOSED, GATE_MISSING, GATE_UNAVAILABLE, GATE_WAIT, NO_SLOT,
-    PURPOSE_COLD, WRITTEN_NOWHERE,
+    encode_hit, hit_state, lock_code, GATE_CLOSED, GATE_MISSING, GATE_UNAVAILABLE, GATE_WAIT, MISS,
+    NO_SLOT, PURPOSE_COLD, WRITTEN_NOWHERE,
 };
-use super::engines::engine;
+use super::engines::{engine, with_engine};
 use super::flight::{Flight, Found, Gated};
 use super::hot_path;
 use super::lane::{self, ThenMany};
 use super::reads::{carried, carried_gate, For};
 use super::redis::{adopt_flight, keep_found, lane_of};
-use super::settle;
+use super::{napi_fail, settle, JsErr};
 use crate::cache::EntryState;
 use crate::clock::{Clock, SystemClock};
+use crate::error::ErrorCode;
 use crate::inbox::Stamp;
 use crate::store::redis::{Fetched, FirstLook, Gate, LaneRead, RedisTier, Remote};
 
@@ -301,7 +302,16 @@ pub fn redis_fetch_many(
     if !names.is_empty() {
         if let Some(lane) = lane_of(env, id, &tier) {
             let then: ThenMany = Box::new(move |env, tier, promised, names, stamps, reads| {
-                fetched_on_lane(env, tier, promised, asked_, names, stamps, reads, count_misses)
+                fetched_on_lane(
+                    env,
+                    tier,
+                    promised,
+                    asked_,
+                    names,
+                    stamps,
+                    reads,
+                    count_misses,
+                )
             });
             return lane::send_many(env, &lane, &tier, names, stamps, false, then);
         }
@@ -372,12 +382,20 @@ fn fetched_on_lane(
 ) {
     let Some(reads) = reads else {
         let asks = names.into_iter().zip(stamps).collect();
-        settle::spawn_into(promised, fetch_on_runtime(tier.clone(), asked_, asks, count_misses));
+        settle::spawn_into(
+            promised,
+            fetch_on_runtime(tier.clone(), asked_, asks, count_misses),
+        );
         return;
     };
     let mut answers = asked_.answers();
     let mut again: Vec<(usize, (String, Stamp))> = Vec::new();
-    for (((i, _), read), ask) in asked_.rest.iter().zip(reads).zip(names.into_iter().zip(stamps)) {
+    for (((i, _), read), ask) in asked_
+        .rest
+        .iter()
+        .zip(reads)
+        .zip(names.into_iter().zip(stamps))
+    {
         let f = match read {
             LaneRead::Found(r) => Fetched::Found(r),
             LaneRead::Missing => Fetched::Missing,
@@ -390,7 +408,13 @@ fn fetched_on_lane(
     }
     let rest = std::mem::take(&mut asked_.rest);
     if again.is_empty() {
-        let batch = Batch::of(rest, answers, tier.values_are_json(), tier.reports_waiting(), None);
+        let batch = Batch::of(
+            rest,
+            answers,
+            tier.values_are_json(),
+            tier.reports_waiting(),
+            None,
+        );
         settle::settle_here(env, promised, Ok(batch));
         return;
     }
@@ -402,7 +426,13 @@ fn fetched_on_lane(
             answers[i] = Some(fetched_answer(&tier, f, count_misses));
         }
         let joined = tier.values_are_json();
-        Ok(Batch::of(rest, answers, joined, tier.reports_waiting(), None))
+        Ok(Batch::of(
+            rest,
+            answers,
+            joined,
+            tier.reports_waiting(),
+            None,
+        ))
     });
 }
 
@@ -705,7 +735,7 @@ unsafe fn typed_array<T: Copy>(
     Ok(out)
 }
 
-/// What `adoptMany` answers, per key: crosses as an Int32Array.
+/// What `adoptMany` (and `getEntries`) answer, per key: crosses as an Int32Array.
 pub struct Adopted(Vec<i32>);
 
 impl TypeName for Adopted {
@@ -775,6 +805,28 @@ pub fn adopt_many(
         }
     }
     Adopted(out)
+}
+
+/// `getEntry` for many keys at once (`getMany` without an index of fresh entries: l1 off), in
+/// one call where `getMany` made two per key (get's hot path, then `getEntry` for its miss), what
+/// `getEntry` answers per key (the keys checked by the facade already). `joined`, `lengths`: the
+/// keys (see `split_keys`).
+#[napi(ts_return_type = "Int32Array")]
+pub fn get_entries(
+    id: u32,
+    joined: String,
+    lengths: Uint32Array,
+) -> std::result::Result<Adopted, JsErr> {
+    let keys =
+        split_keys(&joined, &lengths).map_err(|e| napi_fail(ErrorCode::InvalidArgument, e))?;
+    with_engine(id, |c| {
+        let count_miss = c.redis.is_none();
+        let mut out = Vec::with_capacity(keys.len());
+        for key in &keys {
+            out.push(c.cache.get_hit(key, count_miss)?.map_or(MISS, encode_hit));
+        }
+        Ok(Adopted(out))
+    })
 }
 
 /// The found values' texts of a batch, each apart (`null` for none), cut out of the joined
