@@ -429,6 +429,13 @@ impl Lane {
         Ok(lane)
     }
 
+    /// Whether a batch read (`send_many`) is in flight on the lane.
+    pub fn carrying_batch(&self) -> bool {
+        self.sent
+            .iter()
+            .any(|s| matches!(s.asked, Asked::Many { .. }))
+    }
+
     fn send(lane: &Rc<RefCell<Lane>>, sent: Sent) {
         let batching = BATCH.with_borrow_mut(|batch| match batch {
             Some(lanes) => {
