@@ -63,6 +63,15 @@ pub enum Values<'a> {
 /// `MAX_REPLY_BYTES` in all and `MAX_BULK_LEN` per element, so a reply that declares more than
 /// the keys asked, or longer values than Redis can hold, is never waited for.
 pub fn frame_values(buf: &[u8], keys: usize) -> Result<Option<(Values<'_>, usize)>, ProtocolError> {
+    frame_values_within(buf, keys, MAX_REPLY_BYTES)
+}
+
+/// `frame_values` with `max_bytes` for the bound on the whole reply.
+fn frame_values_within(
+    buf: &[u8],
+    keys: usize,
+    max_bytes: usize,
+) -> Result<Option<(Values<'_>, usize)>, ProtocolError> {
     if buf.first() != Some(&b'*') {
         return Ok(frame(buf)?.map(|(reply, len)| {
             let values = match reply {
@@ -90,13 +99,18 @@ pub fn frame_values(buf: &[u8], keys: usize) -> Result<Option<(Values<'_>, usize
         if buf[at] != b'$' {
             return Err(ProtocolError);
         }
+        // The element's declared length, before its body is waited for: a reply that would
+        // pass the bound is refused at the header that passes it, not once it has arrived.
+        let Some(line_end) = line(buf, at + 1)? else {
+            return Ok(None);
+        };
+        let declared = number(&buf[at + 1..line_end])?;
+        if line_end + 2 + declared.max(0) as usize + 2 > max_bytes {
+            return Err(ProtocolError);
+        }
         let Some(len) = frame_len(buf, at)? else {
             return Ok(None);
         };
-        if at + len > MAX_REPLY_BYTES {
-            return Err(ProtocolError);
-        }
-        let line_end = line(buf, at + 1)?.expect("a framed element has its first line");
         if buf[at + 1] == b'-' {
             each.push(None);
         } else {
@@ -266,6 +280,22 @@ mod tests {
         );
         assert_eq!(frame_values(b"*1\r\n:1\r\n", 1), Err(ProtocolError));
         assert_eq!(frame_values(b"*1\r\n$536870913\r\n", 1), Err(ProtocolError));
+        // Values each within Redis's ceiling, but more than the bound in all: refused at the
+        // header that passes it, before its body is waited for.
+        // (A bound of 100 bytes here for the 1 GiB of `frame_values`.)
+        let body = "x".repeat(40);
+        let reply = format!("*3\r\n$40\r\n{body}\r\n$40\r\n{body}\r\n$40\r\n");
+        let cut = reply.len() - "$40\r\n".len();
+        assert_eq!(
+            frame_values_within(&reply.as_bytes()[..cut], 3, 100),
+            Ok(None),
+            "two fit: waits"
+        );
+        assert_eq!(
+            frame_values_within(reply.as_bytes(), 3, 100),
+            Err(ProtocolError),
+            "the third's header passes the bound"
+        );
     }
 
     /// Cases per property: `FUZZ_CASES` (`npm run fuzz` sets many more), else 25,000.
