@@ -879,6 +879,7 @@ module.exports.GATE_MISSING = nativeBinding.GATE_MISSING
 module.exports.GATE_SKIP = nativeBinding.GATE_SKIP
 module.exports.GATE_UNAVAILABLE = nativeBinding.GATE_UNAVAILABLE
 module.exports.GATE_WAIT = nativeBinding.GATE_WAIT
+module.exports.getEntries = nativeBinding.getEntries
 module.exports.getEntry = nativeBinding.getEntry
 module.exports.hasRedis = nativeBinding.hasRedis
 module.exports.HIT_KIND_MASK = nativeBinding.HIT_KIND_MASK

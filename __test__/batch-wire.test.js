@@ -11,7 +11,8 @@ const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { StampedeCache } = require('..')
 const { FaultProxy } = require('./helpers/fault-proxy')
-const { setupRedis, killAllSync } = require('./helpers/redis-server')
+const { setupRedis, killAllSync, waitFor } = require('./helpers/redis-server')
+const { sleep } = require('./helpers/assertions')
 
 after(() => killAllSync())
 
@@ -176,5 +177,50 @@ test('keys of any characters cross as one string and their lengths', async (t) =
   assert.deepEqual(
     await reader.getOrLoadMany(keys, mustNotLoad),
     keys.map((k) => ({ k })),
+  )
+})
+
+// How many times `word` occurs in a request chunk.
+const countOf = (chunk, word) => chunk.toString('latin1').split(word).length - 1
+
+test("a reply moved in front of a batch's lock bids is never read as another key's bid: a lock held elsewhere is waited for, never loaded", async (t) => {
+  const { redis, base } = await setupRedis(t, { prefix: 'bwire' })
+  const { proxy, cache, errors } = await throughProxy(t, base, { lockTtl: 10_000 })
+  const keys = ['held', 'free1', 'free2', 'free3']
+  // Another process holds the lock of 'held': its load is under way.
+  await redis.cmd('SET', `${base.namespace}:lock:{held}`, 'elsewhere', 'PX', '10000')
+  const holder = new StampedeCache({ ...base, ttl: 600_000 })
+  t.after(() => holder.close())
+  // A won bid, as cold_gate.lua answers one (no value, a fence, state 1: the lock is the
+  // bidder's), in front of the replies to the batch's pipeline of bids: each reply then sits in
+  // the place of the bid after its own, and the first key's place holds a win it never had.
+  const won = Buffer.from('*4\r\n$-1\r\n$4\r\nfake\r\n:1\r\n:0\r\n')
+  proxy.tamperReplyTo(
+    (request) => countOf(request, 'EVALSHA') >= keys.length,
+    (chunk) => Buffer.concat([won, chunk]),
+  )
+  const loaded = []
+  const got = cache.getOrLoadMany(keys, async (ks) => {
+    loaded.push(...ks)
+    return ks.map((k) => ({ k, loaded: true }))
+  })
+  await waitFor(() => proxy.tampered >= 1, { what: 'the bids to be answered' })
+  // The holder's load ends: its write is announced, and whoever waits for 'held' is served it.
+  await sleep(200)
+  await holder.set('held', { k: 'held', by: 'the holder' })
+  const values = await got
+  assert.equal(proxy.tampered, 1)
+  assert.ok(!loaded.includes('held'), `a lock held elsewhere was read as won: loadMany got ${loaded}`)
+  assert.deepEqual(values, [{ k: 'held', by: 'the holder' }, ...keys.slice(1).map((k) => ({ k, loaded: true }))])
+  assert.deepEqual(loaded.sort(), keys.slice(1).sort(), 'each free key loaded once')
+  assert.ok(
+    errors.some((e) => /out of step/.test(e.message)),
+    `reported: ${errors.map((e) => e.message)}`,
+  )
+  // The connection that delivered it was replaced: later batches read and bid in step.
+  const again = ['later1', 'later2']
+  assert.deepEqual(
+    await cache.getOrLoadMany(again, (ks) => ks.map((k) => ({ k }))),
+    again.map((k) => ({ k })),
   )
 })

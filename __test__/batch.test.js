@@ -68,6 +68,25 @@ async function clientCommands(redis, fn) {
 
 const pick = (counts, names) => Object.fromEntries(names.map((n) => [n, counts[n] ?? 0]))
 
+/**
+ * Reads with `cache` until its read lane is open and has carried a read: the lane opens in the
+ * background (its handshake ends with an ECHO of its own), and is taken up by the first read
+ * after it opened. Counts must not catch it opening.
+ */
+async function laneOpen(redis, cache) {
+  await waitFor(
+    async () => {
+      // A key no one wrote: read from Redis, never from the in-process tier or an announcement.
+      await cache.getMany(['lane-warmup'])
+      const list = await redis.cmd('CLIENT', 'LIST')
+      return list.split('\n').some((line) => line.includes('name=stampede-cache:read-lane') && line.includes('cmd=echo '))
+    },
+    { what: 'the read lane to open' },
+  )
+  await sleep(50)
+  for (let i = 0; i < 2; i++) await cache.getMany(['lane-warmup'])
+}
+
 // ---- in process ---------------------------------------------------------------------------
 
 test('1,000 cold ids: one loadMany call with all of them, in order; then all hits and no call', async () => {
@@ -424,8 +443,10 @@ test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false
   const a = new StampedeCache(base)
   t.after(() => a.close())
   const keys = ids(1_000, 'r')
-  // Connected (and the bus subscribed), and the scripts loaded in Redis, before counting.
+  // Connected (and the bus subscribed, the read lane open), and the scripts loaded in Redis,
+  // before counting.
   await a.getOrLoadMany(['warmup'], (ks) => ks)
+  await laneOpen(redis, a)
   const { calls, loadMany } = recorder()
   let values
   const cold = pick(
@@ -439,16 +460,17 @@ test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false
     values,
     keys.map((k) => ({ k })),
   )
-  // One MGET of every key (and its ECHO, the alignment mark), one lock bid per key (one
-  // pipeline), one fenced write-back per key (each with its ECHO, as a script call off a
-  // Cluster travels), and one read of the namespace clock for the batch (with its ECHO too).
-  assert.deepEqual(cold, { get: 0, mget: 1, echo: 1_002, evalsha: 2_000, eval: 0, hget: 1 })
+  // One MGET of every key (on the read lane, and its ECHO, the alignment mark), one lock bid per
+  // key (one pipeline, ended by an ECHO as every script call off a Cluster), one fenced
+  // write-back per key (each with its ECHO), and one read of the namespace clock for the batch
+  // (with its ECHO too).
+  assert.deepEqual(cold, { get: 0, mget: 1, echo: 1_003, evalsha: 2_000, eval: 0, hget: 1 })
 
   // Built after the writes, so it heard none of their announcements (a value one carries is read
   // without asking Redis at all).
   const b = new StampedeCache({ ...base, l1: false })
   t.after(() => b.close())
-  await b.get('warmup')
+  await laneOpen(redis, b)
   const s0 = b.stats()
   const { calls: none, loadMany: mustNotLoad } = recorder()
   const warm = pick(

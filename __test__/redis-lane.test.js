@@ -120,6 +120,82 @@ test('reads take the lane: one named connection carries the GETs, values and cou
   assert.equal(await reader.getOrLoad('tagged', async () => 'reloaded'), 'reloaded')
 })
 
+/** The connections (`addr`) that sent each `MGET` while `fn` ran, as MONITOR shows them. */
+async function mgetSenders(redis, fn) {
+  const net = require('node:net')
+  const socket = net.connect({ host: '127.0.0.1', port: redis.port })
+  await new Promise((resolve) => socket.once('connect', resolve))
+  socket.setEncoding('utf8')
+  const senders = []
+  let buf = ''
+  let monitoring = false
+  let marked = false
+  const marker = `marker-${process.pid}-${Date.now()}`
+  socket.on('data', (chunk) => {
+    buf += chunk
+    for (let i = buf.indexOf('\r\n'); i >= 0; i = buf.indexOf('\r\n')) {
+      const line = buf.slice(0, i)
+      buf = buf.slice(i + 2)
+      if (line === '+OK') monitoring = true
+      if (line.includes(marker)) marked = true
+      const m = line.match(/^\+[\d.]+ \[\d+ ([^\]]+)\] "MGET"/)
+      if (m && !marked) senders.push(m[1])
+    }
+  })
+  socket.write('MONITOR\r\n')
+  await waitFor(() => monitoring, { what: 'MONITOR to start' })
+  try {
+    await fn()
+    await redis.cmd('ECHO', marker)
+    await waitFor(() => marked, { what: 'the MONITOR marker' })
+  } finally {
+    socket.destroy()
+  }
+  return senders
+}
+
+test('a batch read takes the lane: one MGET on it, values far larger than one socket read among small ones, tagged keys asked again on the command connection', { timeout: TEST_TIMEOUT }, async (t) => {
+  const redis = await server(t)
+  const writer = cacheOn(t, redis)
+  const reader = cacheOn(t, redis)
+  const keys = Array.from({ length: 200 }, (_, i) => `b${i}`)
+  const valueOf = (i) => ({ i, text: i % 50 === 7 ? 'z'.repeat(1_000_000) : 'x'.repeat(i) })
+  for (let i = 0; i < keys.length; i++) await writer.set(keys[i], valueOf(i))
+  await writer.set('btagged', 'v', { tags: ['bt'] })
+  const lane = await laneCarrying(redis, () => reader.get('b0'))
+  const mustNotLoad = () => {
+    throw new Error('must come from Redis')
+  }
+  const before = reader.stats()
+  let got
+  const senders = await mgetSenders(redis, async () => {
+    got = await reader.getMany([...keys, 'btagged', 'absent'])
+  })
+  assert.deepEqual(got, [...keys.map((_, i) => valueOf(i)), 'v', undefined])
+  // The batch's MGET on the lane; the tagged key alone again on the command connection.
+  assert.equal(senders.length, 2, `${senders}`)
+  assert.equal(senders[0], lane.addr, 'the batch on the lane')
+  assert.notEqual(senders[1], lane.addr, 'the tagged key on the command connection')
+  const after = reader.stats()
+  assert.deepEqual([after.l2Hits - before.l2Hits, after.misses - before.misses, after.redisErrors], [keys.length + 1, 1, 0])
+  const warm = await mgetSenders(redis, async () => {
+    assert.deepEqual(await reader.getOrLoadMany(keys, mustNotLoad), keys.map((_, i) => valueOf(i)))
+  })
+  assert.deepEqual(warm, [lane.addr], 'getOrLoadMany: one MGET, on the lane')
+  // The tagged entry is dead once its tag is deleted: the command connection judged it.
+  await writer.deleteByTag('bt')
+  assert.deepEqual(await reader.getMany(['btagged', 'b1']), [undefined, valueOf(1)])
+  // Batches in flight together: one on the lane at a time, the others on the command connection.
+  const many = await mgetSenders(redis, async () => {
+    const all = await Promise.all(Array.from({ length: 4 }, () => reader.getMany(keys)))
+    for (const values of all) assert.deepEqual(values, keys.map((_, i) => valueOf(i)))
+  })
+  assert.equal(many.length, 4)
+  assert.equal(many.filter((a) => a === lane.addr).length >= 1, true, `some on the lane: ${many}`)
+  assert.equal(many.filter((a) => a !== lane.addr).length >= 1, true, `some on the command connection: ${many}`)
+  assert.ok((await lanes(redis)).some((c) => c.id === lane.id), 'the same lane is still open')
+})
+
 test("a read after this instance's own set or delete resolved sees it, though the two take different connections", { timeout: TEST_TIMEOUT }, async (t) => {
   const redis = await server(t)
   const cache = cacheOn(t, redis)

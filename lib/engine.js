@@ -33,6 +33,7 @@ const engine = {
   setEntry: fromNative(native.setEntry),
   deleteEntry: fromNative(native.deleteEntry),
   getEntry: fromNative(native.getEntry),
+  getEntries: fromNative(native.getEntries),
   inspectEntry: fromNative(native.inspectEntry),
 }
 

@@ -78,6 +78,40 @@ class FreshIndex {
     return slot
   }
 
+  /**
+   * findAt for each of `keys` (`slots[i]`: key i's slot, or -1), and `out[i]` its value from
+   * `held` (by slot; undefined for a key not found): what a getMany call reads first, in one loop
+   * whose fields are read once. The positions not found, in order, or null if every key was.
+   */
+  findMany(keys, now, slots, out, held) {
+    const map = this.#slots
+    const words = this.#words
+    const epoch = this.#epoch
+    const untils = this.#untils
+    let rest = null
+    for (let i = 0; i < keys.length; i++) {
+      const key = keys[i]
+      const slot = typeof key === 'string' ? map.get(key) : undefined
+      if (slot === undefined || words[FRESH_EPOCH] !== epoch || now >= untils[slot]) {
+        slots[i] = -1
+        out[i] = undefined
+        ;(rest ??= []).push(i)
+      } else {
+        slots[i] = slot
+        out[i] = held[slot]
+      }
+    }
+    return rest
+  }
+
+  /** served for each of the first `n` of `slots` that is not -1 (see findMany). */
+  servedMany(slots, n) {
+    for (let i = 0; i < n; i++) {
+      const slot = slots[i]
+      if (slot >= 0) this.served(slot)
+    }
+  }
+
   /** A hit at `slot` (from find) was served: counted, and logged for the LRU. */
   served(slot) {
     this.hits++

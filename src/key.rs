@@ -95,6 +95,28 @@ pub fn write_value_get(namespace: &str, key: &str, out: &mut Vec<u8>) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Appends a RESP `MGET` of the Redis keys holding `keys`' envelopes to `out` (a batch read on
+/// the read lane), with no String made on the way for a key without `}`.
+pub fn write_value_mget(namespace: &str, keys: &[String], out: &mut Vec<u8>) {
+    use std::io::Write;
+    let _ = write!(out, "*{}\r\n$4\r\nMGET\r\n", keys.len() + 1);
+    for key in keys {
+        if key.contains('}') {
+            let name = redis_value_key(namespace, key);
+            let _ = write!(out, "${}\r\n", name.len());
+            out.extend_from_slice(name.as_bytes());
+        } else {
+            let len = namespace.len() + ":v:{".len() + key.len() + 1;
+            let _ = write!(out, "${len}\r\n");
+            out.extend_from_slice(namespace.as_bytes());
+            out.extend_from_slice(b":v:{");
+            out.extend_from_slice(key.as_bytes());
+            out.push(b'}');
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 /// The Redis key of `key`'s refresh lock.
 pub fn redis_lock_key(namespace: &str, key: &str) -> String {
     tagged(namespace, "lock", key)
@@ -141,6 +163,25 @@ mod tests {
                     .write_packed_command(&mut expected);
                 assert_eq!(out, expected, "{ns} {key}");
             }
+        }
+    }
+
+    #[test]
+    fn a_lane_mget_is_the_packed_command_of_the_value_keys() {
+        let keys: Vec<String> = ["a", "user:42", "é,ü", "with}brace", "{x}"]
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        for ns in ["sc", "", "a:b"] {
+            let mut out = b"before".to_vec();
+            write_value_mget(ns, &keys, &mut out);
+            let mut expected = b"before".to_vec();
+            let mut cmd = redis::cmd("MGET");
+            for k in &keys {
+                cmd.arg(redis_value_key(ns, k));
+            }
+            cmd.write_packed_command(&mut expected);
+            assert_eq!(out, expected, "{ns}");
         }
     }
 

@@ -26,7 +26,7 @@ use napi::sys;
 use super::settle::{self, Promised};
 use crate::inbox::Stamp;
 use crate::store::redis::{
-    frame, Landing, LaneRead, LaneSocket, Opened, RedisTier, PROBE_INTERVAL,
+    frame, frame_values, Landing, LaneRead, LaneSocket, Opened, RedisTier, PROBE_INTERVAL,
 };
 use crate::sync::LockOrRecover;
 
@@ -85,14 +85,86 @@ impl LaneAsk {
 pub type Then =
     fn(sys::napi_env, &Arc<RedisTier>, Promised, String, Stamp, LaneAsk, Option<LaneRead>);
 
+/// What the asker of a batch read (`send_many`) does with its answer, on the JS thread in a
+/// handle scope: the keys and stamps it gave, and what each key's value means (`None`: the lane
+/// failed or closed before it answered, or the reply was not the batch's).
+pub type ThenMany = Box<
+    dyn FnOnce(
+        sys::napi_env,
+        &Arc<RedisTier>,
+        Promised,
+        Vec<String>,
+        Vec<Stamp>,
+        Option<Vec<LaneRead>>,
+    ),
+>;
+
+/// What a read sent on the lane asked.
+enum Asked {
+    /// A GET of one key.
+    One {
+        key: String,
+        stamp: Stamp,
+        ask: LaneAsk,
+        then: Then,
+    },
+    /// One MGET of many keys (`count`: each counted as an l2Hit or a miss).
+    Many {
+        keys: Vec<String>,
+        stamps: Vec<Stamp>,
+        count: bool,
+        then: ThenMany,
+    },
+}
+
+/// A read's reply, framed and judged, until its batch's mark proves it aligned.
+enum Framed {
+    One(LaneRead),
+    Many(Vec<LaneRead>),
+}
+
 /// A read sent on the lane, waiting for its reply (replies come in the order reads were sent).
 struct Sent {
     promised: Promised,
-    key: String,
-    stamp: Stamp,
-    ask: LaneAsk,
-    then: Then,
+    asked: Asked,
     deadline: Instant,
+}
+
+impl Sent {
+    /// Its first key (for reports).
+    fn key(&self) -> Option<&str> {
+        match &self.asked {
+            Asked::One { key, .. } => Some(key),
+            Asked::Many { keys, .. } => keys.first().map(String::as_str),
+        }
+    }
+
+    /// Hands the answer to the asker (`None`: ask again on the command connection).
+    fn answer(self, env: sys::napi_env, tier: &Arc<RedisTier>, framed: Option<Framed>) {
+        match self.asked {
+            Asked::One {
+                key,
+                stamp,
+                ask,
+                then,
+            } => {
+                let read = match framed {
+                    Some(Framed::One(read)) => Some(read),
+                    _ => None,
+                };
+                then(env, tier, self.promised, key, stamp, ask, read);
+            }
+            Asked::Many {
+                keys, stamps, then, ..
+            } => {
+                let reads = match framed {
+                    Some(Framed::Many(reads)) => Some(reads),
+                    _ => None,
+                };
+                then(env, tier, self.promised, keys, stamps, reads);
+            }
+        }
+    }
 }
 
 pub struct Lane {
@@ -116,7 +188,7 @@ pub struct Lane {
     /// replies framed already, held until the batch's mark proves them aligned.
     sent: VecDeque<Sent>,
     /// What the replies of the first reads of `sent` meant, not yet delivered.
-    framed: VecDeque<LaneRead>,
+    framed: VecDeque<Framed>,
     /// The marks written after batches of reads (see `mark`): how many reads were sent before
     /// each (counted since the lane opened), and its sequence number, oldest first.
     marks: VecDeque<(u64, u64)>,
@@ -232,10 +304,40 @@ pub fn send<'env, T>(
         lane,
         Sent {
             promised,
-            key,
-            stamp,
-            ask,
-            then,
+            asked: Asked::One {
+                key,
+                stamp,
+                ask,
+                then,
+            },
+            deadline: Instant::now() + tier.lane_timeout(),
+        },
+    );
+    Ok(PromiseRaw::new(env.raw(), promise))
+}
+
+/// Sends a batch read of `keys` (one MGET; `stamps`: each key's) on `lane` (from `ready`): the
+/// promise, which `then` settles. `count`: each key counted as an l2Hit or a miss.
+pub fn send_many<'env, T>(
+    env: &'env Env,
+    lane: &Rc<RefCell<Lane>>,
+    tier: &Arc<RedisTier>,
+    keys: Vec<String>,
+    stamps: Vec<Stamp>,
+    count: bool,
+    then: ThenMany,
+) -> napi::Result<PromiseRaw<'env, T>> {
+    let (promised, promise) = settle::promise(env.raw())?;
+    Lane::send(
+        lane,
+        Sent {
+            promised,
+            asked: Asked::Many {
+                keys,
+                stamps,
+                count,
+                then,
+            },
             deadline: Instant::now() + tier.lane_timeout(),
         },
     );
@@ -327,6 +429,13 @@ impl Lane {
         Ok(lane)
     }
 
+    /// Whether a batch read (`send_many`) is in flight on the lane.
+    pub fn carrying_batch(&self) -> bool {
+        self.sent
+            .iter()
+            .any(|s| matches!(s.asked, Asked::Many { .. }))
+    }
+
     fn send(lane: &Rc<RefCell<Lane>>, sent: Sent) {
         let batching = BATCH.with_borrow_mut(|batch| match batch {
             Some(lanes) => {
@@ -340,7 +449,10 @@ impl Lane {
         let failed = {
             let mut l = lane.borrow_mut();
             let l = &mut *l;
-            l.tier.lane_request(&sent.key, &mut l.out);
+            match &sent.asked {
+                Asked::One { key, .. } => l.tier.lane_request(key, &mut l.out),
+                Asked::Many { keys, .. } => l.tier.lane_request_many(keys, &mut l.out),
+            }
             l.sent.push_back(sent);
             l.reads_written += 1;
             let failed = if l.writable || batching {
@@ -452,7 +564,7 @@ impl Lane {
 
     /// Reads what the socket has and frames the replies: each settles the oldest read sent.
     /// What was answered before a failure is answered still; the failure is returned with it.
-    fn receive(&mut self) -> (Vec<(Sent, LaneRead)>, Option<String>) {
+    fn receive(&mut self) -> (Vec<(Sent, Framed)>, Option<String>) {
         let mut failure = if self.tls.is_some() {
             self.receive_tls()
         } else {
@@ -460,49 +572,89 @@ impl Lane {
         };
         let mut answered = Vec::new();
         let mut at = 0;
-        loop {
-            let (reply, len) = match frame(&self.input[at..]) {
-                Ok(Some(framed)) => framed,
-                Ok(None) => break,
-                Err(_) => {
-                    failure = Some("Redis answered the read lane out of protocol".into());
-                    break;
-                }
-            };
+        while at < self.input.len() {
             let position = self.reads_delivered + self.framed.len() as u64;
-            if let Some(&(before, seq)) = self.marks.front() {
-                if before == position {
-                    // This reply must be the mark's echo; then the batch before it is aligned.
-                    if !self.tier.lane_mark_answered(seq, reply) {
-                        failure = Some(
-                            "Redis's replies on the read lane are out of step with its requests"
-                                .into(),
-                        );
+            let mark = self
+                .marks
+                .front()
+                .filter(|&&(before, _)| before == position)
+                .map(|&(_, seq)| seq);
+            let sent = self.sent.get(self.framed.len());
+            let framed = match (mark, sent.map(|s| &s.asked)) {
+                (
+                    None,
+                    Some(Asked::Many {
+                        keys,
+                        stamps,
+                        count,
+                        ..
+                    }),
+                ) => {
+                    // A batch read: its MGET's reply, one element per key.
+                    let (values, len) = match frame_values(&self.input[at..], keys.len()) {
+                        Ok(Some(framed)) => framed,
+                        Ok(None) => break,
+                        Err(_) => {
+                            failure = Some("Redis answered the read lane out of protocol".into());
+                            break;
+                        }
+                    };
+                    match self.tier.lane_answer_many(keys, stamps, values, *count) {
+                        Ok(reads) => (Framed::Many(reads), len),
+                        Err(why) => {
+                            // Not this batch's answer: every read not delivered is asked again
+                            // when the lane shuts.
+                            failure = Some(why.to_string());
+                            break;
+                        }
+                    }
+                }
+                (mark, sent) => {
+                    let (reply, len) = match frame(&self.input[at..]) {
+                        Ok(Some(framed)) => framed,
+                        Ok(None) => break,
+                        Err(_) => {
+                            failure = Some("Redis answered the read lane out of protocol".into());
+                            break;
+                        }
+                    };
+                    if let Some(seq) = mark {
+                        // This reply must be the mark's echo; then the batch before it is
+                        // aligned.
+                        if !self.tier.lane_mark_answered(seq, reply) {
+                            failure = Some(
+                                "Redis's replies on the read lane are out of step with its requests"
+                                    .into(),
+                            );
+                            break;
+                        }
+                        self.marks.pop_front();
+                        while let Some(read) = self.framed.pop_front() {
+                            let sent = self.sent.pop_front().expect("a framed read was sent");
+                            answered.push((sent, read));
+                        }
+                        self.reads_delivered = position;
+                        at += len;
+                        continue;
+                    }
+                    let Some(Asked::One {
+                        key, stamp, ask, ..
+                    }) = sent
+                    else {
+                        failure = Some("Redis answered a read the lane did not send".into());
+                        break;
+                    };
+                    let read = self.tier.lane_answer(key, *stamp, reply, ask.counted());
+                    if let LaneRead::Misaligned(why) = read {
+                        // Not this read's answer: every read not delivered is asked again when
+                        // the lane shuts.
+                        failure = Some(why.to_string());
                         break;
                     }
-                    self.marks.pop_front();
-                    while let Some(read) = self.framed.pop_front() {
-                        let sent = self.sent.pop_front().expect("a framed read was sent");
-                        answered.push((sent, read));
-                    }
-                    self.reads_delivered = position;
-                    at += len;
-                    continue;
+                    (Framed::One(read), len)
                 }
-            }
-            let Some(sent) = self.sent.get(self.framed.len()) else {
-                failure = Some("Redis answered a read the lane did not send".into());
-                break;
             };
-            let read = self
-                .tier
-                .lane_answer(&sent.key, sent.stamp, reply, sent.ask.counted());
-            if let LaneRead::Misaligned(why) = read {
-                // Not this read's answer: every read not delivered is asked again when the
-                // lane shuts.
-                failure = Some(why.to_string());
-                break;
-            }
+            let (read, len) = framed;
             self.framed.push_back(read);
             at += len;
         }
@@ -651,14 +803,14 @@ impl Lane {
             let left: Vec<Sent> = l.sent.drain(..).collect();
             (l.tier.clone(), l.env, left)
         };
-        let key = left.first().map(|s| s.key.as_str());
+        let key = left.first().and_then(Sent::key);
         match failure {
             Some(Failure::Lost(why)) => tier.lane_lost(key, why),
             Some(Failure::TimedOut(why)) => tier.lane_timed_out(key, why),
             None => {}
         }
         for s in left {
-            (s.then)(env, &tier, s.promised, s.key, s.stamp, s.ask, None);
+            s.answer(env, &tier, None);
         }
     }
 }
@@ -699,7 +851,7 @@ unsafe extern "C" fn on_poll(handle: *mut c_void, status: c_int, events: c_int) 
 
 /// Settles the reads `receive` answered, writes the reads their continuations sent, and shuts
 /// the lane if it failed.
-fn deliver(lane: &Rc<RefCell<Lane>>, answered: Vec<(Sent, LaneRead)>, failure: Option<String>) {
+fn deliver(lane: &Rc<RefCell<Lane>>, answered: Vec<(Sent, Framed)>, failure: Option<String>) {
     if !answered.is_empty() {
         let (env, tier) = {
             let l = lane.borrow();
@@ -711,7 +863,7 @@ fn deliver(lane: &Rc<RefCell<Lane>>, answered: Vec<(Sent, LaneRead)>, failure: O
         unsafe {
             in_callback_scope(env, || {
                 for (s, read) in answered {
-                    (s.then)(env, &tier, s.promised, s.key, s.stamp, s.ask, Some(read));
+                    s.answer(env, &tier, Some(read));
                 }
             })
         };

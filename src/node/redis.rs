@@ -32,7 +32,7 @@ use crate::inbox::Stamp;
 use crate::store::redis::{HeldLock, RedisTier, TagFailure, WriteBack};
 
 /// The engine's read lane, if it can take a read now (`lane::ready`).
-fn lane_of(env: &Env, id: u32, tier: &Arc<RedisTier>) -> Option<Rc<RefCell<Lane>>> {
+pub(super) fn lane_of(env: &Env, id: u32, tier: &Arc<RedisTier>) -> Option<Rc<RefCell<Lane>>> {
     let e = engine(id)?;
     let mut e = e.borrow_mut();
     lane::ready(env, &mut e.lane, tier)

@@ -102,19 +102,28 @@ impl RedisTier {
 
     /// Sends `commands` (one per key of `keys`, `op` for reports) in one pipeline per slot, all
     /// at once; each key's reply, or `Unavailable` for every key of a pipeline that failed.
+    /// `echoed` (off a Cluster, which routes a keyless ECHO apart): the pipeline ends with an
+    /// ECHO of a fresh mark, as `invoke_echoed` sends one after a single script call, and
+    /// `Err(Misdelivered)` when the mark is not in its place (an extra reply in front, or one
+    /// missing, moved every reply after it onto another key's command).
     async fn pipelined(
         &self,
         op: &'static str,
         redis_keys: &[String],
         keys: &[&str],
+        echoed: bool,
         command: impl Fn(usize) -> redis::Cmd,
-    ) -> Vec<Result<Value, Unavailable>> {
+    ) -> Result<Vec<Result<Value, Unavailable>>, Misdelivered> {
         let groups = self.groups(redis_keys.iter().map(String::as_str));
+        let echo = if echoed { self.script_echo() } else { None };
         let sent = groups.iter().map(|group| {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &i in group {
                 pipe.add_command(command(i));
+            }
+            if let Some(n) = &echo {
+                pipe.cmd("ECHO").arg(n);
             }
             let first = keys[group[0]];
             async move {
@@ -126,13 +135,21 @@ impl RedisTier {
         });
         let mut out: Vec<Result<Value, Unavailable>> = vec![Err(Unavailable); keys.len()];
         for (group, replies) in groups.iter().zip(join_all(sent).await) {
-            if let Ok(replies) = replies {
-                for (&i, reply) in group.iter().zip(replies) {
-                    out[i] = Ok(reply);
+            let Ok(mut replies) = replies else { continue };
+            if let Some(n) = &echo {
+                let marked = replies.len() == group.len() + 1
+                    && matches!(replies.last(), Some(Value::BulkString(b)) if b == n.as_bytes());
+                if !marked {
+                    self.misdelivered(op, keys[group[0]]);
+                    return Err(Misdelivered);
                 }
+                replies.pop();
+            }
+            for (&i, reply) in group.iter().zip(replies) {
+                out[i] = Ok(reply);
             }
         }
-        out
+        Ok(out)
     }
 
     /// Reads many keys' envelopes, as `fetch` reads one: each with the stamp its caller took
@@ -170,13 +187,14 @@ impl RedisTier {
         names: &[&str],
     ) -> Result<Vec<Result<Value, Unavailable>>, Misdelivered> {
         if self.link.topology.is_cluster() || vkeys.is_empty() {
-            return Ok(self
-                .pipelined("get", vkeys, names, |i| {
+            // A Cluster: the key marks alone stand guard (no ECHO, see `pipelined`).
+            return self
+                .pipelined("get", vkeys, names, false, |i| {
                     let mut c = redis::cmd("GET");
                     c.arg(&vkeys[i]);
                     c
                 })
-                .await);
+                .await;
         }
         let echo = next_echo();
         let sent = self
@@ -277,10 +295,25 @@ impl RedisTier {
 
     /// The cold gates of many keys at once: one pipelined GET of them all, then one pipelined
     /// lock bid (`cold_gate.lua`) for those the GET did not answer. A key whose lock another
-    /// process holds is [`FirstLook::Wait`]: never waited for here.
-    pub async fn cold_gate_many(&self, keys: &[(String, Stamp)]) -> Vec<FirstLook> {
+    /// process holds is [`FirstLook::Wait`]: never waited for here. `looked`: the keys were
+    /// read already and found missing (a batch read first, on the read lane): bids only.
+    ///
+    /// The bids travel with an ECHO (see `pipelined`): a reply moved by an extra one in front
+    /// would otherwise be read as another key's bid (a lock another process holds read as
+    /// ours, and its key loaded twice). Out of step, the connection is replaced, the locks the
+    /// bids may have taken under their tokens are released, and every key asks again alone
+    /// ([`FirstLook::Wait`]: the single-key gate, echo-checked, on the new connection).
+    pub async fn cold_gate_many(
+        &self,
+        keys: &[(String, Stamp)],
+        looked: bool,
+    ) -> Vec<FirstLook> {
         let lock_ttl_ms = self.lock.ttl_ms();
-        let fetched = self.fetch_many(keys, false).await;
+        let fetched = if looked {
+            vec![Fetched::Missing; keys.len()]
+        } else {
+            self.fetch_many(keys, false).await
+        };
         let mut out: Vec<Option<FirstLook>> = vec![None; keys.len()];
         let mut bids: Vec<usize> = Vec::new();
         for (i, f) in fetched.into_iter().enumerate() {
@@ -314,7 +347,20 @@ impl RedisTier {
                     .arg(GENERATION_TTL.as_millis() as u64);
                 c
             };
-            let mut replies = self.pipelined("lock", &vkeys, &names, bid).await;
+            let Ok(mut replies) = self.pipelined("lock", &vkeys, &names, true, bid).await else {
+                let released = names
+                    .iter()
+                    .zip(&tokens)
+                    .map(|(name, token)| self.release(name, token, true));
+                join_all(released).await;
+                for &i in &bids {
+                    out[i] = Some(FirstLook::Wait);
+                }
+                return out
+                    .into_iter()
+                    .map(|l| l.unwrap_or(FirstLook::Wait))
+                    .collect();
+            };
             if replies.iter().any(no_script) {
                 // The script is not loaded on some node (a restart, a new node): load it there
                 // through one key of each such slot, and send again only the bids it refused.
@@ -341,11 +387,26 @@ impl RedisTier {
                 join_all(loads).await;
                 let again_v: Vec<String> = refused.iter().map(|&j| vkeys[j].clone()).collect();
                 let again_n: Vec<&str> = refused.iter().map(|&j| names[j]).collect();
-                let again = self
-                    .pipelined("lock", &again_v, &again_n, |x| bid(refused[x]))
-                    .await;
-                for (&j, reply) in refused.iter().zip(again) {
-                    replies[j] = reply;
+                match self
+                    .pipelined("lock", &again_v, &again_n, true, |x| bid(refused[x]))
+                    .await
+                {
+                    Ok(again) => {
+                        for (&j, reply) in refused.iter().zip(again) {
+                            replies[j] = reply;
+                        }
+                    }
+                    Err(Misdelivered) => {
+                        // Out of step: those bids' locks may be ours; given back, and their
+                        // keys ask again alone.
+                        let released = refused
+                            .iter()
+                            .map(|&j| self.release(names[j], &tokens[j], true));
+                        join_all(released).await;
+                        for &j in &refused {
+                            replies[j] = Ok(Value::Nil);
+                        }
+                    }
                 }
             }
             // Born at the namespace clock Redis has now: one read for every key won (the

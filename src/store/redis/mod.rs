@@ -101,7 +101,7 @@ pub use envelopes::{new_token, Fetched, WriteBack};
 pub use fence::Fence;
 pub use gates::{Gate, HeldLock, LockOutcome};
 pub use health::PROBE_INTERVAL;
-pub use lane::{frame, Landing, LaneRead, LaneSocket, Opened};
+pub use lane::{frame, frame_values, Landing, LaneRead, LaneSocket, Opened};
 pub use order::WriteOrder;
 pub use reports::{Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;
@@ -454,6 +454,11 @@ impl RedisTier {
     /// A `get` answered without Redis (a carried envelope) is still an l2Hit.
     pub fn count_l2_hit(&self) {
         self.stats.l2_hits.incr();
+    }
+
+    /// A batch read's key that Redis did not have (for `getMany`) is a miss.
+    pub fn count_miss(&self) {
+        self.stats.misses.incr();
     }
 
     /// Lock waiters registered now (for tests: none may be left behind).

@@ -21,7 +21,7 @@ mod transport;
 
 use std::time::Duration;
 
-pub use resp::{frame, Reply};
+pub use resp::{frame, frame_values, Reply, Values};
 pub use transport::{Landing, LaneSocket, Opened};
 
 use redis::RedisResult;
@@ -121,35 +121,89 @@ impl RedisTier {
                     "Redis answered a GET on the read lane with a reply a GET never gives",
                 );
             }
-            Reply::Bulk(bytes) => {
-                match usable(bytes, self.policies.serializer, &self.value_key(key)) {
-                    Err(Misdelivered) => {
-                        self.stats.redis_errors.incr();
-                        return LaneRead::Misaligned(
-                            "Redis answered a GET on the read lane with another key's entry",
-                        );
-                    }
-                    Ok(None) => LaneRead::Missing,
-                    Ok(Some(found)) => {
-                        let buckets: Vec<u16> = found.tags.iter().map(|t| tag_bucket(t)).collect();
-                        if self.inbox.dead(found.envelope.born, &buckets) {
-                            LaneRead::Missing
-                        } else if !found.tags.is_empty() || !self.bus_up() {
-                            return LaneRead::Ask;
-                        } else {
-                            LaneRead::Found(found.remote(stamp))
-                        }
-                    }
-                }
+            Reply::Bulk(bytes) => self.lane_envelope(key, stamp, bytes),
+        };
+        self.count_lane_read(&read, count);
+        read
+    }
+
+    /// The request of a batch read of `keys` (one MGET), appended to `out`.
+    pub fn lane_request_many(&self, keys: &[String], out: &mut Vec<u8>) {
+        key::write_value_mget(&self.policies.namespace, keys, out);
+    }
+
+    /// What the lane's reply to a batch read of `keys` (one MGET) means, per key, as
+    /// `lane_answer` reads one; `Err` when the reply cannot be this batch's (another key's
+    /// entry in any place, or a reply no MGET of these keys gives): the lane is closed and the
+    /// batch asked again on the command connection. An error reply (the MGET refused as a
+    /// whole) asks every key again there.
+    pub fn lane_answer_many(
+        &self,
+        keys: &[String],
+        stamps: &[Stamp],
+        reply: Values<'_>,
+        count: bool,
+    ) -> Result<Vec<LaneRead>, &'static str> {
+        let each = match reply {
+            Values::Each(each) if each.len() == keys.len() => each,
+            Values::Error(_) => return Ok(keys.iter().map(|_| LaneRead::Ask).collect()),
+            _ => {
+                self.stats.redis_errors.incr();
+                return Err("Redis answered an MGET on the read lane with a reply no MGET of its keys gives");
             }
         };
-        if count {
-            match read {
-                LaneRead::Found(_) => self.stats.l2_hits.incr(),
-                _ => self.stats.misses.incr(),
+        let mut reads = Vec::with_capacity(keys.len());
+        for ((key, stamp), value) in keys.iter().zip(stamps).zip(each) {
+            let read = match value {
+                None => LaneRead::Missing,
+                Some(bytes) => self.lane_envelope(key, *stamp, bytes),
+            };
+            if let LaneRead::Misaligned(why) = read {
+                return Err(why);
+            }
+            reads.push(read);
+        }
+        for read in &reads {
+            self.count_lane_read(read, count);
+        }
+        Ok(reads)
+    }
+
+    /// What a value the lane read for `key` means (its key mark checked: another key's entry
+    /// is `Misaligned`, counted as a Redis error).
+    fn lane_envelope(&self, key: &str, stamp: Stamp, bytes: &[u8]) -> LaneRead {
+        match usable(bytes, self.policies.serializer, &self.value_key(key)) {
+            Err(Misdelivered) => {
+                self.stats.redis_errors.incr();
+                LaneRead::Misaligned(
+                    "Redis answered a read on the read lane with another key's entry",
+                )
+            }
+            Ok(None) => LaneRead::Missing,
+            Ok(Some(found)) => {
+                let buckets: Vec<u16> = found.tags.iter().map(|t| tag_bucket(t)).collect();
+                if self.inbox.dead(found.envelope.born, &buckets) {
+                    LaneRead::Missing
+                } else if !found.tags.is_empty() || !self.bus_up() {
+                    LaneRead::Ask
+                } else {
+                    LaneRead::Found(found.remote(stamp))
+                }
             }
         }
-        read
+    }
+
+    /// `count`: a read for `get()`/`getMany()`, counted as an l2Hit or a miss (an `Ask` is
+    /// counted where it is asked again).
+    fn count_lane_read(&self, read: &LaneRead, count: bool) {
+        if !count {
+            return;
+        }
+        match read {
+            LaneRead::Found(_) => self.stats.l2_hits.incr(),
+            LaneRead::Ask | LaneRead::Misaligned(_) => {}
+            LaneRead::Missing => self.stats.misses.incr(),
+        }
     }
 
     /// A read on the lane outlived the command timeout: Redis is down, as the command

@@ -19,6 +19,10 @@ pub enum Reply<'a> {
 /// The longest bulk reply the lane waits for: Redis's own ceiling for a string (512 MiB).
 pub const MAX_BULK_LEN: i64 = 512 * 1024 * 1024;
 
+/// The most bytes one batch read's reply may span (the command connection's bound, see
+/// `guard::scan::MAX_REPLY_BYTES`): many values near the ceiling are refused, not waited for.
+pub const MAX_REPLY_BYTES: usize = 1 << 30;
+
 /// The input is not RESP2 as a GET is answered: the lane cannot know where the next reply
 /// starts, or the reply cannot be one it asked for.
 #[derive(Debug, PartialEq, Eq)]
@@ -38,6 +42,83 @@ pub fn frame(buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>, ProtocolError> {
         _ => Reply::Other,
     };
     Ok(Some((reply, len)))
+}
+
+/// What a batch read's `MGET` (see `frame_values`) was answered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Values<'a> {
+    /// One element per key asked, in order: a value, or `None` (no such key, or not a string).
+    Each(Vec<Option<&'a [u8]>>),
+    /// An error reply: the MGET refused as a whole (an ACL without it, say).
+    Error(&'a [u8]),
+    /// A reply no MGET of that many keys gives: a bulk string, a status, an integer, a nil, an
+    /// array of another length. The lane is out of step.
+    Other,
+}
+
+/// The first reply in `buf`, read as the answer to an `MGET` of `keys` keys, and its length in
+/// bytes, or `None` if it is not complete yet. An MGET's reply is one flat array of bulk strings
+/// and nils; an array of exactly `keys` elements is framed element by element (never recursing:
+/// an element that is not a bulk string or a nil is a `ProtocolError`), bounded by
+/// `MAX_REPLY_BYTES` in all and `MAX_BULK_LEN` per element, so a reply that declares more than
+/// the keys asked, or longer values than Redis can hold, is never waited for.
+pub fn frame_values(buf: &[u8], keys: usize) -> Result<Option<(Values<'_>, usize)>, ProtocolError> {
+    frame_values_within(buf, keys, MAX_REPLY_BYTES)
+}
+
+/// `frame_values` with `max_bytes` for the bound on the whole reply.
+fn frame_values_within(
+    buf: &[u8],
+    keys: usize,
+    max_bytes: usize,
+) -> Result<Option<(Values<'_>, usize)>, ProtocolError> {
+    if buf.first() != Some(&b'*') {
+        return Ok(frame(buf)?.map(|(reply, len)| {
+            let values = match reply {
+                Reply::Error(e) => Values::Error(e),
+                _ => Values::Other,
+            };
+            (values, len)
+        }));
+    }
+    let Some(end) = line(buf, 1)? else {
+        return Ok(None);
+    };
+    let declared = number(&buf[1..end])?;
+    let mut at = end + 2;
+    if declared < 0 || declared as u64 != keys as u64 {
+        // A nil, or an array that is not one element per key: out of step, without looking
+        // inside (however deep or long it claims to be, nothing of it is waited for).
+        return Ok(Some((Values::Other, at)));
+    }
+    let mut each = Vec::with_capacity(keys);
+    for _ in 0..keys {
+        if buf.len() <= at {
+            return Ok(None);
+        }
+        if buf[at] != b'$' {
+            return Err(ProtocolError);
+        }
+        // The element's declared length, before its body is waited for: a reply that would
+        // pass the bound is refused at the header that passes it, not once it has arrived.
+        let Some(line_end) = line(buf, at + 1)? else {
+            return Ok(None);
+        };
+        let declared = number(&buf[at + 1..line_end])?;
+        if line_end + 2 + declared.max(0) as usize + 2 > max_bytes {
+            return Err(ProtocolError);
+        }
+        let Some(len) = frame_len(buf, at)? else {
+            return Ok(None);
+        };
+        if buf[at + 1] == b'-' {
+            each.push(None);
+        } else {
+            each.push(Some(&buf[line_end + 2..at + len - 2]));
+        }
+        at += len;
+    }
+    Ok(Some((Values::Each(each), at)))
 }
 
 /// Where the line starting at `from` ends (its `\r`), if it has ended.
@@ -157,6 +238,64 @@ mod tests {
             "at the ceiling: waits"
         );
         assert_eq!(frame(b"$536870913\r\n"), Err(ProtocolError));
+    }
+
+    #[test]
+    fn frames_an_mget_reply_of_one_element_per_key() {
+        let reply = b"*3\r\n$1\r\na\r\n$-1\r\n$0\r\n\r\n$2\r\nhi\r\n";
+        assert_eq!(
+            frame_values(reply, 3),
+            Ok(Some((
+                Values::Each(vec![Some(&b"a"[..]), None, Some(&b""[..])]),
+                22
+            )))
+        );
+        for cut in 0..22 {
+            assert_eq!(frame_values(&reply[..cut], 3), Ok(None), "cut at {cut}");
+        }
+        assert_eq!(
+            frame_values(b"-NOPERM no\r\n", 3),
+            Ok(Some((Values::Error(b"NOPERM no"), 12)))
+        );
+    }
+
+    #[test]
+    fn an_mget_reply_that_is_not_one_element_per_key_is_out_of_step() {
+        // Another length, a nil, a single value: framed as far as their first line only.
+        assert_eq!(frame_values(b"*2\r\n", 3), Ok(Some((Values::Other, 4))));
+        assert_eq!(
+            frame_values(b"*4000000000\r\n", 3),
+            Ok(Some((Values::Other, 13)))
+        );
+        assert_eq!(frame_values(b"*-1\r\n", 3), Ok(Some((Values::Other, 5))));
+        assert_eq!(
+            frame_values(b"$1\r\na\r\n", 1),
+            Ok(Some((Values::Other, 7)))
+        );
+        assert_eq!(frame_values(b"+OK\r\n", 1), Ok(Some((Values::Other, 5))));
+        // Elements no MGET gives (nested arrays, integers) are refused, never recursed into.
+        assert_eq!(
+            frame_values(b"*1\r\n*1\r\n$1\r\na\r\n", 1),
+            Err(ProtocolError)
+        );
+        assert_eq!(frame_values(b"*1\r\n:1\r\n", 1), Err(ProtocolError));
+        assert_eq!(frame_values(b"*1\r\n$536870913\r\n", 1), Err(ProtocolError));
+        // Values each within Redis's ceiling, but more than the bound in all: refused at the
+        // header that passes it, before its body is waited for.
+        // (A bound of 100 bytes here for the 1 GiB of `frame_values`.)
+        let body = "x".repeat(40);
+        let reply = format!("*3\r\n$40\r\n{body}\r\n$40\r\n{body}\r\n$40\r\n");
+        let cut = reply.len() - "$40\r\n".len();
+        assert_eq!(
+            frame_values_within(&reply.as_bytes()[..cut], 3, 100),
+            Ok(None),
+            "two fit: waits"
+        );
+        assert_eq!(
+            frame_values_within(reply.as_bytes(), 3, 100),
+            Err(ProtocolError),
+            "the third's header passes the bound"
+        );
     }
 
     /// Cases per property: `FUZZ_CASES` (`npm run fuzz` sets many more), else 25,000.
