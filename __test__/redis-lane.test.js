@@ -154,7 +154,9 @@ async function mgetSenders(redis, fn) {
   return senders
 }
 
-test('a batch read takes the lane: one MGET on it, values far larger than one socket read among small ones, tagged keys asked again on the command connection', { timeout: TEST_TIMEOUT }, async (t) => {
+test('a batch read takes the lane: one MGET on it, values far larger than one socket read among small ones, tagged keys asked again on the command connection', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const redis = await server(t)
   const writer = cacheOn(t, redis)
   const reader = cacheOn(t, redis)
@@ -179,7 +181,10 @@ test('a batch read takes the lane: one MGET on it, values far larger than one so
   const after = reader.stats()
   assert.deepEqual([after.l2Hits - before.l2Hits, after.misses - before.misses, after.redisErrors], [keys.length + 1, 1, 0])
   const warm = await mgetSenders(redis, async () => {
-    assert.deepEqual(await reader.getOrLoadMany(keys, mustNotLoad), keys.map((_, i) => valueOf(i)))
+    assert.deepEqual(
+      await reader.getOrLoadMany(keys, mustNotLoad),
+      keys.map((_, i) => valueOf(i)),
+    )
   })
   assert.deepEqual(warm, [lane.addr], 'getOrLoadMany: one MGET, on the lane')
   // The tagged entry is dead once its tag is deleted: the command connection judged it.
@@ -188,12 +193,19 @@ test('a batch read takes the lane: one MGET on it, values far larger than one so
   // Batches in flight together: one on the lane at a time, the others on the command connection.
   const many = await mgetSenders(redis, async () => {
     const all = await Promise.all(Array.from({ length: 4 }, () => reader.getMany(keys)))
-    for (const values of all) assert.deepEqual(values, keys.map((_, i) => valueOf(i)))
+    for (const values of all)
+      assert.deepEqual(
+        values,
+        keys.map((_, i) => valueOf(i)),
+      )
   })
   assert.equal(many.length, 4)
   assert.equal(many.filter((a) => a === lane.addr).length >= 1, true, `some on the lane: ${many}`)
   assert.equal(many.filter((a) => a !== lane.addr).length >= 1, true, `some on the command connection: ${many}`)
-  assert.ok((await lanes(redis)).some((c) => c.id === lane.id), 'the same lane is still open')
+  assert.ok(
+    (await lanes(redis)).some((c) => c.id === lane.id),
+    'the same lane is still open',
+  )
 })
 
 test("a read after this instance's own set or delete resolved sees it, though the two take different connections", { timeout: TEST_TIMEOUT }, async (t) => {
