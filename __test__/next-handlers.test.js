@@ -318,7 +318,7 @@ test('next build (NEXT_PHASE=phase-production-build): nothing is written to Redi
   assert.deepEqual(await command(redis.port, ['KEYS', `${ns}*`]), [])
 })
 
-test('tag keys expire a year after the last revalidation; entries live a year at most (issue 26)', async () => {
+test('tag keys expire a year after the last revalidation; entries live a year at most', async () => {
   const YEAR = 365 * 24 * 3_600_000
   // tagTtl plus the margin of 2 x commandTimeout (default 1 s) + 1 s (README, Tags).
   const MARGIN = 3_000

@@ -1,5 +1,5 @@
 'use strict'
-// Issue 26 (README, Tags): tag state in Redis is bounded. A deleteByTag's record,
+// Bounded tag state (README, Tags): tag state in Redis is bounded. A deleteByTag's record,
 // `<ns>:tag:{<tag>}`, expires `tagTtl` (plus a margin of 2 x commandTimeout + 1 s) after the
 // tag's newest deletion, and no entry carrying a tag lives longer than `tagTtl`, so a record
 // that expired can no longer have anything to kill: no entry it killed comes back.
