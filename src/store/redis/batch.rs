@@ -303,11 +303,7 @@ impl RedisTier {
     /// ours, and its key loaded twice). Out of step, the connection is replaced, the locks the
     /// bids may have taken under their tokens are released, and every key asks again alone
     /// ([`FirstLook::Wait`]: the single-key gate, echo-checked, on the new connection).
-    pub async fn cold_gate_many(
-        &self,
-        keys: &[(String, Stamp)],
-        looked: bool,
-    ) -> Vec<FirstLook> {
+    pub async fn cold_gate_many(&self, keys: &[(String, Stamp)], looked: bool) -> Vec<FirstLook> {
         let lock_ttl_ms = self.lock.ttl_ms();
         let fetched = if looked {
             vec![Fetched::Missing; keys.len()]
