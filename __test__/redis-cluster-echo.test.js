@@ -135,3 +135,45 @@ test('cluster: a GET moved by an old reply of the same key is refused', { timeou
     await reader.close()
   }
 })
+
+// A batch on a Cluster goes as one pipeline of GETs per slot, each ending with its own keyed
+// echo: an old reply of the same key put in front of a slot's pipeline is refused (never the
+// older value after a resolved set), counted, and the batch asked again. One key, so no other
+// slot's reply follows it on the connection to be caught by its key mark instead.
+test('cluster: a getMany slot pipeline moved by an old reply of the same key is refused', { timeout: 60_000 }, async () => {
+  const { StampedeCache } = require('..')
+  const namespace = `clusterecho3${process.pid}`
+  const errors = []
+  const reader = new StampedeCache({
+    redis: { cluster: [`redis://127.0.0.1:${proxy.port}`], commandTimeout: 2_000 },
+    namespace,
+    l1: false,
+    ttl: 600_000,
+    onError: (err) => errors.push(err.message),
+  })
+  try {
+    await reader.set('a', 'old')
+    assert.deepEqual(await reader.getMany(['a']), ['old'])
+    const oldReply = proxy.lastBulk
+    assert.ok(oldReply && oldReply.includes('old'), 'the old reply recorded')
+    const oldGet = oldReply.subarray(0, oldReply.indexOf('\r\n', oldReply.indexOf('\r\n') + 2) + 2)
+    await reader.set('a', 'new')
+    const before = reader.stats().redisErrors
+    let injected = 0
+    proxy.tamperReplyTo(
+      (request) => request.includes('GET') && request.includes(`${namespace}:v:{a}`),
+      (chunk) => {
+        injected++
+        return Buffer.concat([oldGet, chunk])
+      },
+    )
+    const got = await reader.getMany(['a'])
+    assert.equal(injected, 1, 'the old reply was put in front')
+    assert.notEqual(got[0], 'old', `an older value after a resolved set; errors: ${errors.join(' | ')}`)
+    assert.deepEqual(got, ['new'], 'asked again on the replaced connection')
+    assert.ok(reader.stats().redisErrors > before, 'the moved reply was counted')
+  } finally {
+    proxy.calm()
+    await reader.close()
+  }
+})
