@@ -1,6 +1,7 @@
 //! Many keys at once (`getMany`, `getOrLoadMany`): a batch's reads go as one `MGET` and an
 //! `ECHO` on a single server (or a Sentinel's primary), as one pipeline of GETs per cluster slot
-//! in a cluster; its lock bids in one pipeline per slot; all sent at once. So a batch of any size
+//! in a cluster, each ending with its keyed echo (`Echo`); its lock bids in one pipeline per slot,
+//! echoed the same way; all sent at once. So a batch of any size
 //! costs about one round trip for its reads and one for its locks, where one key at a time cost
 //! one (or two) per key. The lock bids are the single-key path's `cold_gate.lua`, so Lua scripts
 //! still touch only the keys they declare, and every envelope is read as the single-key path
@@ -23,7 +24,7 @@ use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 use redis::Value;
 
-use super::envelopes::{new_token, next_echo, usable, Fetched, Misdelivered};
+use super::envelopes::{new_token, usable, Fetched, Misdelivered};
 use super::fence::GENERATION_TTL;
 use super::gates::{Gate, LockOutcome};
 use super::{RedisTier, Unavailable};
@@ -102,10 +103,10 @@ impl RedisTier {
 
     /// Sends `commands` (one per key of `keys`, `op` for reports) in one pipeline per slot, all
     /// at once; each key's reply, or `Unavailable` for every key of a pipeline that failed.
-    /// `echoed` (off a Cluster, which routes a keyless ECHO apart): the pipeline ends with an
-    /// ECHO of a fresh mark, as `invoke_echoed` sends one after a single script call, and
-    /// `Err(Misdelivered)` when the mark is not in its place (an extra reply in front, or one
-    /// missing, moved every reply after it onto another key's command).
+    /// `echoed`: each pipeline ends with an echo (see `Echo`; on a Cluster one per slot group,
+    /// routed by the group's first key), as `invoke_echoed` sends one after a single script
+    /// call, and `Err(Misdelivered)` when a mark is not in its place (an extra reply in front,
+    /// or one missing, moved every reply after it onto another key's command).
     async fn pipelined(
         &self,
         op: &'static str,
@@ -115,36 +116,31 @@ impl RedisTier {
         command: impl Fn(usize) -> redis::Cmd,
     ) -> Result<Vec<Result<Value, Unavailable>>, Misdelivered> {
         let groups = self.groups(redis_keys.iter().map(String::as_str));
-        let echo = if echoed { self.script_echo() } else { None };
         let sent = groups.iter().map(|group| {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &i in group {
                 pipe.add_command(command(i));
             }
-            if let Some(n) = &echo {
-                pipe.cmd("ECHO").arg(n);
-            }
+            let echo = echoed.then(|| self.echo(&redis_keys[group[0]]));
             let first = keys[group[0]];
             async move {
                 self.run(op, first, |mut c| async move {
-                    pipe.query_async::<Vec<Value>>(&mut c).await
+                    match echo {
+                        None => pipe.query_async::<Vec<Value>>(&mut c).await.map(Some),
+                        Some(echo) => echo.send(pipe, &mut c).await,
+                    }
                 })
                 .await
             }
         });
         let mut out: Vec<Result<Value, Unavailable>> = vec![Err(Unavailable); keys.len()];
         for (group, replies) in groups.iter().zip(join_all(sent).await) {
-            let Ok(mut replies) = replies else { continue };
-            if let Some(n) = &echo {
-                let marked = replies.len() == group.len() + 1
-                    && matches!(replies.last(), Some(Value::BulkString(b)) if b == n.as_bytes());
-                if !marked {
-                    self.misdelivered(op, keys[group[0]]);
-                    return Err(Misdelivered);
-                }
-                replies.pop();
-            }
+            let Ok(replies) = replies else { continue };
+            let Some(replies) = replies.filter(|r| r.len() == group.len()) else {
+                self.misdelivered(op, keys[group[0]]);
+                return Err(Misdelivered);
+            };
             for (&i, reply) in group.iter().zip(replies) {
                 out[i] = Ok(reply);
             }
@@ -178,45 +174,40 @@ impl RedisTier {
     }
 
     /// The replies to reads of `vkeys` (`names`: their keys, for reports): one MGET and an ECHO
-    /// off a cluster, one pipeline of GETs per slot in one. `Err(Misdelivered)` when the replies
-    /// cannot be the MGET's (the echo is not in its place, or the reply is not one per key): the
-    /// connection is replaced.
+    /// off a cluster, one pipeline of GETs and a keyed echo per slot in one. `Err(Misdelivered)`
+    /// when the replies cannot be the MGET's (the echo is not in its place, or the reply is not
+    /// one per key): the connection is replaced.
     async fn read_values(
         &self,
         vkeys: &[String],
         names: &[&str],
     ) -> Result<Vec<Result<Value, Unavailable>>, Misdelivered> {
         if self.link.topology.is_cluster() || vkeys.is_empty() {
-            // A Cluster: the key marks alone stand guard (no ECHO, see `pipelined`).
+            // A Cluster: a pipeline of GETs per slot, each with its keyed echo.
             return self
-                .pipelined("get", vkeys, names, false, |i| {
+                .pipelined("get", vkeys, names, true, |i| {
                     let mut c = redis::cmd("GET");
                     c.arg(&vkeys[i]);
                     c
                 })
                 .await;
         }
-        let echo = next_echo();
+        let echo = self.echo(&vkeys[0]);
         let sent = self
             .run("get", names[0], |mut c| {
                 let mut pipe = redis::pipe();
-                pipe.ignore_errors()
-                    .cmd("MGET")
-                    .arg(vkeys)
-                    .cmd("ECHO")
-                    .arg(&echo);
-                async move { pipe.query_async::<Vec<Value>>(&mut c).await }
+                pipe.ignore_errors().cmd("MGET").arg(vkeys);
+                async move { echo.send(pipe, &mut c).await }
             })
             .await;
-        let Ok(mut replies) = sent else {
+        let Ok(replies) = sent else {
             return Ok(vec![Err(Unavailable); vkeys.len()]);
         };
-        let echoed = matches!(replies.get(1), Some(Value::BulkString(b)) if b == echo.as_bytes());
-        match replies.swap_remove(0) {
-            Value::Array(values) if echoed && values.len() == vkeys.len() => {
+        match replies.and_then(|r| r.into_iter().next()) {
+            Some(Value::Array(values)) if values.len() == vkeys.len() => {
                 Ok(values.into_iter().map(Ok).collect())
             }
-            Value::ServerError(e) if echoed => {
+            Some(Value::ServerError(e)) => {
                 // Refused as a whole (an ACL without MGET, say): no key of it could be read.
                 self.stats.redis_errors.incr();
                 self.report(
@@ -298,9 +289,9 @@ impl RedisTier {
     /// process holds is [`FirstLook::Wait`]: never waited for here. `looked`: the keys were
     /// read already and found missing (a batch read first, on the read lane): bids only.
     ///
-    /// The bids travel with an ECHO (see `pipelined`): a reply moved by an extra one in front
-    /// would otherwise be read as another key's bid (a lock another process holds read as
-    /// ours, and its key loaded twice). Out of step, the connection is replaced, the locks the
+    /// The bids travel with an echo, a keyed one per slot on a Cluster (see `pipelined`): a
+    /// reply moved by an extra one in front would otherwise be read as another key's bid (a
+    /// lock another process holds read as ours, and its key loaded twice). Out of step, the connection is replaced, the locks the
     /// bids may have taken under their tokens are released, and every key asks again alone
     /// ([`FirstLook::Wait`]: the single-key gate, echo-checked, on the new connection).
     pub async fn cold_gate_many(&self, keys: &[(String, Stamp)], looked: bool) -> Vec<FirstLook> {

@@ -24,36 +24,94 @@ pub fn new_token() -> String {
         .to_string()
 }
 
-/// A fresh mark for a GET's ECHO (see `fetch_uncounted`). Never a bare number: a tag key or
-/// the namespace clock holds one, and a moved clock landing in the echo's place must not match.
+/// A fresh mark for an echo (see [`Echo`]). Never a bare number: a tag key or the namespace
+/// clock holds one, and a moved clock landing in the echo's place must not match.
 pub(super) fn next_echo() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("e{n}")
 }
 
-/// Runs `cmd` with an ECHO of `echo` pipelined after it, as `invoke_echoed` does for a script:
-/// `Ok(None)` when the echo's place holds anything else (the command's reply was moved), so a
-/// clock is never read from another command's reply. `echo: None` (a Cluster): the command
-/// alone. An error reply is the command's error.
+/// What proves a pipeline's replies are the ones in their place: a fresh mark, asked back after
+/// the pipeline's commands on the same connection. An extra reply in front of theirs (or one
+/// missing) moves the last command's reply into the mark's place, and the call is refused, so a
+/// lock bid, a fence, a clock or a value is never read from another command's reply.
+///
+/// On a single server (or a Sentinel's primary) the mark is asked back by `ECHO`. A Cluster
+/// routes a keyless ECHO to another node than the keyed command, so there it is asked back by
+/// `echo.lua` declaring the command's key (`routed_by`): the pipeline goes to that key's slot,
+/// the command and its echo on one connection.
+pub(super) struct Echo {
+    mark: String,
+    routed_by: Option<Vec<u8>>,
+}
+
+impl Echo {
+    /// An echo by `ECHO`, for a connection that is not a Cluster's.
+    pub(super) fn plain() -> Self {
+        Echo {
+            mark: next_echo(),
+            routed_by: None,
+        }
+    }
+
+    /// An echo by `echo.lua` declaring `redis_key`, the key of the command it guards.
+    pub(super) fn keyed(redis_key: impl Into<Vec<u8>>) -> Self {
+        Echo {
+            mark: next_echo(),
+            routed_by: Some(redis_key.into()),
+        }
+    }
+
+    /// Appends the echo to `pipe`, after the commands it guards.
+    pub(super) fn push(&self, pipe: &mut redis::Pipeline) {
+        match &self.routed_by {
+            None => pipe.cmd("ECHO").arg(&self.mark),
+            Some(key) => pipe
+                .cmd("EVAL")
+                .arg(super::scripts::ECHO.as_str())
+                .arg(1)
+                .arg(key.as_slice())
+                .arg(&self.mark),
+        };
+    }
+
+    /// Whether `reply`, in the echo's place, is its mark.
+    pub(super) fn answered_by(&self, reply: Option<&Value>) -> bool {
+        matches!(reply, Some(Value::BulkString(b)) if b == self.mark.as_bytes())
+    }
+
+    /// Sends `pipe` (its commands, `ignore_errors` set) with the echo after them, in one round
+    /// trip on `c`: the commands' replies, or `Ok(None)` when the echo's place holds anything
+    /// else (out of step). The one place every echoed call is checked.
+    pub(super) async fn send(
+        &self,
+        mut pipe: redis::Pipeline,
+        c: &mut super::topology::Connection,
+    ) -> redis::RedisResult<Option<Vec<Value>>> {
+        self.push(&mut pipe);
+        let mut replies: Vec<Value> = pipe.query_async(c).await?;
+        if !self.answered_by(replies.last()) {
+            return Ok(None);
+        }
+        replies.pop();
+        Ok(Some(replies))
+    }
+}
+
+/// Runs `cmd` with `echo` pipelined after it, as `invoke_echoed` does for a script: `Ok(None)`
+/// when the echo's place holds anything else (the command's reply was moved), so a clock is
+/// never read from another command's reply. An error reply is the command's error.
 pub(super) async fn query_echoed<T: redis::FromRedisValue>(
     cmd: &redis::Cmd,
     c: &mut super::topology::Connection,
-    echo: Option<String>,
+    echo: Echo,
 ) -> redis::RedisResult<Option<T>> {
-    let Some(n) = echo else {
-        return cmd.query_async(c).await.map(Some);
-    };
-    let replies: Vec<Value> = redis::pipe()
-        .ignore_errors()
-        .add_command(cmd.clone())
-        .cmd("ECHO")
-        .arg(&n)
-        .query_async(c)
-        .await?;
-    if !matches!(replies.get(1), Some(Value::BulkString(b)) if b == n.as_bytes()) {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors().add_command(cmd.clone());
+    let Some(replies) = echo.send(pipe, c).await? else {
         return Ok(None);
-    }
+    };
     match replies.into_iter().next() {
         Some(Value::ServerError(e)) => Err(e.into()),
         Some(v) => Ok(Some(redis::from_redis_value(v)?)),
@@ -61,33 +119,23 @@ pub(super) async fn query_echoed<T: redis::FromRedisValue>(
     }
 }
 
-/// Runs a script with an ECHO of a fresh number (`echo`) pipelined after it, in one round
-/// trip: an extra reply in front of the script's, or a missing one, moves the script's reply
-/// into the echo's place, and the call is refused (`Ok(None)`), so a lock bid, a fence or a
-/// write's outcome is never read from another command's reply (another key's bid read as won,
-/// a dropped write read as written). `echo: None` (a Cluster, which routes a keyless ECHO
-/// apart): the script alone. A NOSCRIPT reply loads the script and calls it again, as
-/// `invoke_async` does.
+/// Runs a script with `echo` pipelined after it, in one round trip: an extra reply in front of
+/// the script's, or a missing one, moves the script's reply into the echo's place, and the call
+/// is refused (`Ok(None)`), so a lock bid, a fence or a write's outcome is never read from
+/// another command's reply (another key's bid read as won, a dropped write read as written). A
+/// NOSCRIPT reply loads the script and calls it again, as `invoke_async` does.
 pub(super) async fn invoke_echoed<T: redis::FromRedisValue>(
     invocation: &redis::ScriptInvocation<'_>,
     c: &mut super::topology::Connection,
-    echo: Option<String>,
+    echo: Echo,
 ) -> redis::RedisResult<Option<T>> {
-    let Some(n) = echo else {
-        return invocation.invoke_async(c).await.map(Some);
-    };
     let mut loaded = false;
     loop {
-        let replies: Vec<Value> = redis::pipe()
-            .ignore_errors()
-            .invoke_script(invocation)
-            .cmd("ECHO")
-            .arg(&n)
-            .query_async(c)
-            .await?;
-        if !matches!(replies.get(1), Some(Value::BulkString(b)) if b == n.as_bytes()) {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors().invoke_script(invocation);
+        let Some(replies) = echo.send(pipe, c).await? else {
             return Ok(None);
-        }
+        };
         match replies.into_iter().next() {
             Some(Value::ServerError(e)) if e.code() == "NOSCRIPT" && !loaded => {
                 invocation.load_async(c).await?;
@@ -100,10 +148,14 @@ pub(super) async fn invoke_echoed<T: redis::FromRedisValue>(
     }
 }
 
-/// The number for the next script call's ECHO, off a Cluster (see `invoke_echoed`).
 impl RedisTier {
-    pub(super) fn script_echo(&self) -> Option<String> {
-        (!self.link.topology.is_cluster()).then(next_echo)
+    /// The echo for the next call whose command routes by `redis_key` (see [`Echo`]).
+    pub(super) fn echo(&self, redis_key: &str) -> Echo {
+        if self.link.topology.is_cluster() {
+            Echo::keyed(redis_key)
+        } else {
+            Echo::plain()
+        }
     }
 }
 
@@ -217,39 +269,25 @@ impl RedisTier {
 
     async fn fetch_uncounted(&self, key: &str, stamp: Stamp) -> Fetched {
         let vkey = self.value_key(key);
-        // Off a Cluster, the GET travels with an ECHO of a fresh number: an extra reply in front
-        // of ours (an old reply of this very key, which its key mark cannot tell) moves ours
-        // into the echo's place, and the read is refused. A Cluster routes a keyless command
-        // apart, so there the key mark alone stands guard.
-        let echo = (!self.link.topology.is_cluster()).then(next_echo);
+        // The GET travels with an echo (see `Echo`): an extra reply in front of ours (an old
+        // reply of this very key, which its key mark cannot tell) moves ours into the echo's
+        // place, and the read is refused.
+        let echo = self.echo(&vkey);
         let raw = self
             .run("get", key, |mut c| async move {
-                let got = match &echo {
-                    None => redis::cmd("GET")
-                        .arg(&vkey)
-                        .query_async::<Option<Vec<u8>>>(&mut c)
-                        .await
-                        .map(|v| (v, true)),
-                    Some(n) => {
-                        let replies = redis::pipe()
-                            .ignore_errors()
-                            .cmd("GET")
-                            .arg(&vkey)
-                            .cmd("ECHO")
-                            .arg(n)
-                            .query_async::<Vec<Value>>(&mut c)
-                            .await?;
-                        let echoed = matches!(replies.get(1), Some(Value::BulkString(b)) if b == n.as_bytes());
-                        match replies.into_iter().next() {
-                            _ if !echoed => Ok((None, false)),
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors().cmd("GET").arg(&vkey);
+                let got: redis::RedisResult<(Option<Vec<u8>>, bool)> =
+                    match echo.send(pipe, &mut c).await? {
+                        None => Ok((None, false)),
+                        Some(replies) => match replies.into_iter().next() {
                             Some(Value::BulkString(b)) => Ok((Some(b), true)),
                             Some(Value::Nil) => Ok((None, true)),
                             Some(Value::ServerError(e)) => Err(e.into()),
                             // A reply no GET gives: out of step.
                             _ => Ok((None, false)),
-                        }
-                    }
-                };
+                        },
+                    };
                 match got {
                     Err(e) if e.code() == Some("WRONGTYPE") => Ok((None, true)),
                     other => other,
@@ -329,7 +367,7 @@ impl RedisTier {
             .bus
             .carrying_announcement(key, &text, !body.tags.is_empty());
         self.bus.carried().expect_own(key);
-        let echo = self.script_echo();
+        let echo = self.echo(&keys.0);
         let written = self
             .run("set", key, |mut c| async move {
                 let mut call = self.scripts.write_back.key(&keys.0);
@@ -407,7 +445,7 @@ impl RedisTier {
         let op = if written.is_some() { "set" } else { "delete" };
         let vkey = keys.0.clone();
         self.bus.carried().expect_own(key);
-        let echo = self.script_echo();
+        let echo = self.echo(&keys.0);
         let wrote = self.run(op, key, |mut c| async move {
             let mut call = self.scripts.write.key(&keys.0);
             call.key(&keys.1)
@@ -437,7 +475,7 @@ impl RedisTier {
         };
         if let (Some(born), Some(clock)) = (born, clock) {
             if clock > born {
-                let echo = self.script_echo();
+                let echo = self.echo(&vkey);
                 let reborn = self
                     .run(op, key, |mut c| async move {
                         let mut call = self.scripts.reborn.key(&vkey);
@@ -489,7 +527,7 @@ impl RedisTier {
         let mut envelope = d.envelope;
         envelope.retry_after = envelope.retry_after.max(retry_after);
         let replacement = envelope.encode(&d.body(), d.generation, &vkey);
-        let echo = self.script_echo();
+        let echo = self.echo(&vkey);
         let replaced = self
             .run("set", key, |mut c| async move {
                 let mut call = self.scripts.replace.key(&vkey);
@@ -597,9 +635,7 @@ mod tests {
         .await;
         let script = redis::Script::new("return 1");
         let call = script.key("k");
-        let got: Option<Vec<Value>> = invoke_echoed(&call, &mut c, Some("17".into()))
-            .await
-            .unwrap();
+        let got: Option<Vec<Value>> = invoke_echoed(&call, &mut c, Echo::plain()).await.unwrap();
         assert_eq!(got, None);
         // Without the echo, the moved reply is read as ours: the other key's won bid.
         let mut c = connection(|command| match command[0].as_str() {
@@ -610,8 +646,8 @@ mod tests {
             _ => b"-ERR unexpected\r\n".to_vec(),
         })
         .await;
-        let got: Option<Vec<Value>> = invoke_echoed(&call, &mut c, None).await.unwrap();
-        assert_eq!(got.unwrap().get(2), Some(&Value::Int(1)));
+        let got: Vec<Value> = call.invoke_async(&mut c).await.unwrap();
+        assert_eq!(got.get(2), Some(&Value::Int(1)));
     }
 
     /// A number in front of a clock's read: the clock read in our place is proven out of step
@@ -628,12 +664,16 @@ mod tests {
         let mark = next_echo();
         assert!(mark.parse::<u64>().is_err(), "{mark}");
         let mut c = connection(answer).await;
-        let got: Option<Option<String>> = query_echoed(&read, &mut c, Some(mark)).await.unwrap();
+        let echo = Echo {
+            mark,
+            routed_by: None,
+        };
+        let got: Option<Option<String>> = query_echoed(&read, &mut c, echo).await.unwrap();
         assert_eq!(got, None);
         // Without the echo, the extra number is read as the clock.
         let mut c = connection(answer).await;
-        let got: Option<Option<String>> = query_echoed(&read, &mut c, None).await.unwrap();
-        assert_eq!(got, Some(Some("9".to_string())));
+        let got: Option<String> = read.query_async(&mut c).await.unwrap();
+        assert_eq!(got, Some("9".to_string()));
     }
 
     /// In step: the command's reply, or its error.
@@ -648,13 +688,11 @@ mod tests {
         .await;
         let mut read = redis::cmd("GET");
         read.arg("ns:tag:{t}");
-        let got: Option<Option<String>> = query_echoed(&read, &mut c, Some(next_echo()))
-            .await
-            .unwrap();
+        let got: Option<Option<String>> = query_echoed(&read, &mut c, Echo::plain()).await.unwrap();
         assert_eq!(got, Some(Some("42".to_string())));
         let mut bad = redis::cmd("GET");
         bad.arg("bad");
-        let e = query_echoed::<Option<String>>(&bad, &mut c, Some(next_echo()))
+        let e = query_echoed::<Option<String>>(&bad, &mut c, Echo::plain())
             .await
             .unwrap_err();
         assert_eq!(e.code(), Some("WRONGTYPE"));
@@ -686,16 +724,98 @@ mod tests {
         })
         .await;
         let call = script.key("k");
-        let got: Option<i64> = invoke_echoed(&call, &mut c, Some("1".into()))
-            .await
-            .unwrap();
+        let got: Option<i64> = invoke_echoed(&call, &mut c, Echo::plain()).await.unwrap();
         assert_eq!(got, Some(7));
         assert!(loaded.load(std::sync::atomic::Ordering::SeqCst));
         let mut bad = script.key("k");
         bad.arg("bad");
-        let e = invoke_echoed::<i64>(&bad, &mut c, Some("2".into()))
+        let e = invoke_echoed::<i64>(&bad, &mut c, Echo::plain())
             .await
             .unwrap_err();
         assert!(e.to_string().contains("the script failed"), "{e}");
+    }
+
+    /// What `echo.lua` answers: its ARGV[1] (`EVAL code 1 key mark`).
+    fn keyed_echo_of(command: &[String]) -> Vec<u8> {
+        assert_eq!(
+            command[1],
+            *crate::store::redis::scripts::ECHO,
+            "{command:?}"
+        );
+        assert_eq!(command[2], "1", "one key declared: {command:?}");
+        format!("${}\r\n{}\r\n", command[4].len(), command[4]).into_bytes()
+    }
+
+    /// A Cluster's echo is `echo.lua` declaring the guarded command's key, so the Cluster client
+    /// routes it with the command; a script reply moved by an extra one in front lands in its
+    /// place and is refused, as on a single server.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_keyed_echo_names_the_command_key_and_refuses_a_moved_reply() {
+        let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = sent.clone();
+        let mut c = connection(move |command| {
+            seen.lock().unwrap().push(command.to_vec());
+            match command[0].as_str() {
+                "EVALSHA" => {
+                    b"*3\r\n$-1\r\n$5\r\nother\r\n:1\r\n*4\r\n$-1\r\n$4\r\nours\r\n:2\r\n:90\r\n"
+                        .to_vec()
+                }
+                "EVAL" => keyed_echo_of(command),
+                _ => b"-ERR unexpected\r\n".to_vec(),
+            }
+        })
+        .await;
+        let script = redis::Script::new("return 1");
+        let call = script.key("ns:v:{k}");
+        let got: Option<Vec<Value>> = invoke_echoed(&call, &mut c, Echo::keyed("ns:v:{k}"))
+            .await
+            .unwrap();
+        assert_eq!(got, None);
+        let sent = sent.lock().unwrap();
+        let echo = sent
+            .iter()
+            .find(|c| c[0] == "EVAL")
+            .expect("the echo was sent");
+        assert_eq!(echo[3], "ns:v:{k}", "the echo declares the command's key");
+        assert_eq!(
+            redis::cluster_routing::Slot::for_key(echo[3].as_bytes()),
+            redis::cluster_routing::Slot::for_key(b"ns:v:{k}")
+        );
+    }
+
+    /// In step, a keyed echo lets the reply through: a GET's value, a clock's, a script's
+    /// after NOSCRIPT loaded it (the echo itself, sent by EVAL, never meets NOSCRIPT).
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_aligned_reply_passes_a_keyed_echo() {
+        let loaded = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = loaded.clone();
+        let script = redis::Script::new("return 7");
+        let hash = script.get_hash().to_string();
+        let mut c = connection(move |command| {
+            use std::sync::atomic::Ordering::SeqCst;
+            match command[0].as_str() {
+                "EVALSHA" if !seen.load(SeqCst) => b"-NOSCRIPT No matching script\r\n".to_vec(),
+                "EVALSHA" => b":7\r\n".to_vec(),
+                "SCRIPT" => {
+                    seen.store(true, SeqCst);
+                    format!("${}\r\n{hash}\r\n", hash.len()).into_bytes()
+                }
+                "HGET" => b"$2\r\n42\r\n".to_vec(),
+                "EVAL" => keyed_echo_of(command),
+                _ => b"-ERR unexpected\r\n".to_vec(),
+            }
+        })
+        .await;
+        let call = script.key("ns:v:{k}");
+        let got: Option<i64> = invoke_echoed(&call, &mut c, Echo::keyed("ns:v:{k}"))
+            .await
+            .unwrap();
+        assert_eq!(got, Some(7));
+        let mut read = redis::cmd("HGET");
+        read.arg("ns:meta").arg("clock");
+        let got: Option<Option<String>> = query_echoed(&read, &mut c, Echo::keyed("ns:meta"))
+            .await
+            .unwrap();
+        assert_eq!(got, Some(Some("42".to_string())));
     }
 }

@@ -148,7 +148,7 @@ impl RedisTier {
             self.generation_key(key),
         );
         let lock_ttl_ms = self.lock.ttl_ms();
-        let echo = self.script_echo();
+        let echo = self.echo(&keys.0);
         let reply: Option<Vec<Value>> = self
             .run("lock", key, |mut c| async move {
                 let mut call = self.scripts.cold_gate.key(&keys.0);
@@ -316,7 +316,7 @@ impl RedisTier {
             self.lock_key(key),
             self.generation_key(key),
         );
-        let echo = self.script_echo();
+        let echo = self.echo(&keys.0);
         let reply: Result<Option<Vec<Value>>, Unavailable> = self
             .run("lock", key, |mut c| {
                 let token = token.clone();
@@ -392,7 +392,7 @@ impl RedisTier {
     pub async fn force_gate(&self, key: &str) -> Gate {
         let stamp = self.inbox.stamp(key);
         let keys = (self.value_key(key), self.generation_key(key));
-        let echo = self.script_echo();
+        let echo = self.echo(&keys.0);
         let state = self.run("get", key, |mut c| async move {
             let mut call = self.scripts.fence.key(&keys.0);
             call.key(&keys.1)
@@ -425,7 +425,7 @@ impl RedisTier {
         if announce {
             self.bus.carried().expect_own(key);
         }
-        let echo = self.script_echo();
+        let echo = self.echo(&lkey);
         let released = self
             .run("unlock", key, |mut c| async move {
                 let channel = if announce { self.bus.channel() } else { "" };

@@ -3,6 +3,16 @@
 
 use redis::Script;
 
+/// The code of `echo.lua` (its comment lines left out, as they would travel with every call):
+/// sent by EVAL with its text, so it never meets NOSCRIPT (see the script).
+pub(super) static ECHO: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    include_str!("scripts/echo.lua")
+        .lines()
+        .filter(|line| !line.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n")
+});
+
 /// One of each script, hashed once for the tier.
 pub struct Scripts {
     pub(super) fence: Script,

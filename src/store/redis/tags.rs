@@ -14,7 +14,7 @@
 //! together), since deletions made before this process subscribed were never heard here. While
 //! the bus is down, the clear clock is read from Redis too.
 //!
-//! Every clock is read with an ECHO pipelined after it (off a Cluster; see `invoke_echoed`): a
+//! Every clock is read with an echo pipelined after it (on a Cluster a keyed one; see `Echo`): a
 //! clock read off another command's reply could make an entry born after a deletion it predates
 //! (a moved number in front of the namespace clock's read) or older than one that killed it (in
 //! front of a tag key's), so a deleted entry would be served. A moved reply leaves the clock
@@ -67,7 +67,7 @@ impl RedisTier {
     pub async fn clock_now(&self, key: &str) -> Option<u64> {
         let mut read = redis::cmd("HGET");
         read.arg(self.meta_key()).arg("clock");
-        let echo = self.script_echo();
+        let echo = self.echo(&self.meta_key());
         let clock = self
             .run("get", key, |mut c| async move {
                 query_echoed::<Option<String>>(&read, &mut c, echo).await
@@ -97,7 +97,7 @@ impl RedisTier {
     ) -> Result<u64, Unavailable> {
         let meta = self.meta_key();
         let known = self.inbox.clock();
-        let echo = self.script_echo();
+        let echo = self.echo(&meta);
         let clock = self
             .run(op, key, |mut c| async move {
                 let mut call = self.scripts.advance.key(&meta);
@@ -132,8 +132,8 @@ impl RedisTier {
             return Ok(true);
         }
         // `Ok(None)`: the reply was moved. A key of another type holds no clock.
-        let clock_at = |read: redis::Cmd| {
-            let echo = self.script_echo();
+        let clock_at = |read: redis::Cmd, redis_key: &str| {
+            let echo = self.echo(redis_key);
             self.run("get", key, |mut c| async move {
                 match query_echoed::<Option<String>>(&read, &mut c, echo).await {
                     Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(None)),
@@ -142,17 +142,19 @@ impl RedisTier {
             })
         };
         let reads = tags.iter().map(|tag| {
+            let tkey = self.tag_key(tag);
             let mut read = redis::cmd("GET");
-            read.arg(self.tag_key(tag));
-            clock_at(read)
+            read.arg(&tkey);
+            clock_at(read, &tkey)
         });
         let cleared = async {
             if bus_up {
                 return Ok(Some(None));
             }
             let mut read = redis::cmd("HGET");
-            read.arg(self.meta_key()).arg("cleared");
-            clock_at(read).await.map(|c| c.map(Some))
+            let meta = self.meta_key();
+            read.arg(&meta).arg("cleared");
+            clock_at(read, &meta).await.map(|c| c.map(Some))
         };
         let (clocks, cleared) = tokio::join!(join_all(reads), cleared);
         let clocks: Vec<Option<Option<String>>> = clocks.into_iter().collect::<Result<_, _>>()?;
@@ -191,7 +193,7 @@ impl RedisTier {
         let writes = tags.iter().map(|tag| {
             let tkey = self.tag_key(tag);
             let msg = self.bus.tag_message(clock, tag);
-            let echo = self.script_echo();
+            let echo = self.echo(&tkey);
             self.run("deleteByTag", tag, |mut c| async move {
                 let mut call = self.scripts.tag.key(&tkey);
                 call.arg(clock).arg(self.bus.channel()).arg(msg).arg(px);
@@ -229,7 +231,7 @@ impl RedisTier {
         let meta = self.meta_key();
         let prefix = self.bus.clear_prefix();
         let known = self.inbox.clock();
-        let echo = self.script_echo();
+        let echo = self.echo(&meta);
         let clock = self
             .run("clear", "", |mut c| async move {
                 let mut call = self.scripts.clear.key(&meta);
@@ -312,7 +314,7 @@ impl RedisTier {
     pub(super) async fn sync_namespace(&self) {
         let started = Instant::now();
         let meta = self.meta_key();
-        let echo = self.script_echo();
+        let echo = self.echo(&meta);
         let read = async {
             let mut conn = self.link.get(started).await?;
             let mut read = redis::cmd("HMGET");

@@ -1,0 +1,179 @@
+'use strict'
+// Alignment on Redis Cluster: every script call, clock read and GET on a Cluster travels with an
+// echo that routes with it (echo.lua declaring the command's key), so a reply moved by an extra
+// one in front is caught there as on a single server. The Cluster is one redis-server in cluster
+// mode owning every slot, announcing a fault-injecting proxy's port as its own: the cache
+// discovers the node through CLUSTER SLOTS and then speaks to it only through the proxy.
+
+const { test, after, before } = require('node:test')
+const assert = require('node:assert/strict')
+const { RedisNode, killTopologySync } = require('./helpers/redis-topology')
+const { FaultProxy } = require('./helpers/fault-proxy')
+const { eventually } = require('./helpers/eventually')
+
+process.on('exit', killTopologySync)
+
+let node
+let proxy
+
+before(async () => {
+  node = new RedisNode('cluster-echo', {
+    conf: async (port) => ['cluster-enabled yes', `cluster-config-file nodes-${port}.conf`, 'cluster-node-timeout 1000'],
+  })
+  await node.start()
+  await node.cmd('CLUSTER', 'ADDSLOTSRANGE', '0', '16383')
+  proxy = await new FaultProxy(node.port).start()
+  await node.cmd('CONFIG', 'SET', 'cluster-announce-ip', '127.0.0.1')
+  await node.cmd('CONFIG', 'SET', 'cluster-announce-port', String(proxy.port))
+  await eventually(async () => /cluster_state:ok/.test(await node.cmd('CLUSTER', 'INFO')), { what: 'the one-node cluster ok' })
+  const slots = await node.cmd('CLUSTER', 'SLOTS')
+  assert.equal(Number(slots[0][2][1]), proxy.port, 'the node announces the proxy')
+})
+
+after(async () => {
+  if (proxy) await proxy.close()
+  if (node) await node.dispose()
+})
+
+// A script's reply moved by one, on a Cluster: an extra integer reply in front of a load's
+// write-back, whose own reply says it was fenced out (a set of the key since the load began).
+// Read as written, the load's older value would be kept in process over the set's; proven out of
+// step by the keyed echo, the write-back counts as dropped and nothing is kept. Bus messages to
+// the reader are withheld, so only the write-back's reply decides. The writer speaks to the node
+// directly as a single server (it owns every slot), past the proxy.
+test('cluster: a write-back reply moved by an extra reply is not read as written', { timeout: 60_000 }, async () => {
+  const { StampedeCache } = require('..')
+  const namespace = `clusterecho${process.pid}`
+  let injectInteger = false
+  let injected = 0
+  proxy.tamperEvery((chunk) => {
+    if (chunk.toString('latin1', 0, 16).startsWith('>3\r\n$7\r\nmessage')) return Buffer.alloc(0)
+    if (injectInteger && chunk[0] === 0x3a) {
+      injectInteger = false
+      injected++
+      return Buffer.concat([Buffer.from(':1\r\n'), chunk])
+    }
+    return null
+  })
+  const errors = []
+  const reader = new StampedeCache({
+    redis: { cluster: [`redis://127.0.0.1:${proxy.port}`], commandTimeout: 2_000 },
+    namespace,
+    ttl: 600_000,
+    onError: (err) => errors.push(err.message),
+  })
+  const writer = new StampedeCache({ redis: `redis://127.0.0.1:${node.port}`, namespace, ttl: 600_000, l1: false })
+  try {
+    await reader.get('warm')
+    const before = reader.stats().redisErrors
+    let release
+    const gate = new Promise((r) => (release = r))
+    let loading
+    const loaded = new Promise((r) => (loading = r))
+    const read = reader.getOrLoad('k', async () => {
+      loading()
+      await gate
+      return 'loaded before the set'
+    })
+    await loaded
+    await writer.set('k', 'set during the load')
+    injectInteger = true
+    release()
+    assert.equal(await read, 'loaded before the set', "the caller gets its own load's value")
+    await eventually(() => injected === 1, { what: 'the extra reply injected' })
+    await new Promise((r) => setTimeout(r, 200))
+    // Whatever the reader kept must not be the load's value: the set came after it began.
+    const after = await reader.get('k')
+    assert.notEqual(after, 'loaded before the set', `kept the fenced-out value; errors: ${errors.join(' | ')}`)
+    assert.equal(after, 'set during the load')
+    await eventually(() => reader.stats().redisErrors > before, { what: 'the moved reply counted' })
+  } finally {
+    proxy.calm()
+    await reader.close()
+    await writer.close()
+  }
+})
+
+// A GET's reply moved by an old reply of the same key, on a Cluster: the key mark cannot tell
+// it (it names the right key), the echo can. The proxy answers the reader's GET of `k` with the
+// value `k` held before a set, in front of the real reply; the read is refused (a miss, counted),
+// never the older value after a resolved set.
+test('cluster: a GET moved by an old reply of the same key is refused', { timeout: 60_000 }, async () => {
+  const { StampedeCache } = require('..')
+  const namespace = `clusterecho2${process.pid}`
+  const errors = []
+  const reader = new StampedeCache({
+    redis: { cluster: [`redis://127.0.0.1:${proxy.port}`], commandTimeout: 2_000 },
+    namespace,
+    l1: false,
+    ttl: 600_000,
+    onError: (err) => errors.push(err.message),
+  })
+  try {
+    await reader.set('k', 'old')
+    assert.equal(await reader.get('k'), 'old')
+    const oldReply = proxy.lastBulk
+    assert.ok(oldReply && oldReply.includes('old'), 'the old reply recorded')
+    const oldGet = oldReply.subarray(0, oldReply.indexOf('\r\n', oldReply.indexOf('\r\n') + 2) + 2)
+    await reader.set('k', 'new')
+    const before = reader.stats().redisErrors
+    let injected = 0
+    proxy.tamperReplyTo(
+      (request) => request.includes('GET') && request.includes('clusterecho2'),
+      (chunk) => {
+        injected++
+        return Buffer.concat([oldGet, chunk])
+      },
+    )
+    const got = await reader.get('k')
+    assert.equal(injected, 1, 'the old reply was put in front')
+    assert.notEqual(got, 'old', `an older value after a resolved set; errors: ${errors.join(' | ')}`)
+    assert.ok(reader.stats().redisErrors > before, 'the moved reply was counted')
+    assert.equal(await reader.get('k'), 'new', 'read again on the replaced connection')
+  } finally {
+    proxy.calm()
+    await reader.close()
+  }
+})
+
+// A batch on a Cluster goes as one pipeline of GETs per slot, each ending with its own keyed
+// echo: an old reply of the same key put in front of a slot's pipeline is refused (never the
+// older value after a resolved set), counted, and the batch asked again. One key, so no other
+// slot's reply follows it on the connection to be caught by its key mark instead.
+test('cluster: a getMany slot pipeline moved by an old reply of the same key is refused', { timeout: 60_000 }, async () => {
+  const { StampedeCache } = require('..')
+  const namespace = `clusterecho3${process.pid}`
+  const errors = []
+  const reader = new StampedeCache({
+    redis: { cluster: [`redis://127.0.0.1:${proxy.port}`], commandTimeout: 2_000 },
+    namespace,
+    l1: false,
+    ttl: 600_000,
+    onError: (err) => errors.push(err.message),
+  })
+  try {
+    await reader.set('a', 'old')
+    assert.deepEqual(await reader.getMany(['a']), ['old'])
+    const oldReply = proxy.lastBulk
+    assert.ok(oldReply && oldReply.includes('old'), 'the old reply recorded')
+    const oldGet = oldReply.subarray(0, oldReply.indexOf('\r\n', oldReply.indexOf('\r\n') + 2) + 2)
+    await reader.set('a', 'new')
+    const before = reader.stats().redisErrors
+    let injected = 0
+    proxy.tamperReplyTo(
+      (request) => request.includes('GET') && request.includes(`${namespace}:v:{a}`),
+      (chunk) => {
+        injected++
+        return Buffer.concat([oldGet, chunk])
+      },
+    )
+    const got = await reader.getMany(['a'])
+    assert.equal(injected, 1, 'the old reply was put in front')
+    assert.notEqual(got[0], 'old', `an older value after a resolved set; errors: ${errors.join(' | ')}`)
+    assert.deepEqual(got, ['new'], 'asked again on the replaced connection')
+    assert.ok(reader.stats().redisErrors > before, 'the moved reply was counted')
+  } finally {
+    proxy.calm()
+    await reader.close()
+  }
+})

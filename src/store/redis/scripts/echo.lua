@@ -1,0 +1,11 @@
+-- The echo that proves a reply is in its place on a Cluster (see `Echo` in envelopes.rs): pipelined
+-- after the command it guards, it answers its mark, so an extra reply in front moves the command's
+-- reply into the mark's place and the call is refused. A keyless ECHO would be routed to another
+-- node than the command and prove nothing about the command's connection.
+-- KEYS[1] the key of the command it guards, declared for routing only: the Cluster client sends
+-- the pipeline to that key's slot, so the echo travels on the very connection the command does.
+-- The script reads and writes no key. Sent by EVAL, never EVALSHA: a NOSCRIPT reply in the mark's
+-- place could not be told apart from a moved reply, and the command before it (a write) may
+-- already have run, so the call could be neither trusted nor sent again.
+-- ARGV[1] the mark. Returns it.
+return ARGV[1]
