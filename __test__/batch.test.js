@@ -9,8 +9,7 @@ const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { StampedeCache } = require('..')
 const { sleep, assertNoLeaks, rejectsWithCode } = require('./helpers/assertions')
-const net = require('node:net')
-const { once } = require('node:events')
+const { monitorDuring } = require('./helpers/monitor')
 const { setupRedis, barrier, killAllSync, waitFor } = require('./helpers/redis-server')
 
 const TEST_TIMEOUT = 60_000
@@ -34,35 +33,10 @@ function recorder({ ms = 0, value = (k) => ({ k }) } = {}) {
  * script runs are shown as the script's, "lua", and not counted: INFO commandstats counts both).
  */
 async function clientCommands(redis, fn) {
-  const socket = net.connect({ host: '127.0.0.1', port: redis.port })
-  await once(socket, 'connect')
   const counts = {}
-  let buf = ''
-  let monitoring = false
-  let marked = false
-  const marker = `marker-${process.pid}-${Date.now()}`
-  socket.setEncoding('utf8')
-  socket.on('data', (chunk) => {
-    buf += chunk
-    for (let i = buf.indexOf('\r\n'); i >= 0; i = buf.indexOf('\r\n')) {
-      const line = buf.slice(0, i)
-      buf = buf.slice(i + 2)
-      if (line === '+OK') monitoring = true
-      if (line.includes(marker)) marked = true
-      const m = line.match(/^\+[\d.]+ \[\d+ ([^\]]+)\] "([^"]+)"/)
-      if (m && m[1] !== 'lua' && !marked) counts[m[2].toLowerCase()] = (counts[m[2].toLowerCase()] ?? 0) + 1
-    }
+  await monitorDuring(redis.port, fn, (addr, name) => {
+    if (addr !== 'lua') counts[name.toLowerCase()] = (counts[name.toLowerCase()] ?? 0) + 1
   })
-  socket.write('MONITOR\r\n')
-  await waitFor(() => monitoring, { what: 'MONITOR to start' })
-  try {
-    await fn()
-    // MONITOR shows commands in the order Redis ran them: once the marker shows, all of fn's have.
-    await redis.cmd('ECHO', marker)
-    await waitFor(() => marked, { what: 'the MONITOR marker' })
-  } finally {
-    socket.destroy()
-  }
   return counts
 }
 

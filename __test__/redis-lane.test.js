@@ -16,6 +16,7 @@ const { Worker } = require('node:worker_threads')
 const fs = require('node:fs')
 const os = require('node:os')
 const { RedisServer, waitFor, killAllSync } = require('./helpers/redis-server')
+const { monitorDuring } = require('./helpers/monitor')
 const { makeCertificates, RedisNode, killTopologySync } = require('./helpers/redis-topology')
 const { StampedeCache } = require('..')
 
@@ -122,35 +123,10 @@ test('reads take the lane: one named connection carries the GETs, values and cou
 
 /** The connections (`addr`) that sent each `MGET` while `fn` ran, as MONITOR shows them. */
 async function mgetSenders(redis, fn) {
-  const net = require('node:net')
-  const socket = net.connect({ host: '127.0.0.1', port: redis.port })
-  await new Promise((resolve) => socket.once('connect', resolve))
-  socket.setEncoding('utf8')
   const senders = []
-  let buf = ''
-  let monitoring = false
-  let marked = false
-  const marker = `marker-${process.pid}-${Date.now()}`
-  socket.on('data', (chunk) => {
-    buf += chunk
-    for (let i = buf.indexOf('\r\n'); i >= 0; i = buf.indexOf('\r\n')) {
-      const line = buf.slice(0, i)
-      buf = buf.slice(i + 2)
-      if (line === '+OK') monitoring = true
-      if (line.includes(marker)) marked = true
-      const m = line.match(/^\+[\d.]+ \[\d+ ([^\]]+)\] "MGET"/)
-      if (m && !marked) senders.push(m[1])
-    }
+  await monitorDuring(redis.port, fn, (addr, name) => {
+    if (name === 'MGET') senders.push(addr)
   })
-  socket.write('MONITOR\r\n')
-  await waitFor(() => monitoring, { what: 'MONITOR to start' })
-  try {
-    await fn()
-    await redis.cmd('ECHO', marker)
-    await waitFor(() => marked, { what: 'the MONITOR marker' })
-  } finally {
-    socket.destroy()
-  }
   return senders
 }
 

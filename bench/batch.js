@@ -19,10 +19,9 @@
 //    same simulated database: a query takes 20 ms, at most 10 run at once (a connection pool).
 // 4. Redis commands per batch, as clients sent them (MONITOR), warm and cold.
 const path = require('node:path')
-const net = require('node:net')
-const { once } = require('node:events')
 const fs = require('node:fs')
 const { startRedis } = require('./redis-lib')
+const { monitorDuring } = require('../__test__/helpers/monitor')
 const { StampedeCache } = require('..')
 
 const args = process.argv.slice(2)
@@ -89,40 +88,11 @@ async function sideBySide(ours, other, count, inFlight) {
  * runs are shown as the script's and not counted; INFO commandstats would count them too).
  */
 async function clientCommands(redis, fn) {
-  const socket = net.connect({ host: '127.0.0.1', port: redis.port })
-  await once(socket, 'connect')
-  socket.setEncoding('utf8')
   const counts = {}
-  const marker = `marker-${process.pid}-${Date.now()}`
-  let buf = ''
-  let monitoring = false
-  let marked = false
-  socket.on('data', (chunk) => {
-    buf += chunk
-    for (let i = buf.indexOf('\r\n'); i >= 0; i = buf.indexOf('\r\n')) {
-      const line = buf.slice(0, i)
-      buf = buf.slice(i + 2)
-      if (line === '+OK') monitoring = true
-      if (line.includes(marker)) marked = true
-      const m = line.match(/^\+[\d.]+ \[\d+ ([^\]]+)\] "([^"]+)"/)
-      if (m && m[1] !== 'lua' && !marked) {
-        const name = m[2].toLowerCase()
-        if (name !== 'ping') counts[name] = (counts[name] ?? 0) + 1
-      }
-    }
+  await monitorDuring(redis.port, fn, (addr, name) => {
+    const command = name.toLowerCase()
+    if (addr !== 'lua' && command !== 'ping') counts[command] = (counts[command] ?? 0) + 1
   })
-  socket.write('MONITOR\r\n')
-  const until = async (cond) => {
-    for (const deadline = Date.now() + 10_000; !cond(); ) {
-      if (Date.now() > deadline) throw new Error('MONITOR did not answer')
-      await new Promise((r) => setTimeout(r, 5))
-    }
-  }
-  await until(() => monitoring)
-  await fn()
-  await redis.command('ECHO', marker)
-  await until(() => marked)
-  socket.destroy()
   return counts
 }
 

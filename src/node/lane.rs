@@ -299,21 +299,17 @@ pub fn send<'env, T>(
     ask: LaneAsk,
     then: Then,
 ) -> napi::Result<PromiseRaw<'env, T>> {
-    let (promised, promise) = settle::promise(env.raw())?;
-    Lane::send(
+    send_asked(
+        env,
         lane,
-        Sent {
-            promised,
-            asked: Asked::One {
-                key,
-                stamp,
-                ask,
-                then,
-            },
-            deadline: Instant::now() + tier.lane_timeout(),
+        tier,
+        Asked::One {
+            key,
+            stamp,
+            ask,
+            then,
         },
-    );
-    Ok(PromiseRaw::new(env.raw(), promise))
+    )
 }
 
 /// Sends a batch read of `keys` (one MGET; `stamps`: each key's) on `lane` (from `ready`): the
@@ -327,17 +323,32 @@ pub fn send_many<'env, T>(
     count: bool,
     then: ThenMany,
 ) -> napi::Result<PromiseRaw<'env, T>> {
+    send_asked(
+        env,
+        lane,
+        tier,
+        Asked::Many {
+            keys,
+            stamps,
+            count,
+            then,
+        },
+    )
+}
+
+/// Sends `asked` on `lane` with the tier's lane timeout: the promise its answer settles.
+fn send_asked<'env, T>(
+    env: &'env Env,
+    lane: &Rc<RefCell<Lane>>,
+    tier: &Arc<RedisTier>,
+    asked: Asked,
+) -> napi::Result<PromiseRaw<'env, T>> {
     let (promised, promise) = settle::promise(env.raw())?;
     Lane::send(
         lane,
         Sent {
             promised,
-            asked: Asked::Many {
-                keys,
-                stamps,
-                count,
-                then,
-            },
+            asked,
             deadline: Instant::now() + tier.lane_timeout(),
         },
     );

@@ -615,6 +615,11 @@ mod tests {
         Connection::Single(conn)
     }
 
+    /// A script's replies moved by an extra one in front: another key's won bid, then ours, held
+    /// by someone else.
+    const MOVED_BIDS: &[u8] =
+        b"*3\r\n$-1\r\n$5\r\nother\r\n:1\r\n*4\r\n$-1\r\n$4\r\nours\r\n:2\r\n:90\r\n";
+
     fn echo_of(command: &[String]) -> Vec<u8> {
         format!("${}\r\n{}\r\n", command[1].len(), command[1]).into_bytes()
     }
@@ -624,11 +629,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_script_reply_moved_by_an_extra_one_is_refused() {
         let mut c = connection(|command| match command[0].as_str() {
-            "EVALSHA" => {
-                // Another key's bid, won; then ours, held by someone else.
-                b"*3\r\n$-1\r\n$5\r\nother\r\n:1\r\n*4\r\n$-1\r\n$4\r\nours\r\n:2\r\n:90\r\n"
-                    .to_vec()
-            }
+            "EVALSHA" => MOVED_BIDS.to_vec(),
             "ECHO" => echo_of(command),
             _ => b"-ERR unexpected\r\n".to_vec(),
         })
@@ -639,10 +640,7 @@ mod tests {
         assert_eq!(got, None);
         // Without the echo, the moved reply is read as ours: the other key's won bid.
         let mut c = connection(|command| match command[0].as_str() {
-            "EVALSHA" => {
-                b"*3\r\n$-1\r\n$5\r\nother\r\n:1\r\n*4\r\n$-1\r\n$4\r\nours\r\n:2\r\n:90\r\n"
-                    .to_vec()
-            }
+            "EVALSHA" => MOVED_BIDS.to_vec(),
             _ => b"-ERR unexpected\r\n".to_vec(),
         })
         .await;
@@ -756,10 +754,7 @@ mod tests {
         let mut c = connection(move |command| {
             seen.lock().unwrap().push(command.to_vec());
             match command[0].as_str() {
-                "EVALSHA" => {
-                    b"*3\r\n$-1\r\n$5\r\nother\r\n:1\r\n*4\r\n$-1\r\n$4\r\nours\r\n:2\r\n:90\r\n"
-                        .to_vec()
-                }
+                "EVALSHA" => MOVED_BIDS.to_vec(),
                 "EVAL" => keyed_echo_of(command),
                 _ => b"-ERR unexpected\r\n".to_vec(),
             }
