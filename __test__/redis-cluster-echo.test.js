@@ -10,6 +10,7 @@ const assert = require('node:assert/strict')
 const { RedisNode, killTopologySync } = require('./helpers/redis-topology')
 const { FaultProxy } = require('./helpers/fault-proxy')
 const { eventually } = require('./helpers/eventually')
+const { loadOvertakenBySet } = require('./helpers/overtaken')
 
 process.on('exit', killTopologySync)
 
@@ -35,6 +36,35 @@ after(async () => {
   if (node) await node.dispose()
 })
 
+/** A cache that finds the node as a Cluster and then speaks to it only through the proxy. */
+function clusterReader(namespace, errors, options = {}) {
+  const { StampedeCache } = require('..')
+  return new StampedeCache({
+    redis: { cluster: [`redis://127.0.0.1:${proxy.port}`], commandTimeout: 2_000 },
+    namespace,
+    ttl: 600_000,
+    onError: (err) => errors.push(err.message),
+    ...options,
+  })
+}
+
+/** The bulk string of the last value reply the proxy passed (a key's value as it was then). */
+function lastValueReply() {
+  const reply = proxy.lastBulk
+  assert.ok(reply && reply.includes('old'), 'the old reply recorded')
+  return reply.subarray(0, reply.indexOf('\r\n', reply.indexOf('\r\n') + 2) + 2)
+}
+
+/** Puts `reply` in front of the next reply to a request `matches` finds; the count of those. */
+function putInFront(reply, matches) {
+  const put = { count: 0 }
+  proxy.tamperReplyTo(matches, (chunk) => {
+    put.count++
+    return Buffer.concat([reply, chunk])
+  })
+  return put
+}
+
 // A script's reply moved by one, on a Cluster: an extra integer reply in front of a load's
 // write-back, whose own reply says it was fenced out (a set of the key since the load began).
 // Read as written, the load's older value would be kept in process over the set's; proven out of
@@ -56,30 +86,15 @@ test('cluster: a write-back reply moved by an extra reply is not read as written
     return null
   })
   const errors = []
-  const reader = new StampedeCache({
-    redis: { cluster: [`redis://127.0.0.1:${proxy.port}`], commandTimeout: 2_000 },
-    namespace,
-    ttl: 600_000,
-    onError: (err) => errors.push(err.message),
-  })
+  const reader = clusterReader(namespace, errors)
   const writer = new StampedeCache({ redis: `redis://127.0.0.1:${node.port}`, namespace, ttl: 600_000, l1: false })
   try {
     await reader.get('warm')
     const before = reader.stats().redisErrors
-    let release
-    const gate = new Promise((r) => (release = r))
-    let loading
-    const loaded = new Promise((r) => (loading = r))
-    const read = reader.getOrLoad('k', async () => {
-      loading()
-      await gate
-      return 'loaded before the set'
+    const read = await loadOvertakenBySet(reader, writer, 'k', () => {
+      injectInteger = true
     })
-    await loaded
-    await writer.set('k', 'set during the load')
-    injectInteger = true
-    release()
-    assert.equal(await read, 'loaded before the set', "the caller gets its own load's value")
+    assert.equal(read, 'loaded before the set', "the caller gets its own load's value")
     await eventually(() => injected === 1, { what: 'the extra reply injected' })
     await new Promise((r) => setTimeout(r, 200))
     // Whatever the reader kept must not be the load's value: the set came after it began.
@@ -99,34 +114,18 @@ test('cluster: a write-back reply moved by an extra reply is not read as written
 // value `k` held before a set, in front of the real reply; the read is refused (a miss, counted),
 // never the older value after a resolved set.
 test('cluster: a GET moved by an old reply of the same key is refused', { timeout: 60_000 }, async () => {
-  const { StampedeCache } = require('..')
   const namespace = `clusterecho2${process.pid}`
   const errors = []
-  const reader = new StampedeCache({
-    redis: { cluster: [`redis://127.0.0.1:${proxy.port}`], commandTimeout: 2_000 },
-    namespace,
-    l1: false,
-    ttl: 600_000,
-    onError: (err) => errors.push(err.message),
-  })
+  const reader = clusterReader(namespace, errors, { l1: false })
   try {
     await reader.set('k', 'old')
     assert.equal(await reader.get('k'), 'old')
-    const oldReply = proxy.lastBulk
-    assert.ok(oldReply && oldReply.includes('old'), 'the old reply recorded')
-    const oldGet = oldReply.subarray(0, oldReply.indexOf('\r\n', oldReply.indexOf('\r\n') + 2) + 2)
+    const oldGet = lastValueReply()
     await reader.set('k', 'new')
     const before = reader.stats().redisErrors
-    let injected = 0
-    proxy.tamperReplyTo(
-      (request) => request.includes('GET') && request.includes('clusterecho2'),
-      (chunk) => {
-        injected++
-        return Buffer.concat([oldGet, chunk])
-      },
-    )
+    const put = putInFront(oldGet, (request) => request.includes('GET') && request.includes('clusterecho2'))
     const got = await reader.get('k')
-    assert.equal(injected, 1, 'the old reply was put in front')
+    assert.equal(put.count, 1, 'the old reply was put in front')
     assert.notEqual(got, 'old', `an older value after a resolved set; errors: ${errors.join(' | ')}`)
     assert.ok(reader.stats().redisErrors > before, 'the moved reply was counted')
     assert.equal(await reader.get('k'), 'new', 'read again on the replaced connection')
@@ -141,34 +140,18 @@ test('cluster: a GET moved by an old reply of the same key is refused', { timeou
 // older value after a resolved set), counted, and the batch asked again. One key, so no other
 // slot's reply follows it on the connection to be caught by its key mark instead.
 test('cluster: a getMany slot pipeline moved by an old reply of the same key is refused', { timeout: 60_000 }, async () => {
-  const { StampedeCache } = require('..')
   const namespace = `clusterecho3${process.pid}`
   const errors = []
-  const reader = new StampedeCache({
-    redis: { cluster: [`redis://127.0.0.1:${proxy.port}`], commandTimeout: 2_000 },
-    namespace,
-    l1: false,
-    ttl: 600_000,
-    onError: (err) => errors.push(err.message),
-  })
+  const reader = clusterReader(namespace, errors, { l1: false })
   try {
     await reader.set('a', 'old')
     assert.deepEqual(await reader.getMany(['a']), ['old'])
-    const oldReply = proxy.lastBulk
-    assert.ok(oldReply && oldReply.includes('old'), 'the old reply recorded')
-    const oldGet = oldReply.subarray(0, oldReply.indexOf('\r\n', oldReply.indexOf('\r\n') + 2) + 2)
+    const oldGet = lastValueReply()
     await reader.set('a', 'new')
     const before = reader.stats().redisErrors
-    let injected = 0
-    proxy.tamperReplyTo(
-      (request) => request.includes('GET') && request.includes(`${namespace}:v:{a}`),
-      (chunk) => {
-        injected++
-        return Buffer.concat([oldGet, chunk])
-      },
-    )
+    const put = putInFront(oldGet, (request) => request.includes('GET') && request.includes(`${namespace}:v:{a}`))
     const got = await reader.getMany(['a'])
-    assert.equal(injected, 1, 'the old reply was put in front')
+    assert.equal(put.count, 1, 'the old reply was put in front')
     assert.notEqual(got[0], 'old', `an older value after a resolved set; errors: ${errors.join(' | ')}`)
     assert.deepEqual(got, ['new'], 'asked again on the replaced connection')
     assert.ok(reader.stats().redisErrors > before, 'the moved reply was counted')

@@ -12,6 +12,7 @@ const path = require('node:path')
 const { spawn } = require('node:child_process')
 const { RedisServer, killAllSync } = require('./helpers/redis-server')
 const { eventually } = require('./helpers/eventually')
+const { loadOvertakenBySet } = require('./helpers/overtaken')
 
 after(() => killAllSync())
 
@@ -125,20 +126,10 @@ test('command connection: a write-back reply moved by an extra reply is not read
   const writer = new StampedeCache({ redis: `redis://127.0.0.1:${redis.port}`, namespace, ttl: 600_000, l1: false })
   try {
     await reader.get('warm')
-    let release
-    const gate = new Promise((r) => (release = r))
-    let loading
-    const loaded = new Promise((r) => (loading = r))
-    const read = reader.getOrLoad('k', async () => {
-      loading()
-      await gate
-      return 'loaded before the set'
+    const read = await loadOvertakenBySet(reader, writer, 'k', () => {
+      injectInteger = true
     })
-    await loaded
-    await writer.set('k', 'set during the load')
-    injectInteger = true
-    release()
-    assert.equal(await read, 'loaded before the set', "the caller gets its own load's value")
+    assert.equal(read, 'loaded before the set', "the caller gets its own load's value")
     // The write-back goes on after the caller has its value.
     await eventually(() => !injectInteger, { what: 'the extra reply injected' })
     await new Promise((r) => setTimeout(r, 200))

@@ -78,21 +78,8 @@ pub fn redis_value_key(namespace: &str, key: &str) -> String {
 /// Appends a RESP `GET` of the Redis key holding `key`'s envelope to `out`, with no String made
 /// on the way (a read lane's request; the same bytes as the redis crate's packed command).
 pub fn write_value_get(namespace: &str, key: &str, out: &mut Vec<u8>) {
-    use std::io::Write;
-    if key.contains('}') {
-        let name = redis_value_key(namespace, key);
-        let _ = write!(out, "*2\r\n$3\r\nGET\r\n${}\r\n", name.len());
-        out.extend_from_slice(name.as_bytes());
-    } else {
-        // As `tagged` spells it: {namespace}:v:{{key}}.
-        let len = namespace.len() + ":v:{".len() + key.len() + 1;
-        let _ = write!(out, "*2\r\n$3\r\nGET\r\n${len}\r\n");
-        out.extend_from_slice(namespace.as_bytes());
-        out.extend_from_slice(b":v:{");
-        out.extend_from_slice(key.as_bytes());
-        out.push(b'}');
-    }
-    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(b"*2\r\n$3\r\nGET\r\n");
+    write_value_key(namespace, key, out);
 }
 
 /// Appends a RESP `MGET` of the Redis keys holding `keys`' envelopes to `out` (a batch read on
@@ -101,20 +88,27 @@ pub fn write_value_mget(namespace: &str, keys: &[String], out: &mut Vec<u8>) {
     use std::io::Write;
     let _ = write!(out, "*{}\r\n$4\r\nMGET\r\n", keys.len() + 1);
     for key in keys {
-        if key.contains('}') {
-            let name = redis_value_key(namespace, key);
-            let _ = write!(out, "${}\r\n", name.len());
-            out.extend_from_slice(name.as_bytes());
-        } else {
-            let len = namespace.len() + ":v:{".len() + key.len() + 1;
-            let _ = write!(out, "${len}\r\n");
-            out.extend_from_slice(namespace.as_bytes());
-            out.extend_from_slice(b":v:{");
-            out.extend_from_slice(key.as_bytes());
-            out.push(b'}');
-        }
-        out.extend_from_slice(b"\r\n");
+        write_value_key(namespace, key, out);
     }
+}
+
+/// Appends the Redis key holding `key`'s envelope to `out` as a RESP bulk string.
+fn write_value_key(namespace: &str, key: &str, out: &mut Vec<u8>) {
+    use std::io::Write;
+    if key.contains('}') {
+        let name = redis_value_key(namespace, key);
+        let _ = write!(out, "${}\r\n", name.len());
+        out.extend_from_slice(name.as_bytes());
+    } else {
+        // As `tagged` spells it: {namespace}:v:{{key}}.
+        let len = namespace.len() + ":v:{".len() + key.len() + 1;
+        let _ = write!(out, "${len}\r\n");
+        out.extend_from_slice(namespace.as_bytes());
+        out.extend_from_slice(b":v:{");
+        out.extend_from_slice(key.as_bytes());
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// The Redis key of `key`'s refresh lock.

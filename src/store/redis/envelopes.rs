@@ -620,6 +620,30 @@ mod tests {
     const MOVED_BIDS: &[u8] =
         b"*3\r\n$-1\r\n$5\r\nother\r\n:1\r\n*4\r\n$-1\r\n$4\r\nours\r\n:2\r\n:90\r\n";
 
+    /// A server that does not know `script` until `SCRIPT LOAD` (its first `EVALSHA` meets
+    /// NOSCRIPT), then answers as `then` does; and whether it was loaded.
+    fn loading_first(
+        script: &redis::Script,
+        then: impl Fn(&[String]) -> Vec<u8> + Send + 'static,
+    ) -> (
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+        impl Fn(&[String]) -> Vec<u8> + Send + 'static,
+    ) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let loaded = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = loaded.clone();
+        let hash = script.get_hash().to_string();
+        let answer = move |command: &[String]| match command[0].as_str() {
+            "EVALSHA" if !seen.load(SeqCst) => b"-NOSCRIPT No matching script\r\n".to_vec(),
+            "SCRIPT" => {
+                seen.store(true, SeqCst);
+                format!("${}\r\n{hash}\r\n", hash.len()).into_bytes()
+            }
+            _ => then(command),
+        };
+        (loaded, answer)
+    }
+
     fn echo_of(command: &[String]) -> Vec<u8> {
         format!("${}\r\n{}\r\n", command[1].len(), command[1]).into_bytes()
     }
@@ -700,27 +724,16 @@ mod tests {
     /// reply is the script's error.
     #[tokio::test(flavor = "current_thread")]
     async fn an_aligned_script_reply_is_read_and_noscript_loads_it() {
-        let loaded = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let seen = loaded.clone();
         let script = redis::Script::new("return 7");
-        let hash = script.get_hash().to_string();
-        let mut c = connection(move |command| {
-            use std::sync::atomic::Ordering::SeqCst;
-            match command[0].as_str() {
-                "EVALSHA" if !seen.load(SeqCst) => b"-NOSCRIPT No matching script\r\n".to_vec(),
-                "EVALSHA" if command.last().map(String::as_str) == Some("bad") => {
-                    b"-ERR the script failed\r\n".to_vec()
-                }
-                "EVALSHA" => b":7\r\n".to_vec(),
-                "SCRIPT" => {
-                    seen.store(true, SeqCst);
-                    format!("${}\r\n{hash}\r\n", hash.len()).into_bytes()
-                }
-                "ECHO" => echo_of(command),
-                _ => b"-ERR unexpected\r\n".to_vec(),
+        let (loaded, answer) = loading_first(&script, |command| match command[0].as_str() {
+            "EVALSHA" if command.last().map(String::as_str) == Some("bad") => {
+                b"-ERR the script failed\r\n".to_vec()
             }
-        })
-        .await;
+            "EVALSHA" => b":7\r\n".to_vec(),
+            "ECHO" => echo_of(command),
+            _ => b"-ERR unexpected\r\n".to_vec(),
+        });
+        let mut c = connection(answer).await;
         let call = script.key("k");
         let got: Option<i64> = invoke_echoed(&call, &mut c, Echo::plain()).await.unwrap();
         assert_eq!(got, Some(7));
@@ -782,25 +795,14 @@ mod tests {
     /// after NOSCRIPT loaded it (the echo itself, sent by EVAL, never meets NOSCRIPT).
     #[tokio::test(flavor = "current_thread")]
     async fn an_aligned_reply_passes_a_keyed_echo() {
-        let loaded = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let seen = loaded.clone();
         let script = redis::Script::new("return 7");
-        let hash = script.get_hash().to_string();
-        let mut c = connection(move |command| {
-            use std::sync::atomic::Ordering::SeqCst;
-            match command[0].as_str() {
-                "EVALSHA" if !seen.load(SeqCst) => b"-NOSCRIPT No matching script\r\n".to_vec(),
-                "EVALSHA" => b":7\r\n".to_vec(),
-                "SCRIPT" => {
-                    seen.store(true, SeqCst);
-                    format!("${}\r\n{hash}\r\n", hash.len()).into_bytes()
-                }
-                "HGET" => b"$2\r\n42\r\n".to_vec(),
-                "EVAL" => keyed_echo_of(command),
-                _ => b"-ERR unexpected\r\n".to_vec(),
-            }
-        })
-        .await;
+        let (_, answer) = loading_first(&script, |command| match command[0].as_str() {
+            "EVALSHA" => b":7\r\n".to_vec(),
+            "HGET" => b"$2\r\n42\r\n".to_vec(),
+            "EVAL" => keyed_echo_of(command),
+            _ => b"-ERR unexpected\r\n".to_vec(),
+        });
+        let mut c = connection(answer).await;
         let call = script.key("ns:v:{k}");
         let got: Option<i64> = invoke_echoed(&call, &mut c, Echo::keyed("ns:v:{k}"))
             .await
