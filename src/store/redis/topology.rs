@@ -249,17 +249,13 @@ impl Connection {
     /// MOVED or ASK for the others. The client follows such a redirect itself, sending the
     /// whole pipeline there, at most `retries` times, then fails with the last one. Off a
     /// Cluster, the pipeline as any other.
-    pub async fn pipeline_by(&mut self, pipe: &Pipeline, key: &[u8]) -> RedisResult<Vec<Value>> {
+    pub async fn pipeline_by(&mut self, pipe: Pipeline, key: &[u8]) -> RedisResult<Vec<Value>> {
         match self {
             Connection::Cluster(c) => {
                 let route = Route::with_key(key, SlotAddr::Master);
-                c.route_pipeline(
-                    pipe.clone(),
-                    0,
-                    pipe.len(),
-                    SingleNodeRoutingInfo::SpecificNode(route),
-                )
-                .await
+                let count = pipe.len();
+                c.route_pipeline(pipe, 0, count, SingleNodeRoutingInfo::SpecificNode(route))
+                    .await
             }
             conn => pipe.query_async(conn).await,
         }
