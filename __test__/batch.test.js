@@ -544,7 +544,7 @@ test('Redis: stale keys refreshed in one background loadMany call; only one proc
   await assertNoLeaks(a)
 })
 
-test('Redis Cluster: a batch over every master (one pipeline per slot) loads once, and reads back from every node', { timeout: 120_000 }, async (t) => {
+test('Redis Cluster: a batch over every master (one pipeline per node) loads once, and reads back from every node', { timeout: 120_000 }, async (t) => {
   const { RedisCluster, killTopologySync } = require('./helpers/redis-topology')
   t.after(() => killTopologySync())
   const cluster = new RedisCluster({ masters: 3, replicasPerMaster: 0 })

@@ -135,11 +135,11 @@ test('cluster: a GET moved by an old reply of the same key is refused', { timeou
   }
 })
 
-// A batch on a Cluster goes as one pipeline of GETs per slot, each ending with its own keyed
-// echo: an old reply of the same key put in front of a slot's pipeline is refused (never the
+// A batch on a Cluster goes as one pipeline of GETs per node, each ending with its own keyed
+// echo: an old reply of the same key put in front of a node's pipeline is refused (never the
 // older value after a resolved set), counted, and the batch asked again. One key, so no other
-// slot's reply follows it on the connection to be caught by its key mark instead.
-test('cluster: a getMany slot pipeline moved by an old reply of the same key is refused', { timeout: 60_000 }, async () => {
+// key's reply follows it on the connection to be caught by its key mark instead.
+test('cluster: a getMany node pipeline moved by an old reply of the same key is refused', { timeout: 60_000 }, async () => {
   const namespace = `clusterecho3${process.pid}`
   const errors = []
   const reader = clusterReader(namespace, errors, { l1: false })
@@ -155,6 +155,47 @@ test('cluster: a getMany slot pipeline moved by an old reply of the same key is 
     assert.notEqual(got[0], 'old', `an older value after a resolved set; errors: ${errors.join(' | ')}`)
     assert.deepEqual(got, ['new'], 'asked again on the replaced connection')
     assert.ok(reader.stats().redisErrors > before, 'the moved reply was counted')
+  } finally {
+    proxy.calm()
+    await reader.close()
+  }
+})
+
+// The slot map a batch groups keys by is read from the Cluster (CLUSTER SLOTS): bytes from the
+// network. A reply whose ranges overlap (two owners for slots 0 to 5) is refused whole and
+// reported; the batch goes per slot, as the redis crate routes it, and every key reads right.
+test('cluster: a CLUSTER SLOTS reply with overlapping ranges is refused, and batches still read right', { timeout: 60_000 }, async () => {
+  const namespace = `clusterslots${process.pid}`
+  const errors = []
+  const reader = clusterReader(namespace, errors, { l1: false })
+  try {
+    const keys = Array.from({ length: 40 }, (_, i) => `k${i}`)
+    for (const k of keys) await reader.set(k, { k })
+    const master = (id) => `*3\r\n$9\r\n127.0.0.1\r\n:${proxy.port}\r\n$${id.length}\r\n${id}\r\n`
+    const overlapping = Buffer.from(`*2\r\n*3\r\n:0\r\n:16383\r\n${master('a')}*3\r\n:0\r\n:5\r\n${master('b')}`)
+    const put = { count: 0 }
+    proxy.tamperReplyTo(
+      (request) => request.includes('CLUSTER') && request.includes('SLOTS'),
+      () => {
+        put.count++
+        return overlapping
+      },
+    )
+    const before = reader.stats().redisErrors
+    assert.deepEqual(
+      await reader.getMany(keys),
+      keys.map((k) => ({ k })),
+    )
+    assert.equal(put.count, 1, 'the batch asked for the slot map, and got the overlapping one')
+    assert.ok(reader.stats().redisErrors > before, 'counted')
+    await eventually(() => errors.some((m) => /CLUSTER SLOTS reply was refused \(ranges overlap\)/.test(m)), {
+      what: `the refusal reported: ${errors.join(' | ')}`,
+    })
+    assert.deepEqual(
+      await reader.getOrLoadMany(keys, () => assert.fail('loaded')),
+      keys.map((k) => ({ k })),
+      'and again',
+    )
   } finally {
     proxy.calm()
     await reader.close()

@@ -4,10 +4,11 @@
 // in one run, on one machine, against one private redis-server. Ratios, never absolute times.
 //
 //   node bench/batch.js [--quick] [--rounds 7] [--keys 1000] [--json out.json] [--docs]
-//                       [--in-process] [--baseline DIR]
+//                       [--in-process] [--cluster] [--baseline DIR]
 //   (--docs also renders the README's chart, docs/bench-batch.svg; --in-process runs case 2
-//   alone, without Redis; --baseline DIR adds case 2's rows for another build of the library,
-//   a checkout of an older commit with its addon built, so a change is measured before and after)
+//   alone, without Redis; --cluster runs case 5 alone; --baseline DIR adds case 2's and case 5's
+//   rows for another build of the library, a checkout of an older commit with its addon built,
+//   so a change is measured before and after)
 //
 // 1. Warm in Redis, `l1: false` (a serverless instance): getOrLoadMany over 1,000 keys against one
 //    ioredis MGET of the same Redis keys plus JSON.parse of each reply; sequential batches, then 16
@@ -18,6 +19,12 @@
 //    getOrSet and cache-manager wrap, one call per id (what their APIs offer), each in front of the
 //    same simulated database: a query takes 20 ms, at most 10 run at once (a connection pool).
 // 4. Redis commands per batch, as clients sent them (MONITOR), warm and cold.
+// 5. Redis Cluster, 3 masters (no replicas), warm in Redis, `l1: false`: getOrLoadMany over 1,000
+//    keys against an ioredis Cluster with enableAutoPipelining (a GET per key in one tick, which
+//    ioredis sends as one pipeline per node) plus JSON.parse, sequential and 16 in flight; with
+//    --baseline, against the baseline build's getOrLoadMany too. Then what one warm batch costs
+//    each master (INFO commandstats: GETs, and EVALs, the keyed echo that ends each pipeline:
+//    one per round trip).
 const path = require('node:path')
 const fs = require('node:fs')
 const { startRedis } = require('./redis-lib')
@@ -198,13 +205,91 @@ async function inProcess(Cache) {
   return { many, get }
 }
 
+/** Per master, the calls of each command since the last CONFIG RESETSTAT (INFO commandstats). */
+async function commandStats(masters) {
+  return Promise.all(
+    masters.map(async (m) => {
+      const info = await m.info('commandstats')
+      const calls = (name) => Number((info[`cmdstat_${name}`] ?? 'calls=0').match(/calls=(\d+)/)[1])
+      return { port: m.port, get: calls('get'), eval: calls('eval'), evalsha: calls('evalsha') }
+    }),
+  )
+}
+
+/**
+ * Case 5: a warm batch on a 3-master Cluster, l1: false, against ioredis's Cluster client with
+ * auto-pipelining (and the baseline build's, if any), and what one batch costs each master.
+ */
+async function clusterCase(Baseline) {
+  const { RedisCluster } = require('../__test__/helpers/redis-topology')
+  const Redis = require(path.join(__dirname, 'node_modules', 'ioredis'))
+  const cluster = await new RedisCluster({ masters: 3, replicasPerMaster: 0 }).start()
+  try {
+    const masters = await cluster.masters()
+    const redis = { cluster: cluster.seedUrls, commandTimeout: 5_000 }
+    const namespace = 'bc'
+    const writer = new StampedeCache({ redis, namespace, ttl: 600_000 })
+    await writer.getOrLoadMany(keys, (ids) => ids.map(userOf))
+    await writer.close()
+    // The writer's last write-backs land (close does not wait for them): a reader subscribed
+    // meanwhile would hear their announcements and serve those keys without a GET.
+    await new Promise((r) => setTimeout(r, 500))
+    const reader = new StampedeCache({ redis, namespace, ttl: 600_000, l1: false })
+    const base = Baseline && new Baseline({ redis, namespace, ttl: 600_000, l1: false })
+    const check = (values) => {
+      if (values.some((v, i) => v.id !== i)) throw new Error('a warm Cluster batch answered wrong values')
+      return values
+    }
+    const ours = async () => check(await reader.getOrLoadMany(keys, mustNotLoad))
+    const baseline = base && (async () => check(await base.getOrLoadMany(keys, mustNotLoad)))
+    const io = new Redis.Cluster(
+      masters.map((m) => ({ host: '127.0.0.1', port: m.port })),
+      { enableAutoPipelining: true },
+    )
+    const vkeys = keys.map((k) => `${namespace}:v:{${k}}`)
+    const auto = async () => (await Promise.all(vkeys.map((k) => io.get(k)))).map((s) => JSON.parse(s))
+    const out = {}
+    // Each side warmed up (connections, slot maps) before counting and timing.
+    await ours()
+    if (baseline) await baseline()
+    if ((await auto()).length !== N) throw new Error('ioredis read the wrong number of keys')
+    const perMaster = async (fn) => {
+      await Promise.all(masters.map((m) => m.cmd('CONFIG', 'RESETSTAT')))
+      await fn()
+      return commandStats(masters)
+    }
+    out.commands = await perMaster(ours)
+    if (baseline) out.baselineCommands = await perMaster(baseline)
+    const count = QUICK ? 20 : 100
+    out.sequential = await sideBySide(ours, auto, count, 1)
+    out.inFlight16 = await sideBySide(ours, auto, count, 16)
+    if (baseline) {
+      out.baselineSequential = await sideBySide(ours, baseline, count, 1)
+      out.baseline16 = await sideBySide(ours, baseline, count, 16)
+    }
+    io.disconnect()
+    await reader.close()
+    if (base) await base.close()
+    return out
+  } finally {
+    await cluster.dispose()
+  }
+}
+
 async function main() {
   const out = { keys: N, rounds: ROUNDS, quick: QUICK, node: process.version, at: new Date().toISOString() }
   const b = args.indexOf('--baseline')
-  if (b >= 0) {
-    const base = await inProcess(require(path.resolve(args[b + 1])).StampedeCache)
+  const Baseline = b >= 0 ? require(path.resolve(args[b + 1])).StampedeCache : null
+  if (Baseline && !flag('--cluster')) {
+    const base = await inProcess(Baseline)
     out.baselineInProcess = base.many
     out.baselineInProcessGetMany = base.get
+  }
+  if (flag('--cluster')) {
+    out.cluster = await clusterCase(Baseline)
+    printCluster(out)
+    if (jsonOut) fs.writeFileSync(jsonOut, JSON.stringify(out, null, 1) + '\n')
+    return out
   }
   if (flag('--in-process')) {
     const ours = await inProcess(StampedeCache)
@@ -262,7 +347,9 @@ async function main() {
   } finally {
     redis.stop()
   }
+  out.cluster = await clusterCase(Baseline)
   print(out)
+  printCluster(out)
   if (jsonOut) fs.writeFileSync(jsonOut, JSON.stringify(out, null, 1) + '\n')
   if (flag('--docs')) {
     const { render } = require('./lib/charts')
@@ -354,6 +441,25 @@ function print(o) {
       .join(', ')
   console.log(`\nRedis commands for a cold batch of ${o.keys}: ${fmt(o.coldCommands)}`)
   console.log(`Redis commands for a warm batch of ${o.keys} (l1: false): ${fmt(o.warmCommands)}`)
+}
+
+function printCluster(o) {
+  const c = o.cluster
+  const x = (r) => `${r.toFixed(2)}x`
+  const n = (v) => Math.round(v).toLocaleString('en-US')
+  console.log(`\nRedis Cluster, 3 masters, ${o.keys} warm keys a batch, l1: false, median of ${o.rounds} rounds\n`)
+  console.log('| case | stampede-cache batches/s | other batches/s | ratio (ours/other) |')
+  console.log('|---|---:|---:|---:|')
+  const row = (name, r) => {
+    if (r !== undefined) console.log(`| ${name} | ${n(r.oursBatchesPerSec)} | ${n(r.otherBatchesPerSec)} | ${x(r.ratio)} |`)
+  }
+  row('sequential, vs ioredis Cluster auto-pipelined GETs + JSON.parse', c.sequential)
+  row('16 in flight, vs ioredis Cluster auto-pipelined GETs + JSON.parse', c.inFlight16)
+  row('sequential, vs the baseline build', c.baselineSequential)
+  row('16 in flight, vs the baseline build', c.baseline16)
+  const per = (stats) => stats.map((m) => `:${m.port} ${m.get} GET, ${m.eval} EVAL (pipelines)`).join('; ')
+  console.log(`\nOne warm Cluster batch of ${o.keys}, per master: ${per(c.commands)}`)
+  if (c.baselineCommands) console.log(`The baseline build's, per master: ${per(c.baselineCommands)}`)
 }
 
 function printInProcessRows(o) {

@@ -1,11 +1,21 @@
 //! Many keys at once (`getMany`, `getOrLoadMany`): a batch's reads go as one `MGET` and an
-//! `ECHO` on a single server (or a Sentinel's primary), as one pipeline of GETs per cluster slot
-//! in a cluster, each ending with its keyed echo (`Echo`); its lock bids in one pipeline per slot,
-//! echoed the same way; all sent at once. So a batch of any size
-//! costs about one round trip for its reads and one for its locks, where one key at a time cost
-//! one (or two) per key. The lock bids are the single-key path's `cold_gate.lua`, so Lua scripts
-//! still touch only the keys they declare, and every envelope is read as the single-key path
-//! reads it (its key mark checked against the key it was asked for).
+//! `ECHO` on a single server (or a Sentinel's primary), as one pipeline of GETs per node in a
+//! Cluster, ending with one keyed echo (`Echo`) routed by a key that node serves; its lock bids
+//! in one pipeline per node, echoed the same way; all sent at once. So a batch of any size
+//! costs about one round trip per node for its reads and one for its locks, where one key at a
+//! time cost one (or two) per key. The lock bids are the single-key path's `cold_gate.lua`, so
+//! Lua scripts still touch only the keys they declare, and every envelope is read as the
+//! single-key path reads it (its key mark checked against the key it was asked for).
+//!
+//! A Cluster's keys are grouped by the slot map of our own (`slots`, read by `CLUSTER SLOTS`
+//! when none is known since the connection was made): the redis crate routes a pipeline by one
+//! slot and keeps its map private. A node pipeline goes to the node serving its echo's key,
+//! which serves any key of its slots. A stale map puts a key in the wrong node's pipeline: that
+//! node answers MOVED or ASK, the crate sends the whole pipeline where the redirect points
+//! (where the other keys are refused in turn) and fails once its retries are spent. Such a
+//! pipeline's keys are sent again per slot (one pipeline per slot, which the crate's redirects
+//! do serve), the map is read again for the next batch, and the bids the refused pipeline may
+//! have won are given back first. Keys of slots the map names no owner for go per slot too.
 //!
 //! One MGET, not a GET per key: Redis ran 1,000 pipelined GETs in about three times the time of
 //! one MGET of the same keys, and the redis crate framed 1,000 replies instead of one. The ECHO
@@ -19,14 +29,15 @@
 //! by the bus) while the keys this process won are loaded at once.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use futures_util::future::join_all;
-use redis::cluster_routing::Slot;
-use redis::Value;
+use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::envelopes::{new_token, usable, Fetched, Misdelivered};
 use super::fence::GENERATION_TTL;
 use super::gates::{Gate, LockOutcome};
+use super::slots::{slot_of_key, SlotMap};
 use super::{RedisTier, Unavailable};
 use crate::envelope::Serializer;
 use crate::inbox::Stamp;
@@ -65,19 +76,68 @@ fn look_of(reply: &Value) -> Option<Look> {
     })
 }
 
-/// The indexes of `keys` by the cluster slot of their Redis key. A pipeline must stay in one slot
-/// in a cluster: the redis crate routes it by its first key and the node refuses the others.
-fn by_slot<'k>(keys: impl Iterator<Item = &'k str>) -> Vec<Vec<usize>> {
-    let mut groups: HashMap<Slot, usize> = HashMap::new();
+/// How a Cluster batch's keys are put in pipelines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Grouping {
+    /// One pipeline per node of the slot map (per slot for slots it names no owner for).
+    ByNode,
+    /// One pipeline per slot: for keys a node pipeline could not serve (a stale map).
+    BySlot,
+}
+
+/// What one pipeline of a Cluster batch goes by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Owner {
+    Node(u16),
+    Slot(u16),
+}
+
+/// `which` (indexes of `redis_keys`) grouped by `owner` of their Redis key, in order of first
+/// appearance, each group in the order of `which`.
+fn grouped(
+    redis_keys: &[String],
+    which: &[usize],
+    owner: impl Fn(u16) -> Owner,
+) -> Vec<Vec<usize>> {
+    let mut groups: HashMap<Owner, usize> = HashMap::new();
     let mut out: Vec<Vec<usize>> = Vec::new();
-    for (i, k) in keys.enumerate() {
-        let g = *groups.entry(Slot::for_key(k)).or_insert_with(|| {
+    for &i in which {
+        let slot = slot_of_key(redis_keys[i].as_bytes());
+        let g = *groups.entry(owner(slot)).or_insert_with(|| {
             out.push(Vec::new());
             out.len() - 1
         });
         out[g].push(i);
     }
     out
+}
+
+/// One pipeline's outcome.
+enum Sent {
+    Replies(Vec<Value>),
+    /// The echo's place held anything else: out of step.
+    OutOfStep,
+    /// A node pipeline redirected (MOVED, ASK): not answered.
+    Moved,
+}
+
+/// A batch's replies: one per Redis key (`Unavailable` for a key of a pipeline that failed, or
+/// was not sent), and the keys whose node pipeline was redirected (`Sent::Moved`).
+struct Piped {
+    replies: Vec<Result<Value, Unavailable>>,
+    moved: Vec<usize>,
+}
+
+/// A node refused a key of the pipeline as not its own (the crate gave up following).
+fn redirected(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    )
+}
+
+fn redirect_reply(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if matches!(e.code(), "MOVED" | "ASK"))
 }
 
 impl RedisTier {
@@ -87,63 +147,128 @@ impl RedisTier {
         self.policies.serializer == Serializer::Json
     }
 
-    /// The pipelines a batch of Redis keys goes in: one on a single server (or a Sentinel's
-    /// primary), one per slot in a cluster.
-    fn groups<'k>(&self, keys: impl Iterator<Item = &'k str>) -> Vec<Vec<usize>> {
-        if self.link.topology.is_cluster() {
-            return by_slot(keys);
+    /// The pipelines `which` (indexes of `redis_keys`) go in: one on a single server (or a
+    /// Sentinel's primary); in a Cluster one per node (`ByNode`, when the slot map is known)
+    /// or per slot.
+    async fn groups(
+        &self,
+        redis_keys: &[String],
+        which: &[usize],
+        grouping: Grouping,
+    ) -> Vec<Vec<usize>> {
+        if which.is_empty() {
+            return Vec::new();
         }
-        let all: Vec<usize> = (0..keys.count()).collect();
-        if all.is_empty() {
-            Vec::new()
-        } else {
-            vec![all]
+        if !self.link.topology.is_cluster() {
+            return vec![which.to_vec()];
         }
+        let map = match grouping {
+            Grouping::ByNode => self.slot_map().await,
+            Grouping::BySlot => None,
+        };
+        grouped(redis_keys, which, |slot| {
+            match map.as_ref().and_then(|m| m.node_of(slot)) {
+                Some(node) => Owner::Node(node),
+                None => Owner::Slot(slot),
+            }
+        })
     }
 
-    /// Sends `commands` (one per key of `keys`, `op` for reports) in one pipeline per slot, all
-    /// at once; each key's reply, or `Unavailable` for every key of a pipeline that failed.
-    /// `echoed`: each pipeline ends with an echo (see `Echo`; on a Cluster one per slot group,
-    /// routed by the group's first key), as `invoke_echoed` sends one after a single script
-    /// call, and `Err(Misdelivered)` when a mark is not in its place (an extra reply in front,
-    /// or one missing, moved every reply after it onto another key's command).
+    /// The Cluster's slot map, read (`CLUSTER SLOTS`, one round trip) when none was since the
+    /// connection was last replaced or a node last redirected a batch's key. `None`: not
+    /// known (Redis unavailable), or the reply was refused (reported; kept refused until the
+    /// connection is replaced): the batch goes per slot.
+    async fn slot_map(&self) -> Option<Arc<SlotMap>> {
+        if let Some(known) = self.link.slot_map() {
+            return known;
+        }
+        let at = self.link.replacements();
+        let reply = self
+            .run("get", "", |mut c| async move {
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<Value>(&mut c)
+                    .await
+            })
+            .await
+            .ok()?;
+        let map = match SlotMap::parse(&reply) {
+            Ok(map) => Some(Arc::new(map)),
+            Err(why) => {
+                self.stats.redis_errors.incr();
+                self.report(
+                    "get",
+                    None,
+                    format!("Redis's CLUSTER SLOTS reply was refused ({why}): batches go by slot"),
+                );
+                None
+            }
+        };
+        self.link.keep_slot_map(at, map.clone());
+        map
+    }
+
+    /// Sends `command(i)` for each `i` of `which` (indexes of `redis_keys`; `keys`: their keys,
+    /// for reports) in one pipeline per group (`groups`), all at once, each ending with its
+    /// keyed echo (see `Echo`; on a Cluster routed by the group's first key, so the pipeline
+    /// goes to the node serving it), as `invoke_echoed` sends one after a single script call.
+    /// `Err(Misdelivered)` when a mark is not in its place (an extra reply in front, or one
+    /// missing, moved every reply after it onto another key's command).
     async fn pipelined(
         &self,
         op: &'static str,
         redis_keys: &[String],
         keys: &[&str],
-        echoed: bool,
+        which: &[usize],
+        grouping: Grouping,
         command: impl Fn(usize) -> redis::Cmd,
-    ) -> Result<Vec<Result<Value, Unavailable>>, Misdelivered> {
-        let groups = self.groups(redis_keys.iter().map(String::as_str));
+    ) -> Result<Piped, Misdelivered> {
+        let by_node = grouping == Grouping::ByNode && self.link.topology.is_cluster();
+        let groups = self.groups(redis_keys, which, grouping).await;
         let sent = groups.iter().map(|group| {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for &i in group {
                 pipe.add_command(command(i));
             }
-            let echo = echoed.then(|| self.echo(&redis_keys[group[0]]));
+            let echo = self.echo(&redis_keys[group[0]]);
             let first = keys[group[0]];
             async move {
                 self.run(op, first, |mut c| async move {
-                    match echo {
-                        None => pipe.query_async::<Vec<Value>>(&mut c).await.map(Some),
-                        Some(echo) => echo.send(pipe, &mut c).await,
+                    // A node pipeline a node redirected is not a failure to report: its keys
+                    // are sent again by slot. Per slot, the crate's own redirects serve it.
+                    match echo.send(pipe, &mut c).await {
+                        Err(e) if by_node && redirected(&e) => Ok(Sent::Moved),
+                        Ok(Some(r)) if by_node && r.iter().any(redirect_reply) => Ok(Sent::Moved),
+                        Ok(Some(r)) => Ok(Sent::Replies(r)),
+                        Ok(None) => Ok(Sent::OutOfStep),
+                        Err(e) => Err(e),
                     }
                 })
                 .await
             }
         });
-        let mut out: Vec<Result<Value, Unavailable>> = vec![Err(Unavailable); keys.len()];
-        for (group, replies) in groups.iter().zip(join_all(sent).await) {
-            let Ok(replies) = replies else { continue };
-            let Some(replies) = replies.filter(|r| r.len() == group.len()) else {
-                self.misdelivered(op, keys[group[0]]);
-                return Err(Misdelivered);
-            };
-            for (&i, reply) in group.iter().zip(replies) {
-                out[i] = Ok(reply);
+        let mut out = Piped {
+            replies: vec![Err(Unavailable); redis_keys.len()],
+            moved: Vec::new(),
+        };
+        for (group, sent) in groups.iter().zip(join_all(sent).await) {
+            match sent {
+                Err(Unavailable) => {}
+                Ok(Sent::Moved) => out.moved.extend_from_slice(group),
+                Ok(Sent::Replies(replies)) if replies.len() == group.len() => {
+                    for (&i, reply) in group.iter().zip(replies) {
+                        out.replies[i] = Ok(reply);
+                    }
+                }
+                Ok(_) => {
+                    self.misdelivered(op, keys[group[0]]);
+                    return Err(Misdelivered);
+                }
             }
+        }
+        if !out.moved.is_empty() {
+            self.link.forget_slot_map();
         }
         Ok(out)
     }
@@ -174,23 +299,36 @@ impl RedisTier {
     }
 
     /// The replies to reads of `vkeys` (`names`: their keys, for reports): one MGET and an ECHO
-    /// off a cluster, one pipeline of GETs and a keyed echo per slot in one. `Err(Misdelivered)`
-    /// when the replies cannot be the MGET's (the echo is not in its place, or the reply is not
-    /// one per key): the connection is replaced.
+    /// off a cluster, one pipeline of GETs and a keyed echo per node in one (per slot for the
+    /// keys of a node pipeline a node redirected). `Err(Misdelivered)` when the replies cannot
+    /// be the reads' (an echo is not in its place, or the replies are not one per key): the
+    /// connection is replaced.
     async fn read_values(
         &self,
         vkeys: &[String],
         names: &[&str],
     ) -> Result<Vec<Result<Value, Unavailable>>, Misdelivered> {
         if self.link.topology.is_cluster() || vkeys.is_empty() {
-            // A Cluster: a pipeline of GETs per slot, each with its keyed echo.
-            return self
-                .pipelined("get", vkeys, names, true, |i| {
-                    let mut c = redis::cmd("GET");
-                    c.arg(&vkeys[i]);
-                    c
-                })
-                .await;
+            // A Cluster: a pipeline of GETs per node, each with its keyed echo; a node
+            // pipeline redirected is sent again per slot.
+            let get = |i: usize| {
+                let mut c = redis::cmd("GET");
+                c.arg(&vkeys[i]);
+                c
+            };
+            let all: Vec<usize> = (0..vkeys.len()).collect();
+            let mut piped = self
+                .pipelined("get", vkeys, names, &all, Grouping::ByNode, get)
+                .await?;
+            if !piped.moved.is_empty() {
+                let mut again = self
+                    .pipelined("get", vkeys, names, &piped.moved, Grouping::BySlot, get)
+                    .await?;
+                for &i in &piped.moved {
+                    piped.replies[i] = std::mem::replace(&mut again.replies[i], Err(Unavailable));
+                }
+            }
+            return Ok(piped.replies);
         }
         let echo = self.echo(&vkeys[0]);
         let sent = self
@@ -284,18 +422,101 @@ impl RedisTier {
         Some(fetched)
     }
 
+    /// Sends the lock bids (`cold_gate.lua`) of `which` (indexes of `vkeys`, `names` and
+    /// `tokens`) in one pipeline per node; each bid's reply, indexed as `vkeys`. The bids of a
+    /// node pipeline that was redirected (a stale slot map) may have run on a node before the
+    /// redirect, under their tokens: those locks are given back, and the bids sent again per
+    /// slot under new tokens. `Err(Misdelivered)` when replies were out of step: every lock
+    /// these bids may hold is given back (the connection is replaced).
+    async fn bid(
+        &self,
+        vkeys: &[String],
+        names: &[&str],
+        tokens: &mut [String],
+        which: &[usize],
+    ) -> Result<Vec<Result<Value, Unavailable>>, Misdelivered> {
+        let lock_ttl_ms = self.lock.ttl_ms();
+        let hash = self.scripts.cold_gate.get_hash().to_string();
+        let bid = |i: usize, token: &str| {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(&hash)
+                .arg(3)
+                .arg(&vkeys[i])
+                .arg(self.lock_key(names[i]))
+                .arg(self.generation_key(names[i]))
+                .arg(token)
+                .arg(lock_ttl_ms)
+                .arg("0")
+                .arg(new_token())
+                .arg(GENERATION_TTL.as_millis() as u64);
+            c
+        };
+        let give_back = |which: Vec<usize>, tokens: Vec<String>| {
+            join_all(
+                which
+                    .into_iter()
+                    .zip(tokens)
+                    .map(|(i, token)| async move { self.release(names[i], &token, true).await }),
+            )
+        };
+        let sent = {
+            let tokens = &*tokens;
+            self.pipelined("lock", vkeys, names, which, Grouping::ByNode, |i| {
+                bid(i, &tokens[i])
+            })
+            .await
+        };
+        let mut piped = match sent {
+            Ok(piped) => piped,
+            Err(Misdelivered) => {
+                let held = which.iter().map(|&i| tokens[i].clone()).collect();
+                give_back(which.to_vec(), held).await;
+                return Err(Misdelivered);
+            }
+        };
+        if piped.moved.is_empty() {
+            return Ok(piped.replies);
+        }
+        let moved = std::mem::take(&mut piped.moved);
+        let held = moved.iter().map(|&i| tokens[i].clone()).collect();
+        give_back(moved.clone(), held).await;
+        for &i in &moved {
+            tokens[i] = new_token();
+        }
+        let again = {
+            let tokens = &*tokens;
+            self.pipelined("lock", vkeys, names, &moved, Grouping::BySlot, |i| {
+                bid(i, &tokens[i])
+            })
+            .await
+        };
+        match again {
+            Ok(mut again) => {
+                for &i in &moved {
+                    piped.replies[i] = std::mem::replace(&mut again.replies[i], Err(Unavailable));
+                }
+                Ok(piped.replies)
+            }
+            Err(Misdelivered) => {
+                let held = which.iter().map(|&i| tokens[i].clone()).collect();
+                give_back(which.to_vec(), held).await;
+                Err(Misdelivered)
+            }
+        }
+    }
+
     /// The cold gates of many keys at once: one pipelined GET of them all, then one pipelined
     /// lock bid (`cold_gate.lua`) for those the GET did not answer. A key whose lock another
     /// process holds is [`FirstLook::Wait`]: never waited for here. `looked`: the keys were
     /// read already and found missing (a batch read first, on the read lane): bids only.
     ///
-    /// The bids travel with an echo, a keyed one per slot on a Cluster (see `pipelined`): a
+    /// The bids travel with an echo, a keyed one per node on a Cluster (see `pipelined`): a
     /// reply moved by an extra one in front would otherwise be read as another key's bid (a
-    /// lock another process holds read as ours, and its key loaded twice). Out of step, the connection is replaced, the locks the
-    /// bids may have taken under their tokens are released, and every key asks again alone
+    /// lock another process holds read as ours, and its key loaded twice). Out of step, the
+    /// connection is replaced, the locks the bids may have taken under their tokens are
+    /// released, and every key asks again alone
     /// ([`FirstLook::Wait`]: the single-key gate, echo-checked, on the new connection).
     pub async fn cold_gate_many(&self, keys: &[(String, Stamp)], looked: bool) -> Vec<FirstLook> {
-        let lock_ttl_ms = self.lock.ttl_ms();
         let fetched = if looked {
             vec![Fetched::Missing; keys.len()]
         } else {
@@ -317,29 +538,10 @@ impl RedisTier {
         if !bids.is_empty() {
             let names: Vec<&str> = bids.iter().map(|&i| keys[i].0.as_str()).collect();
             let stamps: Vec<Stamp> = bids.iter().map(|&i| self.inbox.stamp(&keys[i].0)).collect();
-            let tokens: Vec<String> = bids.iter().map(|_| new_token()).collect();
+            let mut tokens: Vec<String> = bids.iter().map(|_| new_token()).collect();
             let vkeys: Vec<String> = names.iter().map(|k| self.value_key(k)).collect();
-            let hash = self.scripts.cold_gate.get_hash().to_string();
-            let bid = |i: usize| {
-                let mut c = redis::cmd("EVALSHA");
-                c.arg(&hash)
-                    .arg(3)
-                    .arg(&vkeys[i])
-                    .arg(self.lock_key(names[i]))
-                    .arg(self.generation_key(names[i]))
-                    .arg(&tokens[i])
-                    .arg(lock_ttl_ms)
-                    .arg("0")
-                    .arg(new_token())
-                    .arg(GENERATION_TTL.as_millis() as u64);
-                c
-            };
-            let Ok(mut replies) = self.pipelined("lock", &vkeys, &names, true, bid).await else {
-                let released = names
-                    .iter()
-                    .zip(&tokens)
-                    .map(|(name, token)| self.release(name, token, true));
-                join_all(released).await;
+            let all: Vec<usize> = (0..bids.len()).collect();
+            let Ok(mut replies) = self.bid(&vkeys, &names, &mut tokens, &all).await else {
                 for &i in &bids {
                     out[i] = Some(FirstLook::Wait);
                 }
@@ -349,47 +551,29 @@ impl RedisTier {
                     .collect();
             };
             if replies.iter().any(no_script) {
-                // The script is not loaded on some node (a restart, a new node): load it there
-                // through one key of each such slot, and send again only the bids it refused.
+                // The script is not loaded on some node (a restart, a new node): loaded (on a
+                // Cluster SCRIPT LOAD goes to every node), and only the bids it refused sent
+                // again.
                 let refused: Vec<usize> = (0..replies.len())
                     .filter(|&j| no_script(&replies[j]))
                     .collect();
-                let loads = self
-                    .groups(refused.iter().map(|&j| vkeys[j].as_str()))
-                    .into_iter()
-                    .map(|group| {
-                        let first = refused[group[0]];
-                        let name = names[first];
-                        async move {
-                            self.run("lock", name, |mut c| async move {
-                                self.scripts
-                                    .cold_gate
-                                    .prepare_invoke()
-                                    .load_async(&mut c)
-                                    .await
-                            })
+                let _ = self
+                    .run("lock", names[refused[0]], |mut c| async move {
+                        self.scripts
+                            .cold_gate
+                            .prepare_invoke()
+                            .load_async(&mut c)
                             .await
-                        }
-                    });
-                join_all(loads).await;
-                let again_v: Vec<String> = refused.iter().map(|&j| vkeys[j].clone()).collect();
-                let again_n: Vec<&str> = refused.iter().map(|&j| names[j]).collect();
-                match self
-                    .pipelined("lock", &again_v, &again_n, true, |x| bid(refused[x]))
-                    .await
-                {
-                    Ok(again) => {
-                        for (&j, reply) in refused.iter().zip(again) {
-                            replies[j] = reply;
+                    })
+                    .await;
+                match self.bid(&vkeys, &names, &mut tokens, &refused).await {
+                    Ok(mut again) => {
+                        for &j in &refused {
+                            replies[j] = std::mem::replace(&mut again[j], Err(Unavailable));
                         }
                     }
                     Err(Misdelivered) => {
-                        // Out of step: those bids' locks may be ours; given back, and their
-                        // keys ask again alone.
-                        let released = refused
-                            .iter()
-                            .map(|&j| self.release(names[j], &tokens[j], true));
-                        join_all(released).await;
+                        // Their locks were given back (see `bid`): their keys ask again alone.
                         for &j in &refused {
                             replies[j] = Ok(Value::Nil);
                         }
@@ -453,12 +637,65 @@ fn no_script(reply: &Result<Value, Unavailable>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::by_slot;
+    use super::*;
+
+    fn keys(names: &[&str]) -> Vec<String> {
+        names.iter().map(|k| k.to_string()).collect()
+    }
 
     #[test]
-    fn keys_of_one_hash_tag_share_a_group_and_order_is_kept() {
-        let keys = ["sc:v:{a}", "sc:lock:{a}", "sc:v:{b}", "sc:v:{a}"];
-        let groups = by_slot(keys.iter().copied());
+    fn keys_of_one_hash_tag_share_a_slot_group_and_order_is_kept() {
+        let keys = keys(&["sc:v:{a}", "sc:lock:{a}", "sc:v:{b}", "sc:v:{a}"]);
+        let groups = grouped(&keys, &[0, 1, 2, 3], Owner::Slot);
         assert_eq!(groups, vec![vec![0, 1, 3], vec![2]]);
+        // Only the keys asked for, in the order asked.
+        assert_eq!(grouped(&keys, &[3, 2], Owner::Slot), vec![vec![3], vec![2]]);
+    }
+
+    #[test]
+    fn keys_of_many_slots_share_their_node_s_group() {
+        // Three nodes by thirds of the slots; keys of every slot of a node in one group.
+        let range = |start: i64, end: i64, id: &str| {
+            Value::Array(vec![
+                Value::Int(start),
+                Value::Int(end),
+                Value::Array(vec![
+                    Value::BulkString(b"127.0.0.1".to_vec()),
+                    Value::Int(7000),
+                    Value::BulkString(id.as_bytes().to_vec()),
+                ]),
+            ])
+        };
+        let reply = Value::Array(vec![
+            range(0, 5460, "a"),
+            range(5461, 10922, "b"),
+            range(10923, 16383, "c"),
+        ]);
+        let map = SlotMap::parse(&reply).unwrap();
+        let names: Vec<String> = (0..300).map(|i| format!("sc:v:{{k{i}}}")).collect();
+        let which: Vec<usize> = (0..names.len()).collect();
+        let owner = |slot: u16| match map.node_of(slot) {
+            Some(n) => Owner::Node(n),
+            None => Owner::Slot(slot),
+        };
+        let groups = grouped(&names, &which, owner);
+        assert_eq!(groups.len(), 3, "one group per node");
+        let mut seen: Vec<usize> = groups.iter().flatten().copied().collect();
+        seen.sort_unstable();
+        assert_eq!(seen, which, "every key once");
+        for group in &groups {
+            let node = map.node_of(slot_of_key(names[group[0]].as_bytes()));
+            assert!(group
+                .iter()
+                .all(|&i| map.node_of(slot_of_key(names[i].as_bytes())) == node));
+            assert!(group.windows(2).all(|w| w[0] < w[1]), "order kept");
+        }
+        let slots: std::collections::HashSet<u16> =
+            names.iter().map(|k| slot_of_key(k.as_bytes())).collect();
+        assert!(
+            slots.len() > 250,
+            "the keys span many slots: {}",
+            slots.len()
+        );
     }
 }

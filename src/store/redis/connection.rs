@@ -3,12 +3,13 @@
 //! decides what a failure costs: the connection, the whole tier for a while, or one command.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 use super::net::timed_out;
+use super::slots::SlotMap;
 use super::topology::{Connection, Topology};
 use crate::sync::LockOrRecover;
 
@@ -72,6 +73,10 @@ pub struct Link {
     next_id: AtomicU64,
     /// How many connections were dropped (a read lane opened before a drop is dropped too).
     replaced: AtomicU64,
+    /// A Cluster's slot map as a batch last read it (`Some(None)`: the reply was refused), with
+    /// the count of connections dropped before it was read: a new connection is a new cluster
+    /// client, which may meet another topology, so the map read before it is not used.
+    slots: Mutex<Option<(u64, Option<Arc<SlotMap>>)>>,
 }
 
 impl Link {
@@ -84,7 +89,30 @@ impl Link {
             connecting: tokio::sync::Mutex::new(()),
             next_id: AtomicU64::new(1),
             replaced: AtomicU64::new(0),
+            slots: Mutex::new(None),
         }
+    }
+
+    /// The slot map read since the connection was last dropped: `None` when there is none
+    /// (read it), `Some(None)` when its reply was refused (group by slot).
+    pub fn slot_map(&self) -> Option<Option<Arc<SlotMap>>> {
+        let slots = self.slots.lock_or_recover();
+        match &*slots {
+            Some((at, map)) if *at == self.replacements() => Some(map.clone()),
+            _ => None,
+        }
+    }
+
+    /// Keeps `map`, read while `at` connections had been dropped (see `replacements`).
+    pub fn keep_slot_map(&self, at: u64, map: Option<Arc<SlotMap>>) {
+        if at == self.replacements() {
+            *self.slots.lock_or_recover() = Some((at, map));
+        }
+    }
+
+    /// A node redirected a key (MOVED, ASK): the map is read again before the next batch.
+    pub fn forget_slot_map(&self) {
+        *self.slots.lock_or_recover() = None;
     }
 
     /// The shared connection if there is one (never makes one).

@@ -90,7 +90,12 @@ impl Echo {
         c: &mut super::topology::Connection,
     ) -> redis::RedisResult<Option<Vec<Value>>> {
         self.push(&mut pipe);
-        let mut replies: Vec<Value> = pipe.query_async(c).await?;
+        let mut replies: Vec<Value> = match &self.routed_by {
+            // Routed by the echo's key, so the echo goes where that key's commands go, and
+            // the pipeline may hold any other key of that node (a batch's).
+            Some(key) => c.pipeline_by(pipe, key).await?,
+            None => pipe.query_async(c).await?,
+        };
         if !self.answered_by(replies.last()) {
             return Ok(None);
         }

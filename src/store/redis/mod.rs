@@ -38,7 +38,8 @@
 //!    `envelopes`; `subscriber`, `sentinel` → none of them;
 //! 2. the parts import no tier file and no `RedisTier`: `bus` → `carried`; `health`, `lock`,
 //!    `fence`, `reports`, `scripts`, `carried`, `order` import nothing of this module;
-//! 3. the connection: `connection` (making, replacing and classifying) → `topology`, `net`;
+//! 3. the connection: `connection` (making, replacing and classifying) → `topology`, `net`,
+//!    `slots` (a Cluster's slot map, a leaf);
 //! 4. the store: `topology` (where Redis is) → `guard` (guarded sockets), `net`, `target`;
 //!    `lane/transport` → `target`, `lane/resp`; leaves: `net` (TCP settings, the timeout
 //!    error), `target` (where a lane dials), `lane/resp`.
@@ -53,6 +54,7 @@
 //! - `Carried` (`carried`): the envelopes announcements carried;
 //! - `Link::current` (`connection`): the shared command connection (it reads the topology's
 //!   move count, a `watch`, under it);
+//! - `Link::slots` (`connection`): a Cluster's slot map as a batch last read it;
 //! - the topology's followed master (Sentinel);
 //! - a lane's `Opened` slot, shared with the embedder's thread.
 //!
@@ -76,6 +78,7 @@ mod order;
 mod reports;
 mod scripts;
 mod sentinel;
+mod slots;
 mod subscriber;
 mod tags;
 mod target;

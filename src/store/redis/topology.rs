@@ -17,7 +17,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::io::AsyncDNSResolver;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
@@ -239,6 +239,25 @@ impl Connection {
                 Ok(redis::from_redis_value(value.extract_error()?)?)
             }
             (conn, _) => cmd.query_async(conn).await,
+        }
+    }
+
+    /// Sends `pipe` (`ignore_errors` set: error replies are values) in one round trip to the
+    /// node that serves `key`'s slot as the Cluster client knows it, whatever slots its other
+    /// commands name: the client would refuse a pipeline whose keys span slots (its
+    /// `route_for_pipeline`), while a node serves any key of any slot it holds and answers
+    /// MOVED or ASK for the others. The client follows such a redirect itself, sending the
+    /// whole pipeline there, at most `retries` times, then fails with the last one. Off a
+    /// Cluster, the pipeline as any other.
+    pub async fn pipeline_by(&mut self, pipe: Pipeline, key: &[u8]) -> RedisResult<Vec<Value>> {
+        match self {
+            Connection::Cluster(c) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let count = pipe.len();
+                c.route_pipeline(pipe, 0, count, SingleNodeRoutingInfo::SpecificNode(route))
+                    .await
+            }
+            conn => pipe.query_async(conn).await,
         }
     }
 
