@@ -42,6 +42,17 @@ async function clientCommands(redis, fn, onCommand = () => {}) {
   return counts
 }
 
+/** The addresses of the read lanes connected to `redis` now (CLIENT LIST names them). */
+async function readLanes(redis) {
+  const list = await redis.cmd('CLIENT', 'LIST')
+  return new Set(
+    list
+      .split('\n')
+      .filter((line) => line.includes('name=stampede-cache:read-lane'))
+      .map((line) => line.match(/addr=(\S+)/)[1]),
+  )
+}
+
 const pick = (counts, names) => Object.fromEntries(names.map((n) => [n, counts[n] ?? 0]))
 
 /**
@@ -695,14 +706,23 @@ test('Redis: a warm batch with options costs one MGET and its ECHO, as without; 
     },
   ]) {
     const s0 = b.stats()
+    const senders = []
     const warm = pick(
-      await clientCommands(redis, async () => {
-        assert.deepEqual(await b.getOrLoadMany(keys, mustNotLoad, options), values)
-      }),
+      await clientCommands(
+        redis,
+        async () => {
+          assert.deepEqual(await b.getOrLoadMany(keys, mustNotLoad, options), values)
+        },
+        (addr, name) => senders.push([addr, name]),
+      ),
       names,
     )
     const what = Object.keys(options).join(', ')
     assert.deepEqual(warm, { get: 0, mget: 1, echo: 1, evalsha: 0, eval: 0, hget: 0 }, `${what}: one MGET and its ECHO, no lock bid`)
+    // Read first, as without options: on the read lane, with no flight or gate per key (whose
+    // read takes the command connection).
+    const lanes = await readLanes(redis)
+    for (const [addr, name] of senders) assert.ok(lanes.has(addr), `${what}: ${name} sent by ${addr}, not by a read lane (${[...lanes]})`)
     const s = b.stats()
     assert.deepEqual([s.l2Hits - s0.l2Hits, s.misses - s0.misses], [100, 0], 'l2Hits per key')
   }
