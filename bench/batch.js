@@ -15,7 +15,8 @@
 //    MGET of the same Redis keys plus JSON.parse of each reply; sequential batches, then 16 batches
 //    in flight; then getMany likewise. Rounds interleave the sides (each round in another order);
 //    each ratio is the median of the rounds' (the MGET's time over the row's, in that round).
-// 2. Warm in process: getOrLoadMany, and getMany, against a loop of Map.get over the same keys.
+// 2. Warm in process: getOrLoadMany (without options and with `{ ttl }`), and getMany, against a
+//    loop of Map.get over the same keys.
 // 3. Cold, 1,000 ids, one process: stampede-cache's loadMany calls and ids, against bentocache
 //    getOrSet and cache-manager wrap, one call per id (what their APIs offer), each in front of the
 //    same simulated database: a query takes 20 ms, at most 10 run at once (a connection pool).
@@ -204,12 +205,13 @@ async function inProcess(Cache) {
   }
   const count = QUICK ? 500 : 3_000
   const many = await sideBySide(() => local.getOrLoadMany(keys, mustNotLoad), mapLoop, count, 1)
+  const manyTtl = await sideBySide(() => local.getOrLoadMany(keys, mustNotLoad, TTL), mapLoop, count, 1)
   const get = await sideBySide(() => local.getMany(keys), mapLoop, count, 1)
   const s = local.stats()
   // Every read was a hit: nothing loaded past the warm-up.
   if (s.loads > N || s.misses > N) throw new Error(`in process: ${s.loads} loads, ${s.misses} misses`)
   await local.close()
-  return { many, get }
+  return { many, manyTtl, get }
 }
 
 async function main() {
@@ -219,11 +221,13 @@ async function main() {
   if (Baseline !== null) {
     const base = await inProcess(Baseline)
     out.baselineInProcess = base.many
+    out.baselineInProcessTtl = base.manyTtl
     out.baselineInProcessGetMany = base.get
   }
   if (flag('--in-process')) {
     const ours = await inProcess(StampedeCache)
     out.inProcess = ours.many
+    out.inProcessTtl = ours.manyTtl
     out.inProcessGetMany = ours.get
     printInProcess(out)
     return out
@@ -302,6 +306,7 @@ async function main() {
 
     const local = await inProcess(StampedeCache)
     out.inProcess = local.many
+    out.inProcessTtl = local.manyTtl
     out.inProcessGetMany = local.get
 
     out.cold = []
@@ -420,8 +425,10 @@ function printInProcessRows(o) {
     if (r !== undefined) console.log(`| ${name} | ${n(r.oursBatchesPerSec)} | ${n(r.otherBatchesPerSec)} | ${x(r.ratio)} |`)
   }
   row('warm in process, vs a loop of Map.get', o.inProcess)
+  row('warm in process, getOrLoadMany with { ttl }, vs a loop of Map.get', o.inProcessTtl)
   row('warm in process, getMany, vs a loop of Map.get', o.inProcessGetMany)
   row('warm in process, vs a loop of Map.get (baseline)', o.baselineInProcess)
+  row('warm in process, getOrLoadMany with { ttl }, vs a loop of Map.get (baseline)', o.baselineInProcessTtl)
   row('warm in process, getMany, vs a loop of Map.get (baseline)', o.baselineInProcessGetMany)
 }
 
