@@ -492,7 +492,7 @@ test("held stale keys of a batch with options are refreshed once in the backgrou
 
 test('a per-call beta decides each held key as getOrLoad with that beta decides it', async () => {
   // hardTtl == ttl (no stale window): a read at a huge beta refreshes early with near certainty
-  // (computeMs ~20 ms * 1e6 against 2 s left: missed with probability about 1e-4); at beta 0
+  // (computeMs ~40 ms * 1e6 against at most 2 s left: a key missed with probability about 5e-5); at beta 0
   // never. The constructor's beta is the other one each time.
   for (const [constructorBeta, callBeta, refreshes] of [
     [0, 1e6, true],
@@ -502,13 +502,13 @@ test('a per-call beta decides each held key as getOrLoad with that beta decides 
     const calls = []
     const loadMany = async (ks) => {
       calls.push([...ks])
-      await sleep(20)
+      await sleep(40)
       return ks.map((k) => `${k}@${calls.length}`)
     }
     let single = 0
     const loader = async (ctx) => {
       single++
-      await sleep(20)
+      await sleep(40)
       return `${ctx.key}@${single}`
     }
     await cache.getOrLoadMany(['b1', 'b2'], loadMany, { beta: callBeta })
@@ -892,18 +892,18 @@ test('Redis: tags of a batch with options land on the keys it loads (not on thos
 test('Redis: a per-call beta decides each key read from Redis as getOrLoad with that beta decides it', { timeout: TEST_TIMEOUT }, async (t) => {
   const { base } = await setupRedis(t, { prefix: 'batch' })
   // hardTtl == ttl: no stale window (see the in-process test of beta).
-  const a = new StampedeCache({ ...base, ttl: 5_000, hardTtl: 5_000, beta: 0 })
+  const a = new StampedeCache({ ...base, ttl: 3_000, hardTtl: 3_000, beta: 0 })
   t.after(() => a.close())
   const keys = ['xb1', 'xb2', 'xalone']
   await a.getOrLoadMany(keys, async (ks) => {
-    await sleep(20)
+    await sleep(40)
     return ks.map((k) => `${k}@1`)
   })
   for (const [constructorBeta, callBeta, refreshes] of [
     [1e6, 0, false],
     [0, 1e6, true],
   ]) {
-    const b = new StampedeCache({ ...base, ttl: 5_000, hardTtl: 5_000, beta: constructorBeta, l1: false })
+    const b = new StampedeCache({ ...base, ttl: 3_000, hardTtl: 3_000, beta: constructorBeta, l1: false })
     t.after(() => b.close())
     const calls = []
     const loadMany = (ks) => {
