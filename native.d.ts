@@ -342,6 +342,14 @@ export declare function noteLoaderCall(id: number, key: string, flight: number):
  */
 export declare function observeInvalidations(id: number, on: boolean): void
 
+/**
+ * `getOrLoad`'s hot path at a call's own XFetch `beta`, what `peek` answers: for
+ * `getOrLoadMany` with a beta of its own, whose held keys are decided as `lookup` decides them
+ * at that beta, without leading a flight for the others (they are read from Redis first). A
+ * `#[napi]` function, not a raw one: it is not on a single read's path.
+ */
+export declare function peekAt(id: number, key: string, beta: number): number
+
 export declare const POLICY_BETA: number
 
 export declare const POLICY_FIELDS: number

@@ -903,6 +903,7 @@ module.exports.NOT_SENT = nativeBinding.NOT_SENT
 module.exports.noteBatchCall = nativeBinding.noteBatchCall
 module.exports.noteLoaderCall = nativeBinding.noteLoaderCall
 module.exports.observeInvalidations = nativeBinding.observeInvalidations
+module.exports.peekAt = nativeBinding.peekAt
 module.exports.POLICY_BETA = nativeBinding.POLICY_BETA
 module.exports.POLICY_FIELDS = nativeBinding.POLICY_FIELDS
 module.exports.POLICY_HARD_TTL = nativeBinding.POLICY_HARD_TTL

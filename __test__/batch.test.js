@@ -32,12 +32,25 @@ function recorder({ ms = 0, value = (k) => ({ k }) } = {}) {
  * The commands clients sent while `fn` ran, by name, as Redis's MONITOR shows them (commands a
  * script runs are shown as the script's, "lua", and not counted: INFO commandstats counts both).
  */
-async function clientCommands(redis, fn) {
+async function clientCommands(redis, fn, onCommand = () => {}) {
   const counts = {}
   await monitorDuring(redis.port, fn, (addr, name) => {
-    if (addr !== 'lua') counts[name.toLowerCase()] = (counts[name.toLowerCase()] ?? 0) + 1
+    if (addr === 'lua') return
+    counts[name.toLowerCase()] = (counts[name.toLowerCase()] ?? 0) + 1
+    onCommand(addr, name)
   })
   return counts
+}
+
+/** The addresses of the read lanes connected to `redis` now (CLIENT LIST names them). */
+async function readLanes(redis) {
+  const list = await redis.cmd('CLIENT', 'LIST')
+  return new Set(
+    list
+      .split('\n')
+      .filter((line) => line.includes('name=stampede-cache:read-lane'))
+      .map((line) => line.match(/addr=(\S+)/)[1]),
+  )
 }
 
 const pick = (counts, names) => Object.fromEntries(names.map((n) => [n, counts[n] ?? 0]))
@@ -408,6 +421,126 @@ test('a caller signal rejects that call with AbortError; the load goes on and fi
   await cache.close()
 })
 
+test('options take the same per-key rules: an aborted signal rejects even when every key is held, and loads nothing', async () => {
+  const cache = new StampedeCache()
+  const { calls, loadMany } = recorder()
+  await cache.getOrLoadMany(['h1', 'h2'], loadMany)
+  const ac = new AbortController()
+  ac.abort()
+  await assert.rejects(cache.getOrLoadMany(['h1', 'h2'], loadMany, { signal: ac.signal, ttl: 5_000 }), { name: 'AbortError' })
+  await assert.rejects(cache.getOrLoadMany(['h1', 'cold'], loadMany, { signal: ac.signal }), { name: 'AbortError' })
+  await assert.rejects(
+    cache.getOrLoad('h1', () => 'x', { signal: ac.signal }),
+    { name: 'AbortError' },
+    'as getOrLoad does',
+  )
+  assert.equal(calls.length, 1)
+  // A bad key still rejects the whole call before anything loads, with options as without.
+  await rejectsWithCode(() => cache.getOrLoadMany(['h1', ''], loadMany, { ttl: 5_000 }), 'ERR_INVALID_KEY')
+  await rejectsWithCode(() => cache.getOrLoadMany(['h1'], loadMany, { ttl: -1 }), 'ERR_INVALID_OPTION')
+  assert.equal(calls.length, 1)
+  await cache.close()
+})
+
+test('forceRefresh loads every key now, held or not, in one loadMany call, and replaces them', async () => {
+  const cache = new StampedeCache()
+  let round = 0
+  const calls = []
+  const loadMany = (ks, ctx) => {
+    calls.push([...ks])
+    round++
+    return ks.map((k) => `${k}@${round}`)
+  }
+  await cache.getOrLoadMany(['f1', 'f2'], loadMany)
+  assert.deepEqual(await cache.getOrLoadMany(['f1', 'f2', 'f3'], loadMany, { forceRefresh: true, ttl: 5_000 }), ['f1@2', 'f2@2', 'f3@2'])
+  assert.deepEqual(calls, [
+    ['f1', 'f2'],
+    ['f1', 'f2', 'f3'],
+  ])
+  assert.deepEqual(await cache.getMany(['f1', 'f2', 'f3']), ['f1@2', 'f2@2', 'f3@2'])
+  await assertNoLeaks(cache, 3)
+  await cache.close()
+})
+
+test("held stale keys of a batch with options are refreshed once in the background, with that call's ttl, tags and waitUntil", async () => {
+  const cache = new StampedeCache({ ttl: 30, hardTtl: 60_000, jitter: 0, beta: 0 })
+  const keys = ids(5, 'so')
+  const calls = []
+  const loadMany = (ks) => {
+    calls.push([...ks])
+    return ks.map((k) => `${k}@${calls.length}`)
+  }
+  await cache.getOrLoadMany(keys, loadMany)
+  await sleep(60)
+  const handed = []
+  const out = await cache.getOrLoadMany(keys, loadMany, { ttl: 60_000, tags: ['held'], waitUntil: (p) => handed.push(p) })
+  assert.deepEqual(
+    out,
+    keys.map((k) => `${k}@1`),
+    'stale values served at once',
+  )
+  assert.equal(handed.length, 1, "handed to the call's waitUntil before it resolved")
+  await cache.settle()
+  assert.deepEqual(calls, [keys, keys])
+  const info = await cache.inspect(keys[0])
+  assert.ok(info.freshUntil - Date.now() > 30_000, "written with the call's ttl")
+  await cache.deleteByTag('held')
+  assert.deepEqual(await cache.getMany(keys), new Array(5).fill(undefined), "the call's tags on every key refreshed")
+  await assertNoLeaks(cache)
+  await cache.close()
+})
+
+test('a per-call beta decides each held key as getOrLoad with that beta decides it', async () => {
+  // hardTtl == ttl (no stale window): a read at a huge beta refreshes early with near certainty
+  // (computeMs ~40 ms * 1e6 against at most 2 s left: a key missed with probability about 5e-5); at beta 0
+  // never. The constructor's beta is the other one each time.
+  for (const [constructorBeta, callBeta, refreshes] of [
+    [0, 1e6, true],
+    [1e6, 0, false],
+  ]) {
+    const cache = new StampedeCache({ ttl: 2_000, hardTtl: 2_000, jitter: 0, beta: constructorBeta })
+    const calls = []
+    const loadMany = async (ks) => {
+      calls.push([...ks])
+      await sleep(40)
+      return ks.map((k) => `${k}@${calls.length}`)
+    }
+    let single = 0
+    const loader = async (ctx) => {
+      single++
+      await sleep(40)
+      return `${ctx.key}@${single}`
+    }
+    await cache.getOrLoadMany(['b1', 'b2'], loadMany, { beta: callBeta })
+    await cache.getOrLoad('alone', loader, { beta: callBeta })
+    // Each early refresh writes an entry as close to its draw as the last: at the huge beta every
+    // read refreshes, so one read is enough; at beta 0 none does, however many.
+    for (let i = 0; i < (refreshes ? 1 : 5); i++) {
+      assert.deepEqual(await cache.getOrLoadMany(['b1', 'b2'], loadMany, { beta: callBeta }), ['b1@1', 'b2@1'], 'served at once')
+      assert.equal(await cache.getOrLoad('alone', loader, { beta: callBeta }), 'alone@1')
+      await cache.settle()
+    }
+    assert.equal(cache.stats().staleHits, 0)
+    if (refreshes) {
+      assert.equal(single, 2, 'getOrLoad refreshed early')
+      assert.deepEqual(
+        calls,
+        [
+          ['b1', 'b2'],
+          ['b1', 'b2'],
+        ],
+        'the batch too: its held keys early, in one background call',
+      )
+      assert.deepEqual(await cache.getMany(['b1', 'b2']), ['b1@2', 'b2@2'])
+    } else {
+      assert.equal(single, 1, 'getOrLoad at beta 0 never refreshes early')
+      assert.deepEqual(calls, [['b1', 'b2']], 'nor does the batch')
+    }
+    await assertNoLeaks(cache)
+    await cache.close()
+  }
+})
+
 // ---- with Redis -------------------------------------------------------------------------------
 
 test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false) reads them all with one MGET, loading none', {
@@ -542,6 +675,259 @@ test('Redis: stale keys refreshed in one background loadMany call; only one proc
     keys.map((k) => `${k}@2`),
   )
   await assertNoLeaks(a)
+})
+
+test('Redis: a warm batch with options costs one MGET and its ECHO, as without; forceRefresh loads every key', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { redis, base } = await setupRedis(t, { prefix: 'batch' })
+  const a = new StampedeCache(base)
+  t.after(() => a.close())
+  const keys = ids(100, 'wo')
+  const values = await a.getOrLoadMany(keys, recorder().loadMany)
+  // Built after the writes (it heard none of their announcements): every key is read from Redis.
+  const b = new StampedeCache({ ...base, l1: false })
+  t.after(() => b.close())
+  await laneOpen(redis, b)
+  const names = ['get', 'mget', 'echo', 'evalsha', 'eval', 'hget']
+  const { calls: none, loadMany: mustNotLoad } = recorder()
+  const handed = []
+  for (const options of [
+    { ttl: 5_000 },
+    { tags: ['wo'] },
+    {
+      ttl: 5_000,
+      hardTtl: 50_000,
+      negativeTtl: 1_000,
+      jitter: 0.2,
+      beta: 2,
+      loadTimeout: 5_000,
+      tags: ['wo'],
+      signal: new AbortController().signal,
+      waitUntil: (p) => handed.push(p),
+    },
+  ]) {
+    const s0 = b.stats()
+    const senders = []
+    const warm = pick(
+      await clientCommands(
+        redis,
+        async () => {
+          assert.deepEqual(await b.getOrLoadMany(keys, mustNotLoad, options), values)
+        },
+        (addr, name) => senders.push([addr, name]),
+      ),
+      names,
+    )
+    const what = Object.keys(options).join(', ')
+    assert.deepEqual(warm, { get: 0, mget: 1, echo: 1, evalsha: 0, eval: 0, hget: 0 }, `${what}: one MGET and its ECHO, no lock bid`)
+    // Read first, as without options: on the read lane, with no flight or gate per key (whose
+    // read takes the command connection).
+    const lanes = await readLanes(redis)
+    for (const [addr, name] of senders) assert.ok(lanes.has(addr), `${what}: ${name} sent by ${addr}, not by a read lane (${[...lanes]})`)
+    const s = b.stats()
+    assert.deepEqual([s.l2Hits - s0.l2Hits, s.misses - s0.misses], [100, 0], 'l2Hits per key')
+  }
+  assert.equal(none.length, 0)
+  assert.equal(handed.length, 0, 'nothing was stale: no refresh handed to waitUntil')
+  // forceRefresh reads nothing first: every key is loaded now, in one call, and written back.
+  const { calls, loadMany } = recorder({ value: (k) => ({ k, forced: true }) })
+  const forced = pick(
+    await clientCommands(redis, async () => {
+      assert.deepEqual(
+        await b.getOrLoadMany(keys, loadMany, { forceRefresh: true, ttl: 5_000 }),
+        keys.map((k) => ({ k, forced: true })),
+      )
+    }),
+    names,
+  )
+  assert.deepEqual(
+    calls.map((c) => c.keys),
+    [keys],
+  )
+  assert.equal(forced.mget, 0, 'forceRefresh reads nothing first')
+  assert.ok(forced.evalsha >= 100, `one fenced write-back per key (${forced.evalsha} EVALSHA)`)
+  const c = new StampedeCache({ ...base, l1: false })
+  t.after(() => c.close())
+  assert.deepEqual(
+    await c.getMany(keys),
+    calls[0].keys.map((k) => ({ k, forced: true })),
+  )
+  await assertNoLeaks(b)
+})
+
+test("Redis: stale keys of a batch with options are served at once and refreshed once in the background, with that call's ttl and tags", {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { base } = await setupRedis(t, { prefix: 'batch' })
+  const a = new StampedeCache({ ...base, ttl: 50, hardTtl: 60_000, beta: 0 })
+  t.after(() => a.close())
+  const keys = ids(20, 'so')
+  await a.getOrLoadMany(keys, (ks) => ks.map((k) => `${k}@1`))
+  await sleep(80)
+  // Every key stale in Redis; then with a cold key besides (loaded with the call, not with the
+  // refresh); then into an in-process tier.
+  for (const [round, l1, withCold] of [
+    [0, false, false],
+    [1, false, true],
+    [2, undefined, true],
+  ]) {
+    const b = new StampedeCache({ ...base, ttl: 50, hardTtl: 60_000, beta: 0, ...(l1 === false ? { l1 } : {}) })
+    t.after(() => b.close())
+    const calls = []
+    const loadMany = (ks) => {
+      calls.push([...ks])
+      return ks.map((k) => `${k}@2`)
+    }
+    const handed = []
+    const tag = `so-${round}`
+    const cold = withCold ? [`cold-${round}`] : []
+    const out = await b.getOrLoadMany([...keys, ...cold], loadMany, {
+      ttl: 60_000,
+      hardTtl: 120_000,
+      tags: [tag],
+      waitUntil: (p) => handed.push(p),
+    })
+    assert.deepEqual(out, [...keys.map((k) => `${k}@1`), ...cold.map((k) => `${k}@2`)], 'stale values served at once')
+    assert.equal(handed.length, 1, "one background refresh, handed to the call's waitUntil before it resolved")
+    await handed[0]
+    await b.settle()
+    assert.deepEqual(calls, [...(withCold ? [cold] : []), keys], 'the stale keys refreshed in one background call')
+    const reader = new StampedeCache({ ...base, l1: false })
+    t.after(() => reader.close())
+    for (const k of [keys[0], keys[19], ...cold]) {
+      const info = await reader.inspect(k)
+      assert.equal(info.state, 'fresh')
+      assert.ok(info.freshUntil - Date.now() > 30_000, `${k}: written with the call's ttl (60 s), not the constructor's (50 ms)`)
+    }
+    assert.deepEqual(
+      await reader.getMany(keys),
+      keys.map((k) => `${k}@2`),
+    )
+    await b.deleteByTag(tag)
+    assert.deepEqual(await reader.getMany([...keys, ...cold]), new Array(keys.length + cold.length).fill(undefined), "the call's tags on every key it wrote")
+    await assertNoLeaks(b)
+    // Stale again for the next round.
+    await a.getOrLoadMany(keys, (ks) => ks.map((k) => `${k}@1`))
+    await sleep(80)
+  }
+})
+
+test('Redis: a caller signal aborting a batch with options rejects it at once, during the read or the load; the load goes on', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { base } = await setupRedis(t, { prefix: 'batch' })
+  const a = new StampedeCache(base)
+  t.after(() => a.close())
+  const warm = ids(10, 'sw')
+  await a.getOrLoadMany(warm, recorder().loadMany)
+  const b = new StampedeCache({ ...base, l1: false })
+  t.after(() => b.close())
+  await b.get('connect')
+  // During the read: every key warm in Redis.
+  const during = new AbortController()
+  const read = b.getOrLoadMany(warm, recorder().loadMany, { signal: during.signal, ttl: 5_000 })
+  during.abort()
+  await assert.rejects(read, { name: 'AbortError' })
+  // During the load: half warm, half cold; the load goes on for the cold keys and fills Redis.
+  const ac = new AbortController()
+  const cold = ids(10, 'sc')
+  const calls = []
+  let finished
+  const done = new Promise((r) => (finished = r))
+  const p = b.getOrLoadMany(
+    [...warm, ...cold],
+    async (ks) => {
+      calls.push([...ks])
+      ac.abort()
+      await sleep(50)
+      finished()
+      return ks.map((k) => ({ k }))
+    },
+    { signal: ac.signal, ttl: 60_000 },
+  )
+  await assert.rejects(p, { name: 'AbortError' })
+  await done
+  await b.settle()
+  assert.deepEqual(calls, [cold], 'only the cold keys were loaded')
+  const reader = new StampedeCache({ ...base, l1: false })
+  t.after(() => reader.close())
+  await waitFor(async () => (await reader.getMany(cold)).every((v, i) => v?.k === cold[i]), { what: 'the cold keys written' })
+  await assertNoLeaks(b)
+})
+
+test('Redis: tags of a batch with options land on the keys it loads (not on those Redis had), so deleteByTag removes them', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { base } = await setupRedis(t, { prefix: 'batch' })
+  const a = new StampedeCache(base)
+  t.after(() => a.close())
+  const found = ids(5, 'tf')
+  const cold = ids(5, 'tc')
+  await a.getOrLoadMany(found, (ks) => ks.map((k) => `${k}:a`))
+  const b = new StampedeCache(base)
+  t.after(() => b.close())
+  const calls = []
+  const out = await b.getOrLoadMany(
+    [...found, ...cold],
+    (ks) => {
+      calls.push([...ks])
+      return ks.map((k) => `${k}:b`)
+    },
+    { tags: ['tagged'], ttl: 60_000 },
+  )
+  assert.deepEqual(out, [...found.map((k) => `${k}:a`), ...cold.map((k) => `${k}:b`)])
+  assert.deepEqual(calls, [cold])
+  await b.deleteByTag('tagged')
+  assert.deepEqual(await b.getMany(cold), new Array(5).fill(undefined), 'the loaded keys carried the tag')
+  assert.deepEqual(
+    await b.getMany(found),
+    found.map((k) => `${k}:a`),
+    'the keys Redis had were served as they were',
+  )
+  const c = new StampedeCache({ ...base, l1: false })
+  t.after(() => c.close())
+  assert.deepEqual(await c.getMany([...found, ...cold]), [...found.map((k) => `${k}:a`), ...new Array(5).fill(undefined)])
+  await assertNoLeaks(b)
+})
+
+test('Redis: a per-call beta decides each key read from Redis as getOrLoad with that beta decides it', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { base } = await setupRedis(t, { prefix: 'batch' })
+  // hardTtl == ttl: no stale window (see the in-process test of beta).
+  const a = new StampedeCache({ ...base, ttl: 3_000, hardTtl: 3_000, beta: 0 })
+  t.after(() => a.close())
+  const keys = ['xb1', 'xb2', 'xalone']
+  await a.getOrLoadMany(keys, async (ks) => {
+    await sleep(40)
+    return ks.map((k) => `${k}@1`)
+  })
+  for (const [constructorBeta, callBeta, refreshes] of [
+    [1e6, 0, false],
+    [0, 1e6, true],
+  ]) {
+    const b = new StampedeCache({ ...base, ttl: 3_000, hardTtl: 3_000, beta: constructorBeta, l1: false })
+    t.after(() => b.close())
+    const calls = []
+    const loadMany = (ks) => {
+      calls.push([...ks])
+      return ks.map((k) => `${k}@2`)
+    }
+    let single = 0
+    const loader = (ctx) => {
+      single++
+      return `${ctx.key}@2`
+    }
+    assert.deepEqual(await b.getOrLoadMany(['xb1', 'xb2'], loadMany, { beta: callBeta }), ['xb1@1', 'xb2@1'], 'served at once')
+    assert.equal(await b.getOrLoad('xalone', loader, { beta: callBeta }), 'xalone@1')
+    await b.settle()
+    if (refreshes) {
+      assert.equal(single, 1, 'getOrLoad refreshed early')
+      assert.deepEqual(calls, [['xb1', 'xb2']], 'the batch too, in one background call')
+    } else {
+      assert.equal(single, 0, 'getOrLoad at beta 0 never refreshes early')
+      assert.deepEqual(calls, [], 'nor does the batch')
+    }
+    assert.equal(b.stats().staleHits, 0)
+    await assertNoLeaks(b)
+  }
 })
 
 test('Redis Cluster: a batch over every master (one pipeline per node) loads once, and reads back from every node', { timeout: 120_000 }, async (t) => {

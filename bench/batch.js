@@ -6,15 +6,17 @@
 //   node bench/batch.js [--quick] [--rounds 7] [--keys 1000] [--json out.json] [--docs]
 //                       [--in-process] [--cluster] [--baseline DIR]
 //   (--docs also renders the README's chart, docs/bench-batch.svg; --in-process runs case 2
-//   alone, without Redis; --cluster runs case 5 alone; --baseline DIR adds case 2's and case 5's
-//   rows for another build of the library, a checkout of an older commit with its addon built,
-//   so a change is measured before and after)
+//   alone, without Redis; --cluster runs case 5 alone; --baseline DIR adds the getOrLoadMany rows
+//   of cases 1, 2 and 5 for another build of the library, a checkout of an older commit with its
+//   addon built, in the same rounds, so a change is measured before and after in one run)
 //
-// 1. Warm in Redis, `l1: false` (a serverless instance): getOrLoadMany over 1,000 keys against one
-//    ioredis MGET of the same Redis keys plus JSON.parse of each reply; sequential batches, then 16
-//    batches in flight; then getMany likewise. Rounds interleave the two sides; the ratio is the
-//    median of the rounds'.
-// 2. Warm in process: getOrLoadMany, and getMany, against a loop of Map.get over the same keys.
+// 1. Warm in Redis, `l1: false` (a serverless instance): getOrLoadMany over 1,000 keys, without
+//    options and with `{ ttl }` (users of a batch API nearly always pass some), against one ioredis
+//    MGET of the same Redis keys plus JSON.parse of each reply; sequential batches, then 16 batches
+//    in flight; then getMany likewise. Rounds interleave the sides (each round in another order);
+//    each ratio is the median of the rounds' (the MGET's time over the row's, in that round).
+// 2. Warm in process: getOrLoadMany (without options and with `{ ttl }`), and getMany, against a
+//    loop of Map.get over the same keys.
 // 3. Cold, 1,000 ids, one process: stampede-cache's loadMany calls and ids, against bentocache
 //    getOrSet and cache-manager wrap, one call per id (what their APIs offer), each in front of the
 //    same simulated database: a query takes 20 ms, at most 10 run at once (a connection pool).
@@ -54,6 +56,8 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]
 const mustNotLoad = () => {
   throw new Error('a warm batch called loadMany')
 }
+/** The options of the "with { ttl }" rows: a load's ttl, which changes nothing a read serves. */
+const TTL = Object.freeze({ ttl: 600_000 })
 
 /** Runs `batch()` `count` times with `inFlight` at once; ms taken. */
 async function timed(batch, count, inFlight) {
@@ -69,25 +73,35 @@ async function timed(batch, count, inFlight) {
   return performance.now() - t0
 }
 
-/** Interleaved rounds of two sides; each round's ratio is `other ms / ours ms` (throughput ratio). */
-async function sideBySide(ours, other, count, inFlight) {
-  await timed(ours, Math.max(5, count / 10), inFlight)
-  await timed(other, Math.max(5, count / 10), inFlight)
-  const ratios = []
-  const oursMs = []
-  const otherMs = []
+/**
+ * Interleaved rounds of `sides` (by name) and `other`, each round in another order; a side's ratio
+ * in a round is `other ms / side ms` (throughput ratio), and its row the median of its rounds'.
+ */
+async function rowsAgainst(sides, other, count, inFlight) {
+  const names = Object.keys(sides)
+  const run = (name) => (name === null ? other : sides[name])
+  const order = [...names, null]
+  for (const name of order) await timed(run(name), Math.max(5, count / 10), inFlight)
+  const ms = new Map(order.map((name) => [name, []]))
+  const ratios = new Map(names.map((name) => [name, []]))
   for (let r = 0; r < ROUNDS; r++) {
-    const a = await timed(ours, count, inFlight)
-    const b = await timed(other, count, inFlight)
-    oursMs.push(a)
-    otherMs.push(b)
-    ratios.push(b / a)
+    const took = new Map()
+    for (let i = 0; i < order.length; i++) {
+      const name = order[(r + i) % order.length]
+      took.set(name, await timed(run(name), count, inFlight))
+    }
+    for (const [name, t] of took) ms.get(name).push(t)
+    for (const name of names) ratios.get(name).push(took.get(null) / took.get(name))
   }
-  return {
-    ratio: median(ratios),
-    oursBatchesPerSec: (count * 1000) / median(oursMs),
-    otherBatchesPerSec: (count * 1000) / median(otherMs),
-  }
+  const otherBatchesPerSec = (count * 1000) / median(ms.get(null))
+  return Object.fromEntries(
+    names.map((name) => [name, { ratio: median(ratios.get(name)), oursBatchesPerSec: (count * 1000) / median(ms.get(name)), otherBatchesPerSec }]),
+  )
+}
+
+/** Interleaved rounds of two sides (see rowsAgainst). */
+async function sideBySide(ours, other, count, inFlight) {
+  return (await rowsAgainst({ ours }, other, count, inFlight)).ours
 }
 
 /**
@@ -197,12 +211,13 @@ async function inProcess(Cache) {
   }
   const count = QUICK ? 500 : 3_000
   const many = await sideBySide(() => local.getOrLoadMany(keys, mustNotLoad), mapLoop, count, 1)
+  const manyTtl = await sideBySide(() => local.getOrLoadMany(keys, mustNotLoad, TTL), mapLoop, count, 1)
   const get = await sideBySide(() => local.getMany(keys), mapLoop, count, 1)
   const s = local.stats()
   // Every read was a hit: nothing loaded past the warm-up.
   if (s.loads > N || s.misses > N) throw new Error(`in process: ${s.loads} loads, ${s.misses} misses`)
   await local.close()
-  return { many, get }
+  return { many, manyTtl, get }
 }
 
 /** Per master, the calls of each command since the last CONFIG RESETSTAT (INFO commandstats). */
@@ -280,9 +295,10 @@ async function main() {
   const out = { keys: N, rounds: ROUNDS, quick: QUICK, node: process.version, at: new Date().toISOString() }
   const b = args.indexOf('--baseline')
   const Baseline = b >= 0 ? require(path.resolve(args[b + 1])).StampedeCache : null
-  if (Baseline && !flag('--cluster')) {
+  if (Baseline !== null && !flag('--cluster')) {
     const base = await inProcess(Baseline)
     out.baselineInProcess = base.many
+    out.baselineInProcessTtl = base.manyTtl
     out.baselineInProcessGetMany = base.get
   }
   if (flag('--cluster')) {
@@ -294,6 +310,7 @@ async function main() {
   if (flag('--in-process')) {
     const ours = await inProcess(StampedeCache)
     out.inProcess = ours.many
+    out.inProcessTtl = ours.manyTtl
     out.inProcessGetMany = ours.get
     printInProcess(out)
     return out
@@ -316,14 +333,49 @@ async function main() {
       check = await reader.getOrLoadMany(keys, mustNotLoad)
     })
     if (check.some((v, i) => v.id !== i)) throw new Error('warm batch answered wrong values')
+    out.warmCommandsTtl = await clientCommands(redis, async () => {
+      check = await reader.getOrLoadMany(keys, mustNotLoad, TTL)
+    })
+    if (check.some((v, i) => v.id !== i)) throw new Error('warm batch with { ttl } answered wrong values')
 
     const io = new Redis(redis.url)
     const vkeys = keys.map((k) => `${namespace}:v:{${k}}`)
-    const ours = () => reader.getOrLoadMany(keys, mustNotLoad)
+    const sides = {
+      plain: () => reader.getOrLoadMany(keys, mustNotLoad),
+      ttl: () => reader.getOrLoadMany(keys, mustNotLoad, TTL),
+    }
+    let baseline = null
+    if (Baseline !== null) {
+      // Its own namespace, written by its own writer: the envelope's layout may differ.
+      const baseWriter = new Baseline({ redis: redis.url, namespace: 'bbase', ttl: 600_000 })
+      await baseWriter.getOrLoadMany(keys, (ids) => ids.map(userOf))
+      baseline = { writer: baseWriter, reader: new Baseline({ redis: redis.url, namespace: 'bbase', ttl: 600_000, l1: false }) }
+      await laneOpen(baseline.reader)
+      for (const options of [undefined, TTL]) {
+        const got = await baseline.reader.getOrLoadMany(keys, mustNotLoad, options)
+        if (got.some((v, i) => v.id !== i)) throw new Error('the baseline answered wrong values')
+      }
+      sides.basePlain = () => baseline.reader.getOrLoadMany(keys, mustNotLoad)
+      sides.baseTtl = () => baseline.reader.getOrLoadMany(keys, mustNotLoad, TTL)
+    }
     const mget = async () => (await io.mget(vkeys)).map((s) => JSON.parse(s))
     const count = QUICK ? 40 : 200
-    out.redisSequential = await sideBySide(ours, mget, count, 1)
-    out.redis16 = await sideBySide(ours, mget, count, 16)
+    for (const [key, inFlight] of [
+      ['Sequential', 1],
+      ['16', 16],
+    ]) {
+      const rows = await rowsAgainst(sides, mget, count, inFlight)
+      out[`redis${key}`] = rows.plain
+      out[`redis${key}Ttl`] = rows.ttl
+      if (baseline !== null) {
+        out[`baselineRedis${key}`] = rows.basePlain
+        out[`baselineRedis${key}Ttl`] = rows.baseTtl
+      }
+    }
+    if (baseline !== null) {
+      await baseline.reader.close()
+      await baseline.writer.close()
+    }
     const many = async () => {
       const r = await reader.getMany(keys)
       if (r[0] === undefined) throw new Error('a warm getMany missed')
@@ -337,6 +389,7 @@ async function main() {
 
     const local = await inProcess(StampedeCache)
     out.inProcess = local.many
+    out.inProcessTtl = local.manyTtl
     out.inProcessGetMany = local.get
 
     out.cold = []
@@ -419,12 +472,18 @@ function print(o) {
   console.log(`\nMany keys at once, ${o.keys} keys a batch, median of ${o.rounds} rounds (Node ${o.node})\n`)
   console.log('| case | stampede-cache batches/s | other batches/s | ratio (ours/other) |')
   console.log('|---|---:|---:|---:|')
-  console.log(
-    `| warm in Redis, l1: false, sequential, vs ioredis MGET + JSON.parse | ${n(o.redisSequential.oursBatchesPerSec)} | ${n(o.redisSequential.otherBatchesPerSec)} | ${x(o.redisSequential.ratio)} |`,
-  )
-  console.log(
-    `| warm in Redis, l1: false, 16 in flight, vs ioredis MGET + JSON.parse | ${n(o.redis16.oursBatchesPerSec)} | ${n(o.redis16.otherBatchesPerSec)} | ${x(o.redis16.ratio)} |`,
-  )
+  const row = (name, r) => {
+    if (r !== undefined) console.log(`| ${name} | ${n(r.oursBatchesPerSec)} | ${n(r.otherBatchesPerSec)} | ${x(r.ratio)} |`)
+  }
+  for (const [mode, key] of [
+    ['sequential', 'Sequential'],
+    ['16 in flight', '16'],
+  ]) {
+    row(`warm in Redis, l1: false, ${mode}, vs ioredis MGET + JSON.parse`, o[`redis${key}`])
+    row(`warm in Redis, l1: false, ${mode}, getOrLoadMany with { ttl }, vs the same MGET`, o[`redis${key}Ttl`])
+    row(`warm in Redis, l1: false, ${mode} (baseline), vs the same MGET`, o[`baselineRedis${key}`])
+    row(`warm in Redis, l1: false, ${mode}, getOrLoadMany with { ttl } (baseline), vs the same MGET`, o[`baselineRedis${key}Ttl`])
+  }
   console.log(
     `| getMany, warm in Redis, l1: false, sequential, vs ioredis MGET + JSON.parse | ${n(o.getManySequential.oursBatchesPerSec)} | ${n(o.getManySequential.otherBatchesPerSec)} | ${x(o.getManySequential.ratio)} |`,
   )
@@ -441,6 +500,7 @@ function print(o) {
       .join(', ')
   console.log(`\nRedis commands for a cold batch of ${o.keys}: ${fmt(o.coldCommands)}`)
   console.log(`Redis commands for a warm batch of ${o.keys} (l1: false): ${fmt(o.warmCommands)}`)
+  console.log(`Redis commands for a warm batch of ${o.keys} (l1: false) with { ttl }: ${fmt(o.warmCommandsTtl)}`)
 }
 
 function printCluster(o) {
@@ -469,8 +529,10 @@ function printInProcessRows(o) {
     if (r !== undefined) console.log(`| ${name} | ${n(r.oursBatchesPerSec)} | ${n(r.otherBatchesPerSec)} | ${x(r.ratio)} |`)
   }
   row('warm in process, vs a loop of Map.get', o.inProcess)
+  row('warm in process, getOrLoadMany with { ttl }, vs a loop of Map.get', o.inProcessTtl)
   row('warm in process, getMany, vs a loop of Map.get', o.inProcessGetMany)
   row('warm in process, vs a loop of Map.get (baseline)', o.baselineInProcess)
+  row('warm in process, getOrLoadMany with { ttl }, vs a loop of Map.get (baseline)', o.baselineInProcessTtl)
   row('warm in process, getMany, vs a loop of Map.get (baseline)', o.baselineInProcessGetMany)
 }
 

@@ -40,7 +40,8 @@ const { checkTags, tagsOption } = require('./keys.js')
 const { Batch, Outcome, ColdKey, checkBatchKeys, keyLengths } = require('./batch.js')
 const { FreshIndex } = require('./fresh.js')
 
-const { peek, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } = native
+const { peek, peekAt, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } =
+  native
 const { redisGate, redisFetch, adopt, adoptRead, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
 const { observeInvalidations, takeInvalidations } = native
 const { redisGateMany, redisFetchMany, adoptMany, batchTexts, noteBatchCall, beginBatchRefresh, GATE_WAIT } = native
@@ -110,6 +111,8 @@ class StampedeCache {
   #loads = new Set()
   /** The constructor's loadTimeout (ms; Infinity for none). */
   #loadTimeout
+  /** The constructor's XFetch beta: the hot path decides hits at it. */
+  #beta
   #closed = false
   /** Redis configured: loads go through the Redis tier (lock, bus, shared envelopes). */
   #redis = false
@@ -148,7 +151,9 @@ class StampedeCache {
     this.#id = engineId(this.#token)
     this.#redis = hasRedis(this.#id)
     this.#fresh = FreshIndex.of(this.#id)
-    this.#loadTimeout = defaultPolicy(this.#id)[POLICY_LOAD_TIMEOUT]
+    const defaults = defaultPolicy(this.#id)
+    this.#loadTimeout = defaults[POLICY_LOAD_TIMEOUT]
+    this.#beta = defaults[POLICY_BETA]
     this.#waitUntil = waitUntil
     this.#onError = onError
     // Validated by the engine above.
@@ -206,11 +211,18 @@ class StampedeCache {
     const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : this.#callOptions(options)
     const n = keys.length
     const out = new Array(n)
-    // Hits first, on getOrLoad's hot path (a string key, no options); the other positions below.
+    // Hits first, on getOrLoad's hot path (a string key), the other positions below. Options
+    // other than beta shape only what a load writes, so the hits are the same with them; a
+    // beta of the call's own decides each hit's early refresh at that beta (peekAt), as
+    // getOrLoad with it would, and the index of fresh entries (proved at the constructor's) is
+    // not asked. forceRefresh serves nothing; an aborted signal rejects as getOrLoad's does
+    // (after the keys are checked, below).
     let rest = null
     let stale = null
-    if (options === undefined) {
-      const fresh = this.#fresh
+    if (!force && !signal?.aborted) {
+      const beta = policy === null ? this.#beta : policy[POLICY_BETA]
+      const hot = beta === this.#beta
+      const fresh = hot ? this.#fresh : null
       const now = Date.now()
       for (let i = 0; i < n; i++) {
         const key = keys[i]
@@ -228,7 +240,7 @@ class StampedeCache {
           }
         }
         const epoch = fresh === null ? 0 : fresh.epoch()
-        const r = peek(this.#id, key)
+        const r = hot ? peek(this.#id, key) : peekAt(this.#id, key, beta)
         if (r < 0) {
           ;(rest ??= []).push(i)
           continue
@@ -251,20 +263,25 @@ class StampedeCache {
     for (let j = 0; j < rest.length; j++) encoded[j] = engine.encodeKey(keys[rest[j]])
     if (signal?.aborted) throw abortError(signal)
     this.#watchInvalidations()
-    // Without options, the keys the in-process tier did not have are read from Redis first, in
-    // one batch as getMany reads them (on the read lane when it can), with no flight, lookup or
-    // lock bid per key: only the keys Redis does not have are looked up, led and bid for
-    // (#readFirst). A profile of a warm batch of 1,000 keys with l1: false put 3.3 ms of its
-    // 7 ms in that per-key machinery (a lookup, a flight and its record, its adopt and end).
-    if (options === undefined && this.#redis) return this.#readFirst(keys, rest, encoded, out, stale, loadMany)
+    // The keys the in-process tier did not have are read from Redis first, in one batch as
+    // getMany reads them (on the read lane when it can), with no flight, lookup or lock bid per
+    // key: only the keys Redis does not have are looked up, led and bid for (#readFirst). A
+    // profile of a warm batch of 1,000 keys with l1: false put 3.3 ms of its 7 ms in that
+    // per-key machinery (a lookup, a flight and its record, its adopt and end). forceRefresh
+    // loads every key now: nothing is read first.
+    if (this.#redis && !force) {
+      const read = this.#readFirst(keys, rest, encoded, out, stale, loadMany, policy, waitUntil, tags)
+      return signal ? withSignal(read, signal) : read
+    }
     return this.#loadRest(keys, rest, encoded, out, stale, loadMany, policy, signal, waitUntil, force, tags, false, false)
   }
 
   // A getOrLoadMany call's keys not held in process (`rest`: their positions in `keys`,
   // `encoded` their keys), read from Redis in one batch first: those Redis has are served (a
   // stale one refreshed with the call's stale keys, `stale`), the others go to #loadRest, which
-  // bids for their locks without reading them again.
-  #readFirst(keys, rest, encoded, out, stale, loadMany) {
+  // bids for their locks without reading them again. `policy`, `waitUntil`, `tags`: the call's
+  // (its beta decides the early refresh of each value read, as for a cold getOrLoad with it).
+  #readFirst(keys, rest, encoded, out, stale, loadMany, policy, waitUntil, tags) {
     const firstAt = new Map()
     const asked = []
     for (let j = 0; j < rest.length; j++) {
@@ -286,7 +303,7 @@ class StampedeCache {
       const values = this.#batchValues(codes, texts, found)
       const flights = new Float64Array(asked.length)
       for (let u = 0; u < asked.length; u++) flights[u] = codes[u] >= 0 && values[u] !== UNREADABLE ? -1 : -2
-      const adopted = adoptMany(this.#id, found, flights, true, -1)
+      const adopted = adoptMany(this.#id, found, flights, true, policy === null ? -1 : policy[POLICY_BETA])
       this.#fillMany(adopted, values)
       // By key: its value, or MISSED (not in Redis, unreadable, Redis unavailable).
       const served = new Map()
@@ -333,10 +350,11 @@ class StampedeCache {
         }
       }
       if (missed === null) {
-        if (stale !== null) this.#refreshMany(stale, loadMany, undefined, undefined, undefined)
+        if (stale !== null) this.#refreshMany(stale, loadMany, policy, waitUntil, tags)
         return out
       }
-      return this.#loadRest(keys, missed, missedKeys, out, stale, loadMany, undefined, undefined, undefined, false, undefined, true, looked)
+      // The caller's signal is the whole call's (see #startGetOrLoadMany).
+      return this.#loadRest(keys, missed, missedKeys, out, stale, loadMany, policy, undefined, waitUntil, false, tags, true, looked)
     })
   }
 

@@ -22,11 +22,11 @@ use crate::key;
 /// have filled at least `KEY_BUF - 4` = MAX_KEY_BYTES + 1 bytes.
 const KEY_BUF: usize = key::MAX_KEY_BYTES + 5;
 
-/// What a hot-path read is for: `getOrLoad` may start a refresh (XFetch, stale), `get` never
-/// does (it has no loader).
+/// What a hot-path read is for: `getOrLoad` may start a refresh (XFetch at `beta`, below 0 the
+/// constructor's; stale), `get` never does (it has no loader).
 #[derive(Clone, Copy)]
 enum Read {
-    GetOrLoad,
+    GetOrLoad { beta: f64 },
     Get,
 }
 
@@ -42,7 +42,7 @@ unsafe extern "C" fn peek_raw(
     info: sys::napi_callback_info,
 ) -> sys::napi_value {
     // SAFETY: as for `peek_call`, whose contract is this callback's.
-    unsafe { peek_call(env, info, Read::GetOrLoad) }
+    unsafe { peek_call(env, info, Read::GetOrLoad { beta: -1.0 }) }
 }
 
 /// `get`'s hot path: the same lookup, counted in the same stats as `getEntry` counts a hit, but
@@ -106,6 +106,15 @@ unsafe fn peek_call(
     out
 }
 
+/// `getOrLoad`'s hot path at a call's own XFetch `beta`, what `peek` answers: for
+/// `getOrLoadMany` with a beta of its own, whose held keys are decided as `lookup` decides them
+/// at that beta, without leading a flight for the others (they are read from Redis first). A
+/// `#[napi]` function, not a raw one: it is not on a single read's path.
+#[napi]
+pub fn peek_at(id: u32, key: String, beta: f64) -> i32 {
+    peek_key(id, key.as_bytes(), Read::GetOrLoad { beta })
+}
+
 #[inline]
 fn peek_key(id: u32, key: &[u8], read: Read) -> i32 {
     // Empty or longer than the limit (maybe truncated): never stored, so a miss; the slow path
@@ -128,8 +137,12 @@ fn peek_key(id: u32, key: &[u8], read: Read) -> i32 {
             return MISS;
         }
         match read {
-            Read::GetOrLoad => {
-                let beta = cache.options().defaults.beta;
+            Read::GetOrLoad { beta } => {
+                let beta = if beta >= 0.0 {
+                    beta
+                } else {
+                    cache.options().defaults.beta
+                };
                 cache.peek(key, beta).map_or(MISS, encode_hit)
             }
             // As `Cache::get_hit`: beta 0, and a stale hit's refresh request dropped.
