@@ -17,13 +17,13 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::io::AsyncDNSResolver;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
-    FromRedisValue, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture,
-    RedisResult, Role, ServerErrorKind, TlsCertificates, TlsMode, Value,
+    IntoConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture, RedisResult, Role,
+    ServerErrorKind, TlsCertificates, TlsMode, Value,
 };
 use tokio::sync::watch;
 
@@ -226,48 +226,55 @@ impl ConnectionLike for Connection {
 pub type Node = Option<(String, u16)>;
 
 impl Connection {
-    /// Sends `cmd` to `node` of a cluster, or as any other command (`None`, or not a cluster).
-    /// For commands that name no key, like SCAN, which a cluster answers node by node.
-    pub async fn query_on<T: FromRedisValue>(&mut self, cmd: &Cmd, node: &Node) -> RedisResult<T> {
+    /// Sends `pipe` to `node` of a cluster, all of it on that node's connection, or as any other
+    /// pipeline (`None`, or not a cluster). For commands that name no key, like SCAN, which a
+    /// cluster answers node by node, with the `ECHO` that proves their replies' places.
+    pub async fn pipeline_on(&mut self, pipe: &Pipeline, node: &Node) -> RedisResult<Vec<Value>> {
         match (self, node) {
             (Connection::Cluster(c), Some((host, port))) => {
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                let routing = SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
                     port: *port,
-                });
-                let value = c.route_command(cmd.clone(), routing).await?;
-                Ok(redis::from_redis_value(value.extract_error()?)?)
+                };
+                c.route_pipeline(pipe.clone(), 0, pipe.len(), routing).await
             }
-            (conn, _) => cmd.query_async(conn).await,
+            (conn, _) => pipe.query_async(conn).await,
         }
     }
 
-    /// The nodes a SCAN of every key must visit: the one server, or every master of a cluster
-    /// (from `CLUSTER SLOTS`).
-    pub async fn scan_nodes(&mut self) -> RedisResult<Vec<Node>> {
-        if !matches!(self, Connection::Cluster(_)) {
-            return Ok(vec![None]);
-        }
-        let slots: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(self).await?;
-        let mut out: Vec<Node> = Vec::new();
-        for range in slots {
-            let Value::Array(parts) = range else { continue };
-            // [start, end, master, replicas...]
-            let Some(Value::Array(master)) = parts.get(2) else {
-                continue;
-            };
-            let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
-                (master.first(), master.get(1))
-            else {
-                continue;
-            };
-            let node = Some((String::from_utf8_lossy(host).into_owned(), *port as u16));
-            if !out.contains(&node) {
-                out.push(node);
+    /// Sends `pipe` to one node (any, on a cluster): for a keyless question, like
+    /// `CLUSTER SLOTS`, and the `ECHO` after it, which must travel on one connection.
+    pub async fn pipeline_anywhere(&mut self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+        match self {
+            Connection::Cluster(c) => {
+                c.route_pipeline(pipe.clone(), 0, pipe.len(), SingleNodeRoutingInfo::Random)
+                    .await
             }
+            conn => pipe.query_async(conn).await,
         }
-        Ok(out)
     }
+}
+
+/// The masters of a cluster, from its `CLUSTER SLOTS` reply (`[start, end, master, replicas...]`
+/// per range), each once.
+pub fn masters_of(slots: Vec<Value>) -> Vec<Node> {
+    let mut out: Vec<Node> = Vec::new();
+    for range in slots {
+        let Value::Array(parts) = range else { continue };
+        let Some(Value::Array(master)) = parts.get(2) else {
+            continue;
+        };
+        let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+            (master.first(), master.get(1))
+        else {
+            continue;
+        };
+        let node = Some((String::from_utf8_lossy(host).into_owned(), *port as u16));
+        if !out.contains(&node) {
+            out.push(node);
+        }
+    }
+    out
 }
 
 /// A node's address as the sentinels give it.
