@@ -312,6 +312,8 @@ enum Kind {
     Cluster {
         client: ClusterClient,
         seeds: Vec<ConnectionInfo>,
+        /// The TLS its nodes are opened with, registered for them (`guard::ClusterTls`).
+        node_tls: Option<Arc<guard::ClusterTls>>,
     },
 }
 
@@ -382,7 +384,18 @@ impl Topology {
                     .certs(certificates(tls));
             }
             let client = builder.build().map_err(|e| e.to_string())?;
-            (Kind::Cluster { client, seeds }, 0)
+            let node_tls = match &tls {
+                Some(tls) => Some(register_cluster_tls(&seeds, tls).map_err(|e| e.to_string())?),
+                None => None,
+            };
+            (
+                Kind::Cluster {
+                    client,
+                    seeds,
+                    node_tls,
+                },
+                0,
+            )
         } else if !config.sentinels.is_empty() {
             let primary = match &config.url {
                 Some(u) => Some(info_of(u)?),
@@ -827,11 +840,24 @@ impl Topology {
     /// A new command connection, within `connect_timeout`.
     pub async fn connect(&self, connect_timeout: Duration) -> RedisResult<Connection> {
         match &self.kind {
-            Kind::Cluster { client, .. } => {
+            Kind::Cluster {
+                client,
+                seeds,
+                node_tls,
+            } => {
                 guard::cluster_connect_timeout(self.connect_timeout);
-                Ok(Connection::Cluster(
-                    client.get_async_generic_connection().await?,
-                ))
+                let mut conn = Connection::Cluster(client.get_async_generic_connection().await?);
+                if let Some(tls) = node_tls.as_ref().filter(|t| t.contested()) {
+                    // Its nodes are told apart by address from another cluster's (see
+                    // `guard::ClusterTls`): the ones it has now are claimed.
+                    tls.claim(
+                        cluster_nodes(&mut conn, &seeds[0])
+                            .await
+                            .iter()
+                            .filter_map(|n| address(n.addr())),
+                    );
+                }
+                Ok(conn)
             }
             _ => {
                 let client = self.server(false).await?;
@@ -913,6 +939,33 @@ impl Topology {
         self.confirm_master(&mut conn).await?;
         Ok(conn)
     }
+}
+
+/// Registers the TLS a cluster's nodes are opened with (see `guard::ClusterTls`): keyed by a
+/// node's `ConnectionInfo` as the cluster client makes it, with the first seed's credentials
+/// and the crate's TLS parameters parsed from the same certificates.
+fn register_cluster_tls(
+    seeds: &[ConnectionInfo],
+    tls: &TlsOptions,
+) -> RedisResult<Arc<guard::ClusterTls>> {
+    let insecure = !tls.reject_unauthorized;
+    let first = seeds.first().cloned().ok_or_else(|| {
+        RedisError::from((ErrorKind::InvalidClientConfig, "a cluster without seeds"))
+    })?;
+    let (host, port) = address(first.addr()).unwrap_or_default();
+    let node = first.set_addr(ConnectionAddr::TcpTls {
+        host,
+        port,
+        insecure,
+        tls_params: None,
+    });
+    let node = Client::build_with_tls(node, certificates(tls))?;
+    Ok(guard::register_cluster_tls(
+        node.get_connection_info(),
+        seeds,
+        tls,
+        insecure,
+    ))
 }
 
 /// How long the other sentinels' answers are awaited once one answered (`ask_master`).
