@@ -39,7 +39,9 @@ const NODE_ID = crypto.randomBytes(20).toString('hex')
 const slots = (port) => array([array([':0\r\n', ':16383\r\n', array([bulk('127.0.0.1'), `:${port}\r\n`, bulk(NODE_ID)])])])
 
 for (const [name, attack] of Object.entries(ATTACKS)) {
-  test(`a TLS cluster node answering with ${name === 'length' ? 'a declared terabyte' : 'endless nesting'}: the process survives, bounded`, { timeout: 90_000 }, async (t) => {
+  test(`a TLS cluster node answering with ${name === 'length' ? 'a declared terabyte' : 'endless nesting'}: the process survives, bounded`, {
+    timeout: 90_000,
+  }, async (t) => {
     const node = await hostileServer({
       attack,
       tls: { key: fs.readFileSync(certs.serverKeyFile), cert: fs.readFileSync(certs.serverCertFile) },
@@ -65,7 +67,9 @@ for (const [name, attack] of Object.entries(ATTACKS)) {
     const attacked = node.attacked()
     assert.ok(attacked.length >= 1, `a node connection was attacked: ${out}`)
     await eventually(() => attacked.every((c) => c.closed), { what: 'every attacked connection closed' })
-    t.diagnostic(`attacked connections: ${attacked.length}; most filler taken by one: ${Math.max(...attacked.map((c) => c.accepted))} bytes; RSS growth ${r.rssGrowth}`)
+    t.diagnostic(
+      `attacked connections: ${attacked.length}; most filler taken by one: ${Math.max(...attacked.map((c) => c.accepted))} bytes; RSS growth ${r.rssGrowth}`,
+    )
     for (const c of attacked) {
       assert.ok(c.accepted < ACCEPTED_BOUND, `filler taken before the connection closed: ${c.accepted} bytes`)
     }

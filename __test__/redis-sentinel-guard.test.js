@@ -107,7 +107,11 @@ for (const [name, attack] of Object.entries(ATTACKS)) {
       answer: (args) => {
         const [cmd, sub] = [args[0].toUpperCase(), (args[1] || '').toUpperCase()]
         if (cmd === 'SENTINEL' && (sub === 'MASTER' || sub === 'GET-MASTER-ADDR-BY-NAME')) return '-ERR No such master with that name\r\n'
-        if (cmd === 'SUBSCRIBE') return args.slice(1).map((channel, i) => array([bulk('subscribe'), bulk(channel), `:${i + 1}\r\n`])).join('')
+        if (cmd === 'SUBSCRIBE')
+          return args
+            .slice(1)
+            .map((channel, i) => array([bulk('subscribe'), bulk(channel), `:${i + 1}\r\n`]))
+            .join('')
         if (cmd === 'CLIENT') return '+OK\r\n'
         return ATTACK
       },
@@ -126,7 +130,9 @@ for (const [name, attack] of Object.entries(ATTACKS)) {
     const attacked = hostile.attacked()
     assert.ok(attacked.length >= 1, `the lookup was attacked: ${out}`)
     await eventually(() => attacked.every((c) => c.closed), { what: 'every attacked connection closed' })
-    t.diagnostic(`attacked connections: ${attacked.length}; most filler taken by one: ${Math.max(...attacked.map((c) => c.accepted))} bytes; RSS growth ${r.rssGrowth}`)
+    t.diagnostic(
+      `attacked connections: ${attacked.length}; most filler taken by one: ${Math.max(...attacked.map((c) => c.accepted))} bytes; RSS growth ${r.rssGrowth}`,
+    )
     for (const c of attacked) {
       assert.ok(c.accepted < ACCEPTED_BOUND, `filler taken before the connection closed: ${c.accepted} bytes`)
     }
