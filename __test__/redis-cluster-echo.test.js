@@ -201,3 +201,35 @@ test('cluster: a CLUSTER SLOTS reply with overlapping ranges is refused, and bat
     await reader.close()
   }
 })
+
+// clear()'s sweep on a Cluster: the masters come from CLUSTER SLOTS and each is SCANned through
+// its own node connection, each with an ECHO routed to that node. A reply put in front of either
+// (no slots: nothing to sweep; a SCAN-shaped "done, nothing found") would end the sweep with
+// the namespace's keys left in Redis; proven out of step, the step runs again on a new
+// connection, and once clear() resolved no key of the namespace is left on the node.
+for (const [what, asked, extra] of [
+  ['SCAN', (r) => r.includes('\r\nSCAN\r\n'), '*2\r\n$1\r\n0\r\n*0\r\n'],
+  ['CLUSTER SLOTS', (r) => r.includes('\r\nCLUSTER\r\n') && r.includes('\r\nSLOTS\r\n'), '*0\r\n'],
+]) {
+  test(`cluster: an extra reply in front of clear()'s ${what} leaves no key behind`, { timeout: 60_000 }, async () => {
+    const namespace = `clustersweep${what.length}${process.pid}`
+    const errors = []
+    const cache = clusterReader(namespace, errors)
+    try {
+      for (let i = 0; i < 30; i++) await cache.set(`k${i}`, `old ${i}`)
+      assert.equal((await node.cmd('KEYS', `${namespace}:v*`)).length, 30)
+      const put = putInFront(Buffer.from(extra), asked)
+      await cache.clear()
+      assert.equal(put.count, 1, 'the extra reply was put in front')
+      const left = await node.cmd('KEYS', `${namespace}:v*`)
+      assert.deepEqual(left, [], `keys left after clear() resolved; errors: ${errors.join(' | ')}`)
+      assert.ok(
+        errors.some((e) => /out of step/.test(e)),
+        `the moved reply was reported: ${errors.join(' | ')}`,
+      )
+    } finally {
+      proxy.calm()
+      await cache.close()
+    }
+  })
+}

@@ -13,46 +13,11 @@
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const net = require('node:net')
-const { RedisServer, killAllSync, parseReply } = require('./helpers/redis-server')
+const { RedisServer, killAllSync } = require('./helpers/redis-server')
 const { eventually } = require('./helpers/eventually')
+const { ACCEPTED_BOUND, ATTACK, ATTACKS, array, bulk, hostileServer, listen, onCommands, runGuardClient } = require('./helpers/hostile-server')
 
 after(() => killAllSync())
-
-/** What the hostile sentinel offers per connection: far more than the guard lets through. */
-const FILLER_BYTES = 128 * 1024 * 1024
-/** What a guarded connection may take before closing: socket buffers and a chunk or two. */
-const ACCEPTED_BOUND = 8 * 1024 * 1024
-
-const ATTACKS = {
-  length: { head: '$1000000000000\r\n', chunk: Buffer.alloc(64 * 1024, 'x') },
-  nesting: { head: '', chunk: Buffer.from('*1\r\n'.repeat(16 * 1024)) },
-}
-
-const bulk = (s) => `$${Buffer.byteLength(s)}\r\n${s}\r\n`
-const array = (items) => `*${items.length}\r\n${items.join('')}`
-
-/** Reads RESP commands off `socket` and calls `answer(args)` for each. */
-function onCommands(socket, answer) {
-  let buf = Buffer.alloc(0)
-  socket.on('data', (data) => {
-    buf = Buffer.concat([buf, data])
-    for (;;) {
-      let parsed
-      try {
-        parsed = parseReply(buf, 0)
-      } catch {
-        return
-      }
-      if (!parsed) return
-      buf = buf.subarray(parsed.next)
-      answer(parsed.value.map(String))
-    }
-  })
-}
-
-function listen(server) {
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server.address().port)))
-}
 
 /** A sentinel naming `masterPort` as mymaster (config epoch 1), accepting subscriptions. */
 async function honestSentinel(masterPort) {
@@ -81,35 +46,7 @@ async function honestSentinel(masterPort) {
 }
 
 /** A sentinel answering the first command of each connection with `attack`, then filler. */
-async function hostileSentinel(attack) {
-  const connections = []
-  const sockets = new Set()
-  const server = net.createServer((socket) => {
-    const c = { accepted: 0, closed: false }
-    connections.push(c)
-    sockets.add(socket)
-    socket.on('error', () => {})
-    socket.on('close', () => {
-      c.closed = true
-      sockets.delete(socket)
-    })
-    let attacking = false
-    onCommands(socket, () => {
-      if (attacking) return
-      attacking = true
-      socket.write(attack.head)
-      const pump = () => {
-        while (!socket.destroyed && c.accepted < FILLER_BYTES) {
-          c.accepted += attack.chunk.length
-          if (!socket.write(attack.chunk)) return socket.once('drain', pump)
-        }
-      }
-      pump()
-    })
-  })
-  const port = await listen(server)
-  return { port, connections, close: () => (sockets.forEach((s) => s.destroy()), server.close()) }
-}
+const hostileSentinel = (attack) => hostileServer({ attack, answer: () => ATTACK })
 
 for (const [name, attack] of Object.entries(ATTACKS)) {
   test(`a sentinel answering with ${name === 'length' ? 'a declared terabyte' : 'endless nesting'}: its connections close at once, and the cache keeps serving`, {
@@ -153,5 +90,56 @@ for (const [name, attack] of Object.entries(ATTACKS)) {
       assert.ok(c.accepted < ACCEPTED_BOUND, `filler taken before the connection closed: ${c.accepted} bytes`)
     }
     assert.equal(await cache.get('s'), 'v', 'the set value is still served')
+  })
+}
+
+// The lookup for when no sentinel answers the cache's ask (SENTINEL MASTER and
+// GET-MASTER-ADDR-BY-NAME): the one sentinel refuses those, so the cache looks the master up as
+// the redis crate would (ROLE, SENTINEL MASTERS), and the sentinel answers that with the attack.
+// That lookup opens through the guard too: in a process of its own, the cache survives, its
+// memory stays far below the flood, the connection closes on the attack, and reads are loaded.
+for (const [name, attack] of Object.entries(ATTACKS)) {
+  test(`no sentinel answers the ask, and the lookup after it meets ${name === 'length' ? 'a declared terabyte' : 'endless nesting'}: the process survives, bounded`, {
+    timeout: 90_000,
+  }, async (t) => {
+    const hostile = await hostileServer({
+      attack,
+      answer: (args) => {
+        const [cmd, sub] = [args[0].toUpperCase(), (args[1] || '').toUpperCase()]
+        if (cmd === 'SENTINEL' && (sub === 'MASTER' || sub === 'GET-MASTER-ADDR-BY-NAME')) return '-ERR No such master with that name\r\n'
+        if (cmd === 'SUBSCRIBE')
+          return args
+            .slice(1)
+            .map((channel, i) => array([bulk('subscribe'), bulk(channel), `:${i + 1}\r\n`]))
+            .join('')
+        if (cmd === 'CLIENT') return '+OK\r\n'
+        return ATTACK
+      },
+    })
+    t.after(() => hostile.close())
+    const { code, signal, out, err } = await runGuardClient({
+      sentinels: [`redis://127.0.0.1:${hostile.port}`],
+      masterName: 'mymaster',
+      connectTimeout: 2_000,
+      commandTimeout: 2_000,
+    })
+    assert.equal(signal, null, `the process was killed by ${signal}: ${err.slice(-2000)}`)
+    assert.equal(code, 0, `exit ${code}: ${err.slice(-2000)}`)
+    const r = JSON.parse(out.trim().split('\n').pop())
+    assert.deepEqual(r.got, ['loaded'], `reads are loaded: ${out}`)
+    const attacked = hostile.attacked()
+    assert.ok(attacked.length >= 1, `the lookup was attacked: ${out}`)
+    await eventually(() => attacked.every((c) => c.closed), { what: 'every attacked connection closed' })
+    t.diagnostic(
+      `attacked connections: ${attacked.length}; most filler taken by one: ${Math.max(...attacked.map((c) => c.accepted))} bytes; RSS growth ${r.rssGrowth}`,
+    )
+    for (const c of attacked) {
+      assert.ok(c.accepted < ACCEPTED_BOUND, `filler taken before the connection closed: ${c.accepted} bytes`)
+    }
+    assert.ok(r.rssGrowth < 64 * 1024 * 1024, `memory grew by ${r.rssGrowth} bytes`)
+    assert.ok(
+      r.reports.some((m) => /sentinel 127\.0\.0\.1:\d+/.test(m) && /512 MiB|nest|RESP|closed/.test(m)),
+      `the refused sentinel is reported by address, with the reason: ${r.reports.join(' | ')}`,
+    )
   })
 }

@@ -162,3 +162,59 @@ for (const [path_, env] of [
     assert.ok(r.redisErrors >= 2, `the moved replies were counted: ${out}`)
   })
 }
+
+// A step of clear()'s sweep answered by a reply that is not its own: a proxy puts one in front of
+// the SCAN's (a SCAN-shaped "done, nothing found", or an integer). Read as the SCAN's, the sweep
+// would end with the namespace's keys left in Redis, and clear() would resolve all the same; a
+// reader that has not heard the clear on the bus yet (here: never, its bus messages are withheld)
+// would serve them. Proven out of step by the echo sent with every sweep step, the step runs again
+// on a new connection: once clear() resolved, no entry written before it is served by anyone.
+for (const [shape, extra] of [
+  ['a SCAN-shaped "done"', '*2\r\n$1\r\n0\r\n*0\r\n'],
+  ['an integer', ':7\r\n'],
+]) {
+  test(`command connection: an extra reply (${shape}) in front of clear()'s SCAN leaves no entry served after it`, { timeout: 90_000 }, async () => {
+    await started
+    const { StampedeCache } = require('..')
+    const { FaultProxy } = require('./helpers/fault-proxy')
+    const namespace = `wiresweep${process.pid}${extra.length}`
+    const clearerProxy = await new FaultProxy(redis.port).start()
+    const readerProxy = await new FaultProxy(redis.port).start()
+    // The reader's bus hears nothing (RESP3 pushes dropped): only Redis's keys decide what it serves.
+    readerProxy.tamperEvery((chunk) => (chunk.toString('latin1', 0, 16).startsWith('>3\r\n$7\r\nmessage') ? Buffer.alloc(0) : null))
+    const errors = []
+    const clearer = new StampedeCache({
+      redis: { url: `redis://127.0.0.1:${clearerProxy.port}`, commandTimeout: 2_000 },
+      namespace,
+      ttl: 600_000,
+      onError: (err) => errors.push(err.message),
+    })
+    const reader = new StampedeCache({ redis: `redis://127.0.0.1:${readerProxy.port}`, namespace, ttl: 600_000, l1: false })
+    const keys = Array.from({ length: 40 }, (_, i) => `k${i}`)
+    try {
+      for (const k of keys) await clearer.set(k, `old ${k}`)
+      for (const k of keys) assert.equal(await reader.get(k), `old ${k}`)
+      clearerProxy.tamperReplyTo(
+        (request) => request.includes('\r\nSCAN\r\n'),
+        (reply) => Buffer.concat([Buffer.from(extra), reply]),
+      )
+      await clearer.clear()
+      assert.equal(clearerProxy.tampered, 1, 'the extra reply was injected')
+      const served = []
+      for (const k of keys) {
+        const v = await reader.get(k)
+        if (v !== undefined) served.push(`${k}=${v}`)
+      }
+      assert.deepEqual(served, [], `entries written before clear() served after it resolved; errors: ${errors.join(' | ')}`)
+      assert.ok(
+        errors.some((e) => /out of step/.test(e)),
+        `the moved reply was reported: ${errors.join(' | ')}`,
+      )
+    } finally {
+      await clearer.close()
+      await reader.close()
+      await clearerProxy.close()
+      await readerProxy.close()
+    }
+  })
+}

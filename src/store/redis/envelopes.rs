@@ -90,17 +90,24 @@ impl Echo {
         c: &mut super::topology::Connection,
     ) -> redis::RedisResult<Option<Vec<Value>>> {
         self.push(&mut pipe);
-        let mut replies: Vec<Value> = match &self.routed_by {
+        let replies: Vec<Value> = match &self.routed_by {
             // Routed by the echo's key, so the echo goes where that key's commands go, and
             // the pipeline may hold any other key of that node (a batch's).
             Some(key) => c.pipeline_by(pipe, key).await?,
             None => pipe.query_async(c).await?,
         };
+        Ok(self.checked(replies))
+    }
+
+    /// The replies of a pipeline this echo was pushed to last, without the echo's: `None` when
+    /// its place holds anything else (out of step). For pipelines sent another way than `send`
+    /// (to one node of a cluster, say).
+    pub(super) fn checked(&self, mut replies: Vec<Value>) -> Option<Vec<Value>> {
         if !self.answered_by(replies.last()) {
-            return Ok(None);
+            return None;
         }
         replies.pop();
-        Ok(Some(replies))
+        Some(replies)
     }
 }
 
@@ -155,9 +162,9 @@ pub(super) async fn invoke_echoed<T: redis::FromRedisValue>(
 
 impl RedisTier {
     /// The echo for the next call whose command routes by `redis_key` (see [`Echo`]).
-    pub(super) fn echo(&self, redis_key: &str) -> Echo {
+    pub(super) fn echo(&self, redis_key: impl AsRef<[u8]>) -> Echo {
         if self.link.topology.is_cluster() {
-            Echo::keyed(redis_key)
+            Echo::keyed(redis_key.as_ref())
         } else {
             Echo::plain()
         }

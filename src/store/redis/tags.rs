@@ -21,18 +21,24 @@
 //! unknown: the read counts as Redis unavailable and the connection is replaced.
 //!
 //! `clear` then sweeps the namespace's value keys (SCAN, on every master of a cluster, one batch
-//! at a time), deleting the entries born before it, to give their memory back.
+//! at a time), deleting the entries born before it, to give their memory back and so that a
+//! process which has not heard the clear yet finds nothing to serve; each step echoed too.
 
 use std::time::Instant;
 
 use futures_util::future::join_all;
 
-use super::envelopes::{invoke_echoed, query_echoed};
+use super::envelopes::{invoke_echoed, query_echoed, Echo};
+use super::topology::{masters_of, Node};
 use super::{RedisTier, Unavailable};
 use crate::inbox::{tag_bucket, Tentative};
 
 /// Keys asked of SCAN per step of the sweep (memory stays bounded by one batch).
 const SWEEP_BATCH: u64 = 1_000;
+
+/// How many steps of one sweep may be found out of step (each replaced and run again) before
+/// the sweep gives up.
+const SWEEP_REDOS: u32 = 3;
 
 /// How a `deleteByTag` failed in Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +73,7 @@ impl RedisTier {
     pub async fn clock_now(&self, key: &str) -> Option<u64> {
         let mut read = redis::cmd("HGET");
         read.arg(self.meta_key()).arg("clock");
-        let echo = self.echo(&self.meta_key());
+        let echo = self.echo(self.meta_key());
         let clock = self
             .run("get", key, |mut c| async move {
                 query_echoed::<Option<String>>(&read, &mut c, echo).await
@@ -260,46 +266,46 @@ impl RedisTier {
     /// Deletes the namespace's entries born before `clock` (a clear's), scanning its value keys
     /// (`<ns>:v:{…}`, `<ns>:vx:{…}`) on every node, one batch at a time. Entries written since
     /// stay; other namespaces are never touched. Returns how many were deleted.
+    ///
+    /// Every step proves its replies are its own (see `Echo`): a SCAN answered by another
+    /// command's reply could end the sweep early (a cursor of 0, no keys) and leave entries that
+    /// a process which has not heard the clear yet would serve; a node list read off another
+    /// reply could skip nodes. A step out of step replaces the connection and runs again from
+    /// the last cursor proven (the sweep script is idempotent), at most `SWEEP_REDOS` times in
+    /// one sweep; then the sweep fails as on any Redis failure (the entries stay dead by the
+    /// clear clock, and are reported).
     pub async fn sweep(&self, clock: u64) -> Result<u64, Unavailable> {
-        let nodes = self
-            .run("clear", "", |mut c| async move { c.scan_nodes().await })
-            .await?;
+        let mut redos = 0;
+        let mut out_of_step = || {
+            self.misdelivered("clear", "");
+            redos += 1;
+            if redos > SWEEP_REDOS {
+                Err(Unavailable)
+            } else {
+                Ok(())
+            }
+        };
+        let nodes = loop {
+            match self.sweep_nodes().await? {
+                Some(nodes) => break nodes,
+                None => out_of_step()?,
+            }
+        };
         let ns = &self.policies.namespace;
         let pattern = format!("{}:v*", glob_escape(ns));
-        let (plain, hex) = (format!("{ns}:v:{{"), format!("{ns}:vx:{{"));
+        let prefixes = (format!("{ns}:v:{{"), format!("{ns}:vx:{{"));
         let mut deleted = 0;
         for node in nodes {
             let mut cursor = 0u64;
             loop {
-                let (pattern, node) = (pattern.clone(), node.clone());
-                let (next, keys): (u64, Vec<Vec<u8>>) = self
-                    .run("clear", "", |mut c| async move {
-                        let mut scan = redis::cmd("SCAN");
-                        scan.arg(cursor)
-                            .arg("MATCH")
-                            .arg(&pattern)
-                            .arg("COUNT")
-                            .arg(SWEEP_BATCH);
-                        c.query_on(&scan, &node).await
-                    })
-                    .await?;
-                let ours = keys
-                    .iter()
-                    .filter(|k| k.starts_with(plain.as_bytes()) || k.starts_with(hex.as_bytes()));
-                let swept = join_all(ours.map(|vkey| {
-                    self.run("clear", "", move |mut c| async move {
-                        self.scripts
-                            .sweep
-                            .key(vkey.as_slice())
-                            .arg(clock)
-                            .invoke_async::<i64>(&mut c)
-                            .await
-                    })
-                }))
-                .await;
-                for r in swept {
-                    deleted += r? as u64;
-                }
+                let Some((next, swept)) = self
+                    .sweep_step(&node, cursor, clock, &pattern, &prefixes)
+                    .await?
+                else {
+                    out_of_step()?;
+                    continue;
+                };
+                deleted += swept;
                 cursor = next;
                 if cursor == 0 {
                     break;
@@ -307,6 +313,85 @@ impl RedisTier {
             }
         }
         Ok(deleted)
+    }
+
+    /// The nodes the sweep visits: the one server, or every master of a cluster (`CLUSTER
+    /// SLOTS`, echoed on the node that answers it). `Ok(None)`: the reply was moved.
+    async fn sweep_nodes(&self) -> Result<Option<Vec<Node>>, Unavailable> {
+        if !self.link.topology.is_cluster() {
+            return Ok(Some(vec![None]));
+        }
+        self.run("clear", "", |mut c| async move {
+            let echo = Echo::plain();
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors().cmd("CLUSTER").arg("SLOTS");
+            echo.push(&mut pipe);
+            let replies = c.pipeline_anywhere(&pipe).await?;
+            let Some(slots) = echo.checked(replies).and_then(|r| r.into_iter().next()) else {
+                return Ok(None);
+            };
+            let slots: Vec<redis::Value> = redis::from_redis_value(slots.extract_error()?)?;
+            Ok(Some(masters_of(slots)))
+        })
+        .await
+    }
+
+    /// One step of the sweep on `node`: a SCAN from `cursor` with an `ECHO` after it on the
+    /// node's connection, then the sweep script on each of the namespace's keys it names (each
+    /// echoed, keyed on a cluster). The next cursor and how many entries were deleted, or
+    /// `Ok(None)` when a reply was out of step.
+    async fn sweep_step(
+        &self,
+        node: &Node,
+        cursor: u64,
+        clock: u64,
+        pattern: &str,
+        (plain, hex): &(String, String),
+    ) -> Result<Option<(u64, u64)>, Unavailable> {
+        let scanned = self
+            .run("clear", "", |mut c| async move {
+                let echo = Echo::plain();
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors()
+                    .cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(SWEEP_BATCH);
+                echo.push(&mut pipe);
+                let replies = c.pipeline_on(&pipe, node).await?;
+                let Some(reply) = echo.checked(replies).and_then(|r| r.into_iter().next()) else {
+                    return Ok(None);
+                };
+                let page: (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply.extract_error()?)?;
+                Ok(Some(page))
+            })
+            .await?;
+        let Some((next, keys)) = scanned else {
+            return Ok(None);
+        };
+        let ours = keys
+            .iter()
+            .filter(|k| k.starts_with(plain.as_bytes()) || k.starts_with(hex.as_bytes()));
+        let swept = join_all(ours.map(|vkey| {
+            let echo = self.echo(vkey);
+            self.run("clear", "", move |mut c| async move {
+                let mut call = self.scripts.sweep.key(vkey.as_slice());
+                call.arg(clock);
+                invoke_echoed::<i64>(&call, &mut c, echo).await
+            })
+        }))
+        .await;
+        let mut deleted = 0;
+        let mut moved = false;
+        for r in swept {
+            match r? {
+                Some(n) => deleted += n.max(0) as u64,
+                None => moved = true,
+            }
+        }
+        Ok((!moved).then_some((next, deleted)))
     }
 
     /// Learns the namespace clock and the clear clock, as the bus subscribes: what was decided

@@ -1,8 +1,9 @@
 //! Where Redis is and how to reach it: one server (`redis`, `rediss`, `valkey`, `valkeys`,
 //! `unix` URLs, with user, password and db in the URL), a Sentinel-managed primary, or a Redis
 //! Cluster; TLS with system roots, a private CA, client certificates, a server name to verify,
-//! or no verification. The redis crate does the work (rustls, `sentinel`, `cluster_async`);
-//! this module only configures it, and hands out command connections and bus subscriptions.
+//! or no verification. The redis crate does the work (rustls, `cluster_async`); this module
+//! configures it, finds the Sentinel master itself (the crate's lookup takes no stream, so its
+//! connections could not be guarded), and hands out command connections and bus subscriptions.
 //!
 //! Under Sentinel it also keeps where the master is: learned from the sentinels when a
 //! connection is first made or after one failed, and from what `sentinel.rs` hears of a
@@ -17,13 +18,12 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::io::AsyncDNSResolver;
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
-    FromRedisValue, IntoConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture,
-    RedisResult, Role, ServerErrorKind, TlsCertificates, TlsMode, Value,
+    IntoConnectionInfo, Pipeline, ProtocolVersion, RedisError, RedisFuture, RedisResult, Role,
+    ServerErrorKind, TlsCertificates, TlsMode, Value,
 };
 use tokio::sync::watch;
 
@@ -226,19 +226,19 @@ impl ConnectionLike for Connection {
 pub type Node = Option<(String, u16)>;
 
 impl Connection {
-    /// Sends `cmd` to `node` of a cluster, or as any other command (`None`, or not a cluster).
-    /// For commands that name no key, like SCAN, which a cluster answers node by node.
-    pub async fn query_on<T: FromRedisValue>(&mut self, cmd: &Cmd, node: &Node) -> RedisResult<T> {
+    /// Sends `pipe` to `node` of a cluster, all of it on that node's connection, or as any other
+    /// pipeline (`None`, or not a cluster). For commands that name no key, like SCAN, which a
+    /// cluster answers node by node, with the `ECHO` that proves their replies' places.
+    pub async fn pipeline_on(&mut self, pipe: &Pipeline, node: &Node) -> RedisResult<Vec<Value>> {
         match (self, node) {
             (Connection::Cluster(c), Some((host, port))) => {
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                let routing = SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
                     port: *port,
-                });
-                let value = c.route_command(cmd.clone(), routing).await?;
-                Ok(redis::from_redis_value(value.extract_error()?)?)
+                };
+                c.route_pipeline(pipe.clone(), 0, pipe.len(), routing).await
             }
-            (conn, _) => cmd.query_async(conn).await,
+            (conn, _) => pipe.query_async(conn).await,
         }
     }
 
@@ -261,32 +261,39 @@ impl Connection {
         }
     }
 
-    /// The nodes a SCAN of every key must visit: the one server, or every master of a cluster
-    /// (from `CLUSTER SLOTS`).
-    pub async fn scan_nodes(&mut self) -> RedisResult<Vec<Node>> {
-        if !matches!(self, Connection::Cluster(_)) {
-            return Ok(vec![None]);
-        }
-        let slots: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(self).await?;
-        let mut out: Vec<Node> = Vec::new();
-        for range in slots {
-            let Value::Array(parts) = range else { continue };
-            // [start, end, master, replicas...]
-            let Some(Value::Array(master)) = parts.get(2) else {
-                continue;
-            };
-            let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
-                (master.first(), master.get(1))
-            else {
-                continue;
-            };
-            let node = Some((String::from_utf8_lossy(host).into_owned(), *port as u16));
-            if !out.contains(&node) {
-                out.push(node);
+    /// Sends `pipe` to one node (any, on a cluster): for a keyless question, like
+    /// `CLUSTER SLOTS`, and the `ECHO` after it, which must travel on one connection.
+    pub async fn pipeline_anywhere(&mut self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+        match self {
+            Connection::Cluster(c) => {
+                c.route_pipeline(pipe.clone(), 0, pipe.len(), SingleNodeRoutingInfo::Random)
+                    .await
             }
+            conn => pipe.query_async(conn).await,
         }
-        Ok(out)
     }
+}
+
+/// The masters of a cluster, from its `CLUSTER SLOTS` reply (`[start, end, master, replicas...]`
+/// per range), each once.
+pub fn masters_of(slots: Vec<Value>) -> Vec<Node> {
+    let mut out: Vec<Node> = Vec::new();
+    for range in slots {
+        let Value::Array(parts) = range else { continue };
+        let Some(Value::Array(master)) = parts.get(2) else {
+            continue;
+        };
+        let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+            (master.first(), master.get(1))
+        else {
+            continue;
+        };
+        let node = Some((String::from_utf8_lossy(host).into_owned(), *port as u16));
+        if !out.contains(&node) {
+            out.push(node);
+        }
+    }
+    out
 }
 
 /// A node's address as the sentinels give it.
@@ -297,7 +304,7 @@ pub type Address = (String, u16);
 struct Followed {
     /// `None` until the sentinels were first asked.
     at: Option<Address>,
-    /// The sentinels' config epoch of the answer followed (a lookup through the redis crate
+    /// The sentinels' config epoch of the answer followed (the fallback lookup, `find_master`,
     /// names none and keeps it): an answer of an older epoch is a sentinel that has not heard
     /// of the failover yet, and is not followed back.
     epoch: u64,
@@ -311,7 +318,6 @@ enum Kind {
     /// The primary the sentinels name: asked when none is known or a connection failed, and
     /// followed across failovers (`sentinel.rs`).
     Sentinel {
-        sentinel: tokio::sync::Mutex<SentinelClient>,
         master_name: String,
         /// Each sentinel, with the credentials and TLS the redis crate's client uses, for the
         /// announcements of failovers and the asks of the master's address.
@@ -322,8 +328,10 @@ enum Kind {
     },
     /// A cluster; the bus subscribes on one node (plain PUBLISH reaches every node).
     Cluster {
-        client: ClusterClient,
+        client: Box<ClusterClient>,
         seeds: Vec<ConnectionInfo>,
+        /// The TLS its nodes are opened with, registered for them (`guard::ClusterTls`).
+        node_tls: Option<Arc<guard::ClusterTls>>,
     },
 }
 
@@ -393,8 +401,19 @@ impl Topology {
                     })
                     .certs(certificates(tls));
             }
-            let client = builder.build().map_err(|e| e.to_string())?;
-            (Kind::Cluster { client, seeds }, 0)
+            let client = Box::new(builder.build().map_err(|e| e.to_string())?);
+            let node_tls = match &tls {
+                Some(tls) => Some(register_cluster_tls(&seeds, tls).map_err(|e| e.to_string())?),
+                None => None,
+            };
+            (
+                Kind::Cluster {
+                    client,
+                    seeds,
+                    node_tls,
+                },
+                0,
+            )
         } else if !config.sentinels.is_empty() {
             let primary = match &config.url {
                 Some(u) => Some(info_of(u)?),
@@ -406,53 +425,9 @@ impl Topology {
                 .map(|u| info_of(u))
                 .collect::<Result<_, _>>()?;
             let master_name = config.master_name.clone().unwrap_or_default();
-            let mut builder = SentinelClientBuilder::new(
-                sentinels.iter().map(|i| i.addr().clone()),
-                master_name.clone(),
-                SentinelServerType::Master,
-            )
-            .map_err(|e| e.to_string())?
-            .set_client_to_redis_tcp_settings(tcp_settings())
-            .set_client_to_sentinel_tcp_settings(tcp_settings());
-            if let Some(first) = sentinels.first() {
-                let s = first.redis_settings();
-                if let Some(user) = s.username() {
-                    builder = builder.set_client_to_sentinel_username(user);
-                }
-                if let Some(password) = s.password() {
-                    builder = builder.set_client_to_sentinel_password(password);
-                }
-                if matches!(first.addr(), ConnectionAddr::TcpTls { .. }) {
-                    builder = builder.set_client_to_sentinel_tls_mode(TlsMode::Secure);
-                    if let Some(tls) = &tls {
-                        builder = builder.set_client_to_sentinel_certificates(certificates(tls));
-                    }
-                }
-            }
-            let mut db = 0;
-            if let Some(primary) = &primary {
-                let s = primary.redis_settings();
-                db = s.db();
-                builder = builder.set_client_to_redis_db(db);
-                if let Some(user) = s.username() {
-                    builder = builder.set_client_to_redis_username(user);
-                }
-                if let Some(password) = s.password() {
-                    builder = builder.set_client_to_redis_password(password);
-                }
-                if matches!(primary.addr(), ConnectionAddr::TcpTls { .. }) {
-                    let tls = tls.clone().unwrap_or_default();
-                    builder = builder
-                        .set_client_to_redis_tls_mode(if tls.reject_unauthorized {
-                            TlsMode::Secure
-                        } else {
-                            TlsMode::Insecure
-                        })
-                        .set_client_to_redis_certificates(certificates(&tls));
-                }
-            }
-            let sentinel = builder.build().map_err(|e| e.to_string())?;
-            // As the builder does: the first sentinel's credentials for every sentinel.
+            let db = primary.as_ref().map_or(0, |p| p.redis_settings().db());
+            // As the redis crate's Sentinel client does: the first sentinel's credentials for
+            // every sentinel.
             let credentials = sentinels
                 .first()
                 .map(|f| f.redis_settings().clone().set_db(0))
@@ -473,7 +448,6 @@ impl Topology {
             };
             (
                 Kind::Sentinel {
-                    sentinel: tokio::sync::Mutex::new(sentinel),
                     master_name,
                     sentinels,
                     node: Box::new(node),
@@ -534,12 +508,7 @@ impl Topology {
     async fn server(&self, resp3: bool) -> RedisResult<Client> {
         match &self.kind {
             Kind::Single { info } => client(info.clone(), self.tls.as_ref(), resp3),
-            Kind::Sentinel {
-                sentinel,
-                node,
-                followed,
-                ..
-            } => {
+            Kind::Sentinel { node, followed, .. } => {
                 let known = {
                     let f = followed.lock_or_recover();
                     if f.stale {
@@ -551,22 +520,14 @@ impl Topology {
                 let (host, port) = match known {
                     Some(at) => at,
                     None => {
-                        // The sentinels' newest answer; the redis crate's lookup (which checks
-                        // the node's ROLE, and says why it finds none) if none answers.
+                        // The sentinels' newest answer; the lookup the redis crate makes (which
+                        // checks the node's ROLE, and says why it finds none) if none answers.
                         match self.ask_master().await {
                             Some((at, epoch)) => {
                                 self.learned(at, Some(epoch));
                             }
                             None => {
-                                let primary = sentinel.lock().await.async_get_client().await?;
-                                let at = address(primary.get_connection_info().addr()).ok_or_else(
-                                    || {
-                                        RedisError::from((
-                                            ErrorKind::InvalidClientConfig,
-                                            "the sentinels name the master by no TCP address",
-                                        ))
-                                    },
-                                )?;
+                                let at = self.find_master().await?;
                                 self.learned(at, None);
                             }
                         }
@@ -761,6 +722,108 @@ impl Topology {
         best
     }
 
+    /// The master as the redis crate's Sentinel lookup finds it, on guarded connections (a
+    /// sentinel's reply is no more trusted than a master's): each sentinel, whose ROLE must say
+    /// sentinel, lists its masters (`SENTINEL MASTERS`); the first, in the sentinels' order,
+    /// named `masterName`, flagged master and not down (`s_down`, `o_down`), whose own ROLE says
+    /// master, wins. For when no sentinel answered `ask_master`. Every sentinel is asked at
+    /// once, each within the command timeout, each master checked within the connect and
+    /// command timeouts, at most `MASTER_CANDIDATES` per sentinel. The error says for each
+    /// sentinel why it named none, by address only (no URL, so no password).
+    async fn find_master(&self) -> RedisResult<Address> {
+        let Kind::Sentinel {
+            sentinels, node, ..
+        } = &self.kind
+        else {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "not a Sentinel topology",
+            )));
+        };
+        let lookups = sentinels
+            .iter()
+            .enumerate()
+            .map(|(index, info)| async move {
+                let looked = async {
+                    let (client, name) = self
+                        .sentinel_client(index)
+                        .map_err(|e| e.to_string())?
+                        .ok_or("no such sentinel")?;
+                    // One command at a time, as the crate asks: a pipeline whose connection
+                    // the guard closes fails as a broken pipe, without the guard's reason.
+                    let listed = async {
+                        let config = self.config(self.connect_timeout);
+                        let mut conn = self.guarded(&client, config, self.connect_timeout).await?;
+                        let role: Role = redis::cmd("ROLE").query_async(&mut conn).await?;
+                        if !matches!(role, Role::Sentinel { .. }) {
+                            return Ok(None);
+                        }
+                        redis::cmd("SENTINEL")
+                            .arg("MASTERS")
+                            .query_async::<Vec<std::collections::HashMap<String, String>>>(
+                                &mut conn,
+                            )
+                            .await
+                            .map(Some)
+                    };
+                    let masters = tokio::time::timeout(self.command_timeout, listed)
+                        .await
+                        .map_err(|_| "timed out".to_string())?
+                        .map_err(|e| e.to_string())?
+                        .ok_or("not a sentinel (ROLE)")?;
+                    let mut why = format!("names no master {:?} that is up", shown(name));
+                    for (host, port) in named_masters(masters, name) {
+                        let candidate = format!("{}:{port}", shown(&host));
+                        match self.is_master_at(node, host.clone(), port).await {
+                            Ok(true) => return Ok((host, port)),
+                            Ok(false) => why = format!("names {candidate}, not a master (ROLE)"),
+                            Err(e) => why = format!("names {candidate}: {e}"),
+                        }
+                    }
+                    Err(why)
+                };
+                let place = address(info.addr()).map_or_else(
+                    || format!("#{}", index + 1),
+                    |(host, port)| format!("{}:{port}", shown(&host)),
+                );
+                looked
+                    .await
+                    .map_err(|why| format!("sentinel {place}: {why}"))
+            });
+        let mut whys = Vec::new();
+        for looked in futures_util::future::join_all(lookups).await {
+            match looked {
+                Ok(at) => return Ok(at),
+                Err(why) => whys.push(why),
+            }
+        }
+        Err(RedisError::from((
+            ErrorKind::MasterNameNotFoundBySentinel,
+            "no sentinel names a usable master",
+            whys.join("; "),
+        )))
+    }
+
+    /// Whether the node at `host:port`, reached as `node` says (credentials, db, TLS), answers
+    /// ROLE as a master, within the connect and the command timeouts.
+    async fn is_master_at(
+        &self,
+        node: &ConnectionInfo,
+        host: String,
+        port: u16,
+    ) -> RedisResult<bool> {
+        let client = client(at(node, host, port), self.tls.as_ref(), false)?;
+        let config = self.config(self.connect_timeout);
+        let mut conn = self.guarded(&client, config, self.connect_timeout).await?;
+        let role = tokio::time::timeout(
+            self.command_timeout,
+            redis::cmd("ROLE").query_async::<Role>(&mut conn),
+        )
+        .await
+        .map_err(|_| timed_out("timed out asking the master's ROLE"))??;
+        Ok(matches!(role, Role::Primary { .. }))
+    }
+
     /// A connection under Sentinel must reach a master: right after a failover the node the
     /// sentinels named a moment ago may already be, or be about to be, a replica.
     async fn confirm_master(&self, conn: &mut MultiplexedConnection) -> RedisResult<()> {
@@ -839,11 +902,24 @@ impl Topology {
     /// A new command connection, within `connect_timeout`.
     pub async fn connect(&self, connect_timeout: Duration) -> RedisResult<Connection> {
         match &self.kind {
-            Kind::Cluster { client, .. } => {
+            Kind::Cluster {
+                client,
+                seeds,
+                node_tls,
+            } => {
                 guard::cluster_connect_timeout(self.connect_timeout);
-                Ok(Connection::Cluster(
-                    client.get_async_generic_connection().await?,
-                ))
+                let mut conn = Connection::Cluster(client.get_async_generic_connection().await?);
+                if let Some(tls) = node_tls.as_ref().filter(|t| t.contested()) {
+                    // Its nodes are told apart by address from another cluster's (see
+                    // `guard::ClusterTls`): the ones it has now are claimed.
+                    tls.claim(
+                        cluster_nodes(&mut conn, &seeds[0])
+                            .await
+                            .iter()
+                            .filter_map(|n| address(n.addr())),
+                    );
+                }
+                Ok(conn)
             }
             _ => {
                 let client = self.server(false).await?;
@@ -924,6 +1000,77 @@ impl Topology {
         let mut conn = self.guarded(&client, config, self.connect_timeout).await?;
         self.confirm_master(&mut conn).await?;
         Ok(conn)
+    }
+}
+
+/// Registers the TLS a cluster's nodes are opened with (see `guard::ClusterTls`): keyed by a
+/// node's `ConnectionInfo` as the cluster client makes it, with the first seed's credentials
+/// and the crate's TLS parameters parsed from the same certificates.
+fn register_cluster_tls(
+    seeds: &[ConnectionInfo],
+    tls: &TlsOptions,
+) -> RedisResult<Arc<guard::ClusterTls>> {
+    let insecure = !tls.reject_unauthorized;
+    let first = seeds.first().cloned().ok_or_else(|| {
+        RedisError::from((ErrorKind::InvalidClientConfig, "a cluster without seeds"))
+    })?;
+    let (host, port) = address(first.addr()).unwrap_or_default();
+    let node = first.set_addr(ConnectionAddr::TcpTls {
+        host,
+        port,
+        insecure,
+        tls_params: None,
+    });
+    let node = Client::build_with_tls(node, certificates(tls))?;
+    Ok(guard::register_cluster_tls(
+        node.get_connection_info(),
+        seeds,
+        tls,
+        insecure,
+    ))
+}
+
+/// The most masters one sentinel's list may name that `find_master` checks (a list is the
+/// network's: a hostile one could name thousands).
+const MASTER_CANDIDATES: usize = 4;
+
+/// The masters named `name` in a `SENTINEL MASTERS` list that the redis crate would try
+/// (flagged master, not subjectively or objectively down, with an address), each once, at most
+/// `MASTER_CANDIDATES`.
+fn named_masters(
+    masters: Vec<std::collections::HashMap<String, String>>,
+    name: &str,
+) -> Vec<Address> {
+    let mut out: Vec<Address> = Vec::new();
+    for m in masters {
+        let up = m.get("flags").is_some_and(|f| {
+            let flags: Vec<&str> = f.split(',').collect();
+            flags.contains(&"master") && !flags.contains(&"s_down") && !flags.contains(&"o_down")
+        });
+        let (Some(true), Some(ip), Some(Ok(port))) = (
+            m.get("name").map(|n| n == name),
+            m.get("ip"),
+            m.get("port").map(|p| p.parse::<u16>()),
+        ) else {
+            continue;
+        };
+        let at = (ip.clone(), port);
+        if up && !out.contains(&at) {
+            out.push(at);
+            if out.len() == MASTER_CANDIDATES {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Text from the network or the options, shortened for a message.
+fn shown(text: &str) -> String {
+    const MOST: usize = 64;
+    match text.char_indices().nth(MOST) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
     }
 }
 
@@ -1062,6 +1209,61 @@ mod tests {
         assert!(!t.learned(("10.0.0.2".to_string(), 1), Some(6)));
         assert_eq!(t.moved(), 0);
         assert_eq!(t.sentinel_count(), 0);
+    }
+
+    /// The fallback lookup's failure names each sentinel by address and why, never a URL or a
+    /// password (the sentinels' nor the master's).
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_fallback_lookup_says_why_by_address_and_quotes_no_password() {
+        let mut config = RedisConfig::from_url("redis://:MasterPw0rd@127.0.0.1:1");
+        config.sentinels = vec![
+            "redis://:SentinelPw0rd@127.0.0.1:1".into(),
+            "redis://:SentinelPw0rd@127.0.0.1:2".into(),
+        ];
+        config.master_name = Some("mymaster".into());
+        config.connect_timeout = Duration::from_millis(500);
+        config.command_timeout = Duration::from_millis(500);
+        let t = Topology::new(&config).expect("a sentinel topology");
+        let e = t.find_master().await.expect_err("no sentinel is up");
+        assert_eq!(e.kind(), ErrorKind::MasterNameNotFoundBySentinel);
+        let text = e.to_string();
+        assert!(
+            text.contains("sentinel 127.0.0.1:1: ") && text.contains("sentinel 127.0.0.1:2: "),
+            "{text}"
+        );
+        assert!(
+            !text.contains("Pw0rd") && !text.contains("redis://"),
+            "{text}"
+        );
+    }
+
+    /// The masters a sentinel's list names that the crate's lookup would try: the name asked,
+    /// flagged master and not down, with a port; each once, at most `MASTER_CANDIDATES`.
+    #[test]
+    fn a_sentinel_list_names_the_masters_the_crate_would_try() {
+        let entry = |name: &str, ip: &str, port: &str, flags: &str| {
+            [("name", name), ("ip", ip), ("port", port), ("flags", flags)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::HashMap<_, _>>()
+        };
+        let list = vec![
+            entry("other", "10.0.0.9", "6379", "master"),
+            entry("m", "10.0.0.1", "6379", "master,s_down"),
+            entry("m", "10.0.0.2", "6379", "master,o_down"),
+            entry("m", "10.0.0.3", "x", "master"),
+            entry("m", "10.0.0.4", "6379", "slave"),
+            entry("m", "10.0.0.5", "6379", "master"),
+            entry("m", "10.0.0.5", "6379", "master"),
+        ];
+        assert_eq!(
+            named_masters(list, "m"),
+            vec![("10.0.0.5".to_string(), 6379)]
+        );
+        let many = (0..10)
+            .map(|i| entry("m", &format!("10.0.1.{i}"), "6379", "master"))
+            .collect();
+        assert_eq!(named_masters(many, "m").len(), MASTER_CANDIDATES);
     }
 
     const MARK: &str = "S3cretKeyBodyQUJDREVGR0g";

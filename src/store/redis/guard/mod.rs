@@ -5,8 +5,10 @@
 //! do, Unix sockets) and hands the crate a stream whose reads pass through a `Scanner` first:
 //! a declared length over Redis's own ceiling, nesting deeper than any reply we ask for, or
 //! bytes that are not RESP fail the read at once, and the crate drops the connection (its
-//! commands fail as I/O errors; the tier replaces it). A Cluster's nodes: see `node.rs`.
+//! commands fail as I/O errors; the tier replaces it). A Cluster's nodes: see `node.rs`, and
+//! for their TLS `cluster_tls.rs`.
 
+mod cluster_tls;
 mod dial;
 mod node;
 mod scan;
@@ -17,6 +19,7 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+pub use cluster_tls::{register as register_cluster_tls, ClusterTls};
 pub use dial::{open, open_pubsub, tls_config};
 pub use node::{cluster_connect_timeout, GuardedNode};
 pub use scan::{Scanner, WireError};
