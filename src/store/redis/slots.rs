@@ -123,6 +123,61 @@ static CRC16: [u16; 256] = {
     table
 };
 
+/// The most node addresses read from one `CLUSTER SLOTS` reply: far above any real cluster
+/// (Redis advises at most about 1,000 nodes), low enough that a hostile reply cannot make the
+/// reader hold more than a few hundred KiB of names.
+pub const MAX_ADDRESSES: usize = 4_096;
+
+/// The node addresses a `CLUSTER SLOTS` reply names, each once, in order of first appearance:
+/// every range's master, and with `replicas` its replicas too. Read with the map's bounds (at
+/// most one range per slot, host names of bounded length, ports that are ports, at most
+/// `MAX_ADDRESSES`); a node whose host is unknown (`?`) is left out. `Err`: why it is refused.
+pub fn addresses(reply: &Value, replicas: bool) -> Result<Vec<(String, u16)>, &'static str> {
+    let Value::Array(ranges) = reply else {
+        return Err("not an array");
+    };
+    if ranges.len() > SLOTS {
+        return Err("more ranges than slots");
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return Err("a range is not an array");
+        };
+        let nodes = parts.get(2..).unwrap_or_default();
+        let nodes = if replicas {
+            nodes
+        } else {
+            &nodes[..nodes.len().min(1)]
+        };
+        for node in nodes {
+            let Value::Array(fields) = node else {
+                return Err("a node is not an array");
+            };
+            let host = text(fields.first()).ok_or("a node's host is not a string")?;
+            if host.len() > MAX_NAME {
+                return Err("a host name is too long");
+            }
+            let port = match fields.get(1) {
+                Some(Value::Int(p)) if (0..=65_535).contains(p) => *p as u16,
+                _ => return Err("a node's port is not a port"),
+            };
+            if host == b"?" {
+                continue;
+            }
+            let address = (String::from_utf8_lossy(host).into_owned(), port);
+            if seen.insert(address.clone()) {
+                if out.len() == MAX_ADDRESSES {
+                    return Err("more nodes than a cluster has");
+                }
+                out.push(address);
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn text(v: Option<&Value>) -> Option<&[u8]> {
     match v {
         Some(Value::BulkString(b)) => Some(b.as_slice()),
@@ -267,6 +322,42 @@ mod tests {
         assert_eq!(map.node_of(300), None);
         let unknown = Value::Array(vec![range(0, 99, "?", 7000, Some("a"))]);
         assert_eq!(SlotMap::parse(&unknown).unwrap().node_of(5), None);
+    }
+
+    #[test]
+    fn addresses_are_each_node_once_and_bounded_as_the_map() {
+        let reply = Value::Array(vec![
+            range(0, 99, "a", 7000, Some("1")),
+            range(100, 199, "b", 7002, None),
+            range(200, 299, "a", 7000, Some("1")),
+            range(300, 399, "?", 7004, None),
+        ]);
+        let masters = addresses(&reply, false).unwrap();
+        assert_eq!(masters, [("a".into(), 7000), ("b".into(), 7002)]);
+        let all = addresses(&reply, true).unwrap();
+        assert_eq!(
+            all,
+            [
+                ("a".into(), 7000),
+                ("a".into(), 7001),
+                ("b".into(), 7002),
+                ("b".into(), 7003),
+            ]
+        );
+        // Refused, not truncated or wrapped: more ranges than slots, a port that is no port,
+        // a host past the bound, more distinct nodes than the bound.
+        let many: Vec<Value> = (0..SLOTS as i64 + 1)
+            .map(|i| range(0, 0, "h", i % 60_000, None))
+            .collect();
+        assert!(addresses(&Value::Array(many), false).is_err());
+        let port = Value::Array(vec![range(0, 5, "h", 70_000, None)]);
+        assert!(addresses(&port, false).is_err());
+        let host = Value::Array(vec![range(0, 5, &"h".repeat(MAX_NAME + 1), 1, None)]);
+        assert!(addresses(&host, false).is_err());
+        let distinct: Vec<Value> = (0..MAX_ADDRESSES as i64 + 1)
+            .map(|i| range(0, 0, &format!("h{i}"), 1, None))
+            .collect();
+        assert!(addresses(&Value::Array(distinct), false).is_err());
     }
 
     #[test]

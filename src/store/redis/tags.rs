@@ -330,8 +330,15 @@ impl RedisTier {
             let Some(slots) = echo.checked(replies).and_then(|r| r.into_iter().next()) else {
                 return Ok(None);
             };
-            let slots: Vec<redis::Value> = redis::from_redis_value(slots.extract_error()?)?;
-            Ok(Some(masters_of(slots)))
+            let slots = slots.extract_error()?;
+            let masters = masters_of(&slots).map_err(|why| {
+                redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "the CLUSTER SLOTS reply was refused",
+                    why.to_string(),
+                ))
+            })?;
+            Ok(Some(masters))
         })
         .await
     }

@@ -274,26 +274,10 @@ impl Connection {
     }
 }
 
-/// The masters of a cluster, from its `CLUSTER SLOTS` reply (`[start, end, master, replicas...]`
-/// per range), each once.
-pub fn masters_of(slots: Vec<Value>) -> Vec<Node> {
-    let mut out: Vec<Node> = Vec::new();
-    for range in slots {
-        let Value::Array(parts) = range else { continue };
-        let Some(Value::Array(master)) = parts.get(2) else {
-            continue;
-        };
-        let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
-            (master.first(), master.get(1))
-        else {
-            continue;
-        };
-        let node = Some((String::from_utf8_lossy(host).into_owned(), *port as u16));
-        if !out.contains(&node) {
-            out.push(node);
-        }
-    }
-    out
+/// The masters of a cluster, from its `CLUSTER SLOTS` reply, each once (`slots::addresses`:
+/// read with bounds); `Err`: why the reply is refused.
+pub fn masters_of(slots: &Value) -> Result<Vec<Node>, &'static str> {
+    super::slots::addresses(slots, false).map(|a| a.into_iter().map(Some).collect())
 }
 
 /// A node's address as the sentinels give it.
@@ -1126,36 +1110,28 @@ fn at(template: &ConnectionInfo, host: String, port: u16) -> ConnectionInfo {
 async fn cluster_nodes(conn: &mut Connection, template: &ConnectionInfo) -> Vec<ConnectionInfo> {
     let Ok(slots) = redis::cmd("CLUSTER")
         .arg("SLOTS")
-        .query_async::<Vec<Value>>(conn)
+        .query_async::<Value>(conn)
         .await
     else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    for range in slots {
-        let Value::Array(parts) = range else { continue };
-        for node in parts.into_iter().skip(2) {
-            let Value::Array(fields) = node else { continue };
-            let host = match fields.first() {
-                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-                _ => continue,
-            };
-            let Some(Value::Int(port)) = fields.get(1) else {
-                continue;
-            };
+    // A reply refused by the bounds names no node: the seeds are all that is claimed.
+    let addresses = super::slots::addresses(&slots, true).unwrap_or_default();
+    addresses
+        .into_iter()
+        .map(|(host, port)| {
             let addr = match template.addr() {
                 ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
                     host,
-                    port: *port as u16,
+                    port,
                     insecure: *insecure,
                     tls_params: None,
                 },
-                _ => ConnectionAddr::Tcp(host, *port as u16),
+                _ => ConnectionAddr::Tcp(host, port),
             };
-            out.push(template.clone().set_addr(addr));
-        }
-    }
-    out
+            template.clone().set_addr(addr)
+        })
+        .collect()
 }
 
 #[cfg(test)]
