@@ -9,7 +9,7 @@
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const path = require('node:path')
-const { spawn } = require('node:child_process')
+const { runNode } = require('./helpers/child')
 const { RedisServer, killAllSync } = require('./helpers/redis-server')
 const { eventually } = require('./helpers/eventually')
 const { loadOvertakenBySet } = require('./helpers/overtaken')
@@ -27,19 +27,7 @@ const started = (async () => {
 after(() => redis?.dispose())
 
 function runClient(scenario, env) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CLIENT, String(redis.port), scenario], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
-    let out = ''
-    let err = ''
-    child.stdout.on('data', (d) => (out += d))
-    child.stderr.on('data', (d) => (err += d))
-    const timer = setTimeout(() => child.kill('SIGKILL'), 60_000)
-    child.on('error', reject)
-    child.on('exit', (code, signal) => {
-      clearTimeout(timer)
-      resolve({ code, signal, out, err })
-    })
-  })
+  return runNode([CLIENT, String(redis.port), scenario], { ...process.env, ...env })
 }
 
 for (const [path_, env] of [

@@ -8,6 +8,7 @@
 // cluster client only through it, so the counts are per node.
 
 const net = require('node:net')
+const { listenLoopback } = require('./loopback')
 
 /** How many arguments of each command are kept, and how many bytes of each. */
 const KEPT_ARGS = 6
@@ -25,16 +26,10 @@ class CountingProxy {
     this.port = null
   }
 
-  start() {
-    return new Promise((resolve, reject) => {
-      const server = net.createServer((client) => this.#onConnection(client))
-      server.once('error', reject)
-      server.listen(0, '127.0.0.1', () => {
-        this.#server = server
-        this.port = server.address().port
-        resolve(this)
-      })
-    })
+  async start() {
+    this.#server = await listenLoopback((client) => this.#onConnection(client))
+    this.port = this.#server.address().port
+    return this
   }
 
   #onConnection(client) {

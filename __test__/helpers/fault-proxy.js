@@ -12,6 +12,7 @@
 // with nothing else in flight, the reply to that very command.
 
 const net = require('node:net')
+const { listenLoopback } = require('./loopback')
 
 class FaultProxy {
   #server = null
@@ -31,16 +32,10 @@ class FaultProxy {
     this.floods = []
   }
 
-  start() {
-    return new Promise((resolve, reject) => {
-      const server = net.createServer((client) => this.#onConnection(client))
-      server.once('error', reject)
-      server.listen(0, '127.0.0.1', () => {
-        this.#server = server
-        this.port = server.address().port
-        resolve(this)
-      })
-    })
+  async start() {
+    this.#server = await listenLoopback((client) => this.#onConnection(client))
+    this.port = this.#server.address().port
+    return this
   }
 
   tamper(fn) {

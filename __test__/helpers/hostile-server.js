@@ -6,7 +6,9 @@
 // client took (`accepted`) and whether it was closed: unguarded, the redis crate takes them all.
 // runGuardClient runs the cache facing one in a process of its own (fixtures/guard-client.js).
 
-const { spawn } = require('node:child_process')
+const assert = require('node:assert/strict')
+const { runNode } = require('./child')
+const { eventually } = require('./eventually')
 const net = require('node:net')
 const path = require('node:path')
 const tls = require('node:tls')
@@ -102,20 +104,44 @@ async function hostileServer({ answer, attack = ATTACKS.length, tls: tlsOptions 
  * with these `redis` options: its exit code and signal, and what it printed.
  */
 function runGuardClient(redis) {
-  return new Promise((resolve, reject) => {
-    const script = path.join(__dirname, '..', 'fixtures', 'guard-client.js')
-    const child = spawn(process.execPath, [script, JSON.stringify(redis)], { stdio: ['ignore', 'pipe', 'pipe'] })
-    let out = ''
-    let err = ''
-    child.stdout.on('data', (d) => (out += d))
-    child.stderr.on('data', (d) => (err += d))
-    const timer = setTimeout(() => child.kill('SIGKILL'), 60_000)
-    child.on('error', reject)
-    child.on('exit', (code, signal) => {
-      clearTimeout(timer)
-      resolve({ code, signal, out, err })
-    })
-  })
+  return runNode([path.join(__dirname, '..', 'fixtures', 'guard-client.js'), JSON.stringify(redis)])
 }
 
-module.exports = { ACCEPTED_BOUND, ATTACK, ATTACKS, FILLER_BYTES, array, bulk, hostileServer, listen, onCommands, runGuardClient }
+/**
+ * What every attack on a cache run by runGuardClient must end with (`run`: its result;
+ * `attacked`: the hostile server's attacked connections): the process exited by itself with 0,
+ * its reads were loaded, every attacked connection closed having taken under ACCEPTED_BOUND
+ * bytes of filler, and its memory stayed bounded. The child's report (its last line), for the
+ * caller's own checks.
+ */
+async function assertSurvived(t, run, attacked, what) {
+  const { code, signal, out, err } = run
+  assert.equal(signal, null, `the process was killed by ${signal}: ${err.slice(-2000)}`)
+  assert.equal(code, 0, `exit ${code}: ${err.slice(-2000)}`)
+  const r = JSON.parse(out.trim().split('\n').pop())
+  assert.deepEqual(r.got, ['loaded'], `reads are loaded: ${out}`)
+  assert.ok(attacked.length >= 1, `${what} was attacked: ${out}`)
+  await eventually(() => attacked.every((c) => c.closed), { what: 'every attacked connection closed' })
+  t.diagnostic(
+    `attacked connections: ${attacked.length}; most filler taken by one: ${Math.max(...attacked.map((c) => c.accepted))} bytes; RSS growth ${r.rssGrowth}`,
+  )
+  for (const c of attacked) {
+    assert.ok(c.accepted < ACCEPTED_BOUND, `filler taken before the connection closed: ${c.accepted} bytes`)
+  }
+  assert.ok(r.rssGrowth < 64 * 1024 * 1024, `memory grew by ${r.rssGrowth} bytes`)
+  return r
+}
+
+module.exports = {
+  assertSurvived,
+  ACCEPTED_BOUND,
+  ATTACK,
+  ATTACKS,
+  FILLER_BYTES,
+  array,
+  bulk,
+  hostileServer,
+  listen,
+  onCommands,
+  runGuardClient,
+}

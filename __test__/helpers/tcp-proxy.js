@@ -9,6 +9,7 @@
 // again gets through.
 
 const net = require('node:net')
+const { listenLoopback } = require('./loopback')
 
 class TcpProxy {
   #server = null
@@ -23,16 +24,10 @@ class TcpProxy {
   }
 
   /** Listens on a free 127.0.0.1 port. */
-  start() {
-    return new Promise((resolve, reject) => {
-      const server = net.createServer((client) => this.#onConnection(client))
-      server.once('error', reject)
-      server.listen(0, '127.0.0.1', () => {
-        this.#server = server
-        this.port = server.address().port
-        resolve(this)
-      })
-    })
+  async start() {
+    this.#server = await listenLoopback((client) => this.#onConnection(client))
+    this.port = this.#server.address().port
+    return this
   }
 
   #onConnection(client) {
