@@ -94,6 +94,23 @@ mod tests {
     use cluster_tls::tests::{node_info, throwaway_pki, TempDir};
     use std::sync::Arc;
 
+    /// A GET on `node`, whose server floods a declared terabyte (`serving`, counting into
+    /// `sent`), fails, and the connection closed after a few chunks of the flood.
+    async fn read_through_flood(
+        node: &mut GuardedNode,
+        serving: tokio::task::JoinHandle<()>,
+        sent: &AtomicU64,
+    ) {
+        let got: redis::RedisResult<Value> = redis::cmd("GET").arg("k").query_async(node).await;
+        assert!(got.is_err());
+        serving.await.unwrap();
+        assert!(
+            sent.load(Ordering::Relaxed) < 64 * 1024 * 1024,
+            "filler taken before the connection closed: {}",
+            sent.load(Ordering::Relaxed)
+        );
+    }
+
     /// A TLS listener on 127.0.0.1 serving the certificate `throwaway_pki` made in `dir`, whose
     /// first connection is handed to `terabyte_server`. Its port, the CA, and the server task.
     async fn tls_terabyte_node(
@@ -150,15 +167,7 @@ mod tests {
         let mut node = GuardedNode::connect_with_config(info, config)
             .await
             .expect("the TLS node connects, verified against the registered CA");
-        let got: redis::RedisResult<Value> =
-            redis::cmd("GET").arg("k").query_async(&mut node).await;
-        assert!(got.is_err());
-        serving.await.unwrap();
-        assert!(
-            sent.load(Ordering::Relaxed) < 64 * 1024 * 1024,
-            "filler taken before the connection closed: {}",
-            sent.load(Ordering::Relaxed)
-        );
+        read_through_flood(&mut node, serving, &sent).await;
     }
 
     /// The guarded TLS node verifies as the crate would: a certificate its cluster's CA did not
@@ -210,14 +219,6 @@ mod tests {
             GuardedNode::connect_with_config(format!("redis://127.0.0.1:{port}"), config)
                 .await
                 .unwrap();
-        let got: redis::RedisResult<Value> =
-            redis::cmd("GET").arg("k").query_async(&mut node).await;
-        assert!(got.is_err());
-        serving.await.unwrap();
-        assert!(
-            sent.load(Ordering::Relaxed) < 64 * 1024 * 1024,
-            "filler taken before the connection closed: {}",
-            sent.load(Ordering::Relaxed)
-        );
+        read_through_flood(&mut node, serving, &sent).await;
     }
 }
