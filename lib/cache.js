@@ -91,7 +91,7 @@ const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT, P
 const { PURPOSE_COLD, PURPOSE_REFRESH, PURPOSE_FORCE, PURPOSE_PAST_VALUE, REASONS } = native
 // A key of a getOrLoadMany call's first read that Redis did not answer with a value (#readFirst).
 const MISSED = Symbol('missed')
-const { GATE_FOUND, GATE_MISSING, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, UNAVAILABLE } = native
+const { GATE_FOUND, GATE_MISSING, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, UNAVAILABLE, QUEUED } = native
 const { FMT_JSON } = native
 const noop = () => {}
 /** The ctx of each key of a nested loadMany call (#loadManyNested): nothing is cached, so nothing to set. */
@@ -1392,7 +1392,7 @@ class StampedeCache {
     if (sent === null) return
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('set')
+    if (outcome === UNAVAILABLE || outcome === QUEUED) throw redisError('set', outcome === QUEUED)
   }
 
   async delete(key) {
@@ -1408,7 +1408,7 @@ class StampedeCache {
     if (sent === null) return removed === 1
     const removedRemote = await sent
     this.#drainRedisReports()
-    if (removedRemote === UNAVAILABLE) throw redisError('delete')
+    if (removedRemote === UNAVAILABLE || removedRemote === QUEUED) throw redisError('delete', removedRemote === QUEUED)
     return removed === 1 || removedRemote === 1
   }
 
@@ -1448,7 +1448,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local', list)
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('deleteByTag')
+    if (outcome === UNAVAILABLE || outcome === QUEUED) throw redisError('deleteByTag', outcome === QUEUED)
   }
 
   /**
@@ -1466,7 +1466,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local')
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('clear')
+    if (outcome === UNAVAILABLE || outcome === QUEUED) throw redisError('clear', outcome === QUEUED)
   }
 
   stats() {

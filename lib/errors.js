@@ -40,8 +40,18 @@ function closedError() {
   return new StampedeCacheError('ERR_CLOSED', 'the cache is closed')
 }
 
-function redisError(op) {
-  return new StampedeCacheError('ERR_REDIS', `Redis could not take the ${op}: it is applied in this process only (see onError for why)`)
+// `queued`: the change waits in this cache and is replayed, in order, once Redis answers again
+// (err.queued === true); else it was not sent at all (the cache closed meanwhile).
+function redisError(op, queued = false) {
+  if (!queued) {
+    return new StampedeCacheError('ERR_REDIS', `Redis could not take the ${op}: it is applied in this process only (see onError for why)`)
+  }
+  const err = new StampedeCacheError(
+    'ERR_REDIS',
+    `Redis could not take the ${op} now: it is applied in this process and will be replayed to Redis once it answers again, so every instance gets it (see onError for why)`,
+  )
+  err.queued = true
+  return err
 }
 
 function abortError(signal) {

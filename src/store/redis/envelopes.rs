@@ -24,6 +24,14 @@ pub fn new_token() -> String {
         .to_string()
 }
 
+/// A generation for a change made at `at_ms` (epoch ms): `t`, the time in 13 digits, then a
+/// random token, so a replayed change can tell whether the key holds a newer one (`write.lua`'s
+/// `made_at` reads it back; a generation without the time reads as made at 0). Alphanumeric,
+/// as an envelope's generation must be.
+pub fn timed_generation(at_ms: u64) -> String {
+    format!("t{at_ms:013}{}", new_token())
+}
+
 /// A fresh mark for an echo (see [`Echo`]). Never a bare number: a tag key or the namespace
 /// clock holds one, and a moved clock landing in the echo's place must not match.
 pub(super) fn next_echo() -> String {
@@ -426,8 +434,11 @@ impl RedisTier {
         }
     }
 
-    /// `set` (`Some`) or `delete` (`None`): the newest state of the key, with a new generation
-    /// that drops every load that began before. `Ok(existed)`: whether a value key was there.
+    /// `set` (`Some`) or `delete` (`None`), made at `at_ms` (epoch ms): the newest state of the
+    /// key, with a new generation (naming `at_ms`) that drops every load that began before.
+    /// `Ok(Some(existed))`: whether a value key was there. `replayed`: the change was made at
+    /// that time and Redis could not take it then; `Ok(None)` when the key holds a change made at
+    /// or after it (not applied).
     /// A set's entry is born at the namespace clock known when it runs (after every earlier
     /// deleteByTag and clear of this instance); Redis's clock is read alongside, and if it was
     /// ahead (one elsewhere, not yet heard of here) the entry's born is raised to it, so a set
@@ -437,8 +448,10 @@ impl RedisTier {
         &self,
         key: &str,
         written: Option<(&Envelope, &Body<'_>)>,
-    ) -> Result<bool, Unavailable> {
-        let generation = new_token();
+        at_ms: u64,
+        replayed: Option<u64>,
+    ) -> Result<Option<bool>, Unavailable> {
+        let generation = timed_generation(at_ms);
         let (text, px, born) = match written {
             Some((envelope, body)) => {
                 let born = envelope.born.max(self.inbox.clock());
@@ -463,10 +476,11 @@ impl RedisTier {
             call.key(&keys.1)
                 .arg(&text)
                 .arg(px)
-                .arg(new_token())
+                .arg(timed_generation(at_ms))
                 .arg(GENERATION_TTL.as_millis() as u64)
                 .arg(self.bus.channel())
-                .arg(&msg);
+                .arg(&msg)
+                .arg(replayed.map_or(String::new(), |at| at.to_string()));
             invoke_echoed::<i64>(&call, &mut c, echo).await
         });
         let clock = async {
@@ -485,6 +499,11 @@ impl RedisTier {
             self.misdelivered(op, key);
             return Err(Unavailable);
         };
+        if existed < 0 {
+            // A replay older than what the key holds: nothing was written (nor announced).
+            self.bus.carried().own_heard(key);
+            return Ok(None);
+        }
         if let (Some(born), Some(clock)) = (born, clock) {
             if clock > born {
                 let echo = self.echo(&vkey);
@@ -500,7 +519,7 @@ impl RedisTier {
                 }
             }
         }
-        Ok(existed == 1)
+        Ok(Some(existed == 1))
     }
 
     /// A load holding `token` failed or timed out: record a failed refresh's `retry_after` in

@@ -75,6 +75,8 @@ mod lane;
 mod lock;
 mod net;
 mod order;
+mod replay;
+mod replaying;
 mod reports;
 mod scripts;
 mod sentinel;
@@ -106,6 +108,7 @@ pub use gates::{Gate, HeldLock, LockOutcome};
 pub use health::PROBE_INTERVAL;
 pub use lane::{frame, frame_values, Landing, LaneRead, LaneSocket, Opened};
 pub use order::WriteOrder;
+pub use replaying::{Applied, Change, Taken};
 pub use reports::{Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
@@ -166,6 +169,8 @@ pub struct RedisTier {
     /// The lock's life and who waits for it here.
     lock: Lock,
     order: Arc<WriteOrder>,
+    /// The changes Redis could not take, waiting to be replayed.
+    replay: replay::Replay<Change>,
     /// Failures not yet handed to `onError` (shared with the embedder, which keeps draining it
     /// after the tier is gone).
     reports: Arc<Reports>,
@@ -201,6 +206,7 @@ impl RedisTier {
             health: Health::new(inbox),
             lock,
             order: Arc::new(WriteOrder::default()),
+            replay: replay::Replay::default(),
             reports: Arc::new(Reports::default()),
             shutdown,
             scripts: Scripts::new(),
@@ -331,6 +337,7 @@ impl RedisTier {
 
     fn succeeded(&self) {
         self.health.succeeded();
+        self.kick_replay();
     }
 
     fn went_down(&self, op: &'static str, key: Option<&str>, message: String) {
@@ -476,7 +483,7 @@ impl RedisTier {
 
     /// A write of `key` by this instance is queued or unanswered (see `WriteOrder::busy`).
     pub fn writing(&self, key: &str) -> bool {
-        self.order.busy(key)
+        self.order.busy(key) || self.replay.holds(key)
     }
 }
 

@@ -11,6 +11,9 @@ use crate::sync::LockOrRecover;
 /// At most one `onError` report per operation kind per this interval.
 pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Reports that are each reported (`push_each`) waiting at most.
+const EACH_BOUND: usize = 10_000;
+
 /// A background failure for `onError`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
@@ -48,6 +51,21 @@ impl Reports {
         }
         log.last.insert(op, now);
         if log.queue.len() >= 64 {
+            log.queue.pop_front();
+        }
+        log.queue.push_back(Report {
+            op,
+            key: key.map(str::to_string),
+            message,
+        });
+        self.waiting.store(true, Ordering::Release);
+    }
+
+    /// A report that is not rate-limited (each dropped change is reported): at most
+    /// `EACH_BOUND` wait, the oldest going first.
+    pub(super) fn push_each(&self, op: &'static str, key: Option<&str>, message: String) {
+        let mut log = self.log.lock_or_recover();
+        if log.queue.len() >= EACH_BOUND {
             log.queue.pop_front();
         }
         log.queue.push_back(Report {
