@@ -335,6 +335,10 @@ export interface Stats {
   l1Entries: number
   /** The serialized size of the in-process tier's values now, in bytes. */
   l1Bytes: number
+  /** Changes (set, delete, deleteByTag, clear) Redis could not take, waiting to be replayed. */
+  replayQueued: number
+  /** Changes dropped without replay: more than 10,000 waited (each also reported to onError). */
+  replayDropped: number
 }
 
 /** Every `code` a `StampedeCacheError` carries. */
@@ -358,6 +362,11 @@ export type StampedeCacheErrorCode =
 export class StampedeCacheError extends Error {
   readonly name: 'StampedeCacheError'
   readonly code: StampedeCacheErrorCode
+  /**
+   * On an `ERR_REDIS` rejection of `set`, `delete`, `deleteByTag` or `clear`: true when the change
+   * is applied in this process and queued, to be replayed to Redis (in order) once it answers.
+   */
+  readonly queued?: boolean
   constructor(code: StampedeCacheErrorCode, message: string, options?: { cause?: unknown })
 }
 

@@ -29,6 +29,8 @@ const STATS_KEYS = [
   'l2Hits',
   'l1Entries',
   'l1Bytes',
+  'replayQueued',
+  'replayDropped',
 ]
 
 /** Waits until `cache.inspect(key)` reports `state` (polling), at most `ms`. */

@@ -20,7 +20,8 @@
 //! - `lock`: the lock's life (lockTtl), the waiters here, and how long one bid may wait;
 //! - `fence`: the clock fences are read by, and when one is too old to be written back;
 //! - `reports` (the rate-limited `onError` queue), `scripts` (`scripts/*.lua`, each naming its
-//!   KEYS/ARGV), `order` (one instance's writes in call order).
+//!   KEYS/ARGV), `order` (one instance's writes in call order), `replay` (the changes Redis could
+//!   not take, waiting: bounded, oldest first).
 //!
 //! The tier's work runs commands on its connection (`run`, here), so it is written as methods
 //! of `RedisTier`, one file per concern: `envelopes` (reads and fenced writes), `gates` (the
@@ -28,16 +29,17 @@
 //! an entry read is still alive), `batch` (many keys in one round trip), `subscriber` (the
 //! bus's subscription loop), `sentinel` (following the master across failovers), `lane` (the
 //! read lane the embedder's event loop drives). These methods call one another through
-//! `self` (a write-back releases the lock, a gate reads the envelope); their imports do not
+//! `self` (a write-back releases the lock, a gate reads the envelope); `replaying` (set,
+//! delete, deleteByTag and clear taken at once or queued, and replayed); their imports do not
 //! go round.
 //!
 //! Imports run one way, from the tier down to the store, never back (check with
 //! `grep -n "^use super::\|^use crate::" src/store/redis/*.rs src/store/redis/*/*.rs`):
 //! 1. the tier's files import `RedisTier` from this file, the parts and anything below, and
 //!    among themselves only downwards: `batch` → `gates` → `envelopes`; `tags` and `lane` →
-//!    `envelopes`; `subscriber`, `sentinel` → none of them;
+//!    `envelopes`; `replaying` → `replay`, `tags`, `envelopes`; `subscriber`, `sentinel` → none of them;
 //! 2. the parts import no tier file and no `RedisTier`: `bus` → `carried`; `health`, `lock`,
-//!    `fence`, `reports`, `scripts`, `carried`, `order` import nothing of this module;
+//!    `fence`, `reports`, `scripts`, `carried`, `order`, `replay` import nothing of this module;
 //! 3. the connection: `connection` (making, replacing and classifying) → `topology`, `net`,
 //!    `slots` (a Cluster's slot map, a leaf);
 //! 4. the store: `topology` (where Redis is) → `guard` (guarded sockets), `net`, `target`;
@@ -51,6 +53,7 @@
 //! - `Reports::log`: the failures waiting for `onError` and when each kind was last reported;
 //! - `Waiters` (`lock`): the lock waiters by key (each woken after the lock is let go);
 //! - `WriteOrder` (`order`): the queued writes by key;
+//! - `Replay::state` (`replay`): the changes waiting for replay, and their keys;
 //! - `Carried` (`carried`): the envelopes announcements carried;
 //! - `Link::current` (`connection`): the shared command connection (it reads the topology's
 //!   move count, a `watch`, under it);
