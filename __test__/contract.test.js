@@ -1597,6 +1597,8 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
         // The in-process tier now: a ('"A"', 3 bytes as JSON), n (null, 4), c ('"C2"', 4).
         l1Entries: 3,
         l1Bytes: 11,
+        replayQueued: 0,
+        replayDropped: 0,
       })
       // A snapshot: mutating it changes nothing.
       const s = cache.stats()
