@@ -647,6 +647,48 @@ fn json_number(text: &str, at: usize) -> Option<(f64, usize)> {
     Some((n, end))
 }
 
+/// How many bytes from the start of an encoded envelope hold every field `same_write` reads
+/// (what a `GETRANGE key 0 HEADER_BYTES-1` of the value key asks for).
+pub const HEADER_BYTES: usize = 256;
+
+/// Whether `header`, the first `HEADER_BYTES` (or fewer: all) bytes of a value key, begins the
+/// envelope of the very write `held` was read or written with: the same birth, freshness,
+/// expiry and load time (every write makes new ones; two writes of a key agreeing on all four to
+/// the millisecond and the microsecond of load time are not told apart). Anything else (another
+/// write, another format, a foreign value) is false. The one place a write is recognised by its
+/// header, for the check after a lost bus connection (`verify.rs`).
+pub fn same_write(header: &[u8], held: &Envelope) -> bool {
+    let Ok(text) = std::str::from_utf8(header) else {
+        // A cut inside a multi-byte character can only be in the value, after the fields.
+        return match std::str::from_utf8(&header[..header.len().min(HEADER_BYTES / 2)]) {
+            Ok(text) => header_fields(text).is_some_and(|f| f == fields_of(held)),
+            Err(_) => false,
+        };
+    };
+    header_fields(text).is_some_and(|f| f == fields_of(held))
+}
+
+fn fields_of(e: &Envelope) -> [f64; 4] {
+    [e.born as f64, e.fresh_until, e.hard_until, e.compute_ms]
+}
+
+/// born, freshUntil, hardUntil and computeMs, in the order `encode` writes them.
+fn header_fields(text: &str) -> Option<[f64; 4]> {
+    let mut rest = text.strip_prefix("{\"sc\":1,\"gen\":\"")?;
+    let mut out = [0.0; 4];
+    for (i, name) in ["\"born\":", "\"freshUntil\":", "\"hardUntil\":", "\"computeMs\":"]
+        .iter()
+        .enumerate()
+    {
+        let at = rest.find(name)? + name.len();
+        rest = &rest[at..];
+        let end = rest.find([',', '}']).unwrap_or(rest.len());
+        out[i] = rest[..end].parse().ok()?;
+        rest = &rest[end..];
+    }
+    Some(out)
+}
+
 fn push_number(out: &mut String, n: f64) {
     use std::fmt::Write;
     // Integers (epoch ms) print without a fraction; fractions keep full precision.
@@ -659,6 +701,36 @@ fn push_number(out: &mut String, n: f64) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_header_names_the_write_it_begins_and_no_other() {
+        use super::*;
+        let e = Envelope {
+            fresh_until: 1_796_000_000_123.0,
+            hard_until: 1_796_000_600_123.0,
+            compute_ms: 1.0856600000000185,
+            negative: false,
+            retry_after: 0.0,
+            born: 42,
+        };
+        let body = Body {
+            value_json: Some("\"ü\"".repeat(200).leak()),
+            tags: &[],
+            fmt: Fmt::Json,
+        };
+        let text = e.encode(&body, &"t".repeat(46), "ns:v:{k}");
+        let header = &text.as_bytes()[..HEADER_BYTES];
+        assert!(same_write(header, &e));
+        assert!(same_write(text.as_bytes(), &e), "the whole value too");
+        let other = Envelope {
+            fresh_until: e.fresh_until + 1.0,
+            ..e
+        };
+        assert!(!same_write(header, &other));
+        let reborn = Envelope { born: 43, ..e };
+        assert!(!same_write(header, &reborn));
+        assert!(!same_write(b"{\"foreign\":1}", &e));
+        assert!(!same_write(b"", &e));
+    }
 
     #[test]
     fn an_envelope_names_the_key_it_was_written_for() {

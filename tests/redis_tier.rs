@@ -256,7 +256,7 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     let mut c = server.conn().await;
     // delete: the key stays gone.
     let gate = lead(&a, "d").await;
-    assert_eq!(b.write("d", None).await, Ok(false));
+    assert_eq!(b.write("d", None, now_ms() as u64, None).await, Ok(Some(false)));
     assert_eq!(
         write_back(&a, "d", &gate, "\"old\"").await,
         WriteBack::Dropped
@@ -271,9 +271,14 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     let gate = lead(&a, "s").await;
     let newer = envelope(60_000.0);
     assert_eq!(
-        b.write("s", Some((&newer, &Body::json(Some("\"new\"")))))
-            .await,
-        Ok(false)
+        b.write(
+            "s",
+            Some((&newer, &Body::json(Some("\"new\"")))),
+            now_ms() as u64,
+            None
+        )
+        .await,
+        Ok(Some(false))
     );
     assert_eq!(
         write_back(&a, "s", &gate, "\"old\"").await,
@@ -288,6 +293,47 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     assert_eq!(
         write_back(&a, "d", &gate, "\"after\"").await,
         WriteBack::Written
+    );
+}
+
+/// A replayed set or delete (one Redis could not take when it was made) is dropped when the key
+/// holds a change made at or after it, by any instance; one made after the key's latest change
+/// applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_change_never_replaces_a_newer_one() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let (b, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let made = now_ms() as u64;
+    let e = envelope(60_000.0);
+    let live = Body::json(Some("\"b live\""));
+    assert_eq!(
+        b.write("r", Some((&e, &live)), made + 10, None).await,
+        Ok(Some(false))
+    );
+    let older = Body::json(Some("\"a older\""));
+    assert_eq!(
+        a.write("r", Some((&e, &older)), made, Some(made)).await,
+        Ok(None),
+        "an older replayed set is dropped"
+    );
+    assert_eq!(a.write("r", None, made + 5, Some(made + 5)).await, Ok(None));
+    assert!(get(&mut c, "t:v:{r}").await.unwrap().contains("b live"));
+    let newer = Body::json(Some("\"a newer\""));
+    assert_eq!(
+        a.write("r", Some((&e, &newer)), made + 20, Some(made + 20))
+            .await,
+        Ok(Some(true)),
+        "a newer replayed set applies"
+    );
+    assert!(get(&mut c, "t:v:{r}").await.unwrap().contains("a newer"));
+    assert_eq!(a.write("r", None, made + 30, Some(made + 30)).await, Ok(Some(true)));
+    assert_eq!(get(&mut c, "t:v:{r}").await, None, "and so does a newer delete");
+    // A key never written: a replayed set applies.
+    assert_eq!(
+        a.write("fresh", Some((&e, &newer)), made, Some(made)).await,
+        Ok(Some(false))
     );
 }
 
@@ -348,8 +394,14 @@ async fn refresh_is_skipped_while_another_holds_the_lock_and_backs_off_after_a_f
     let (b, _) = tier(&server.url, 10_000);
     let stale = Envelope::new(now_ms() - 10_000.0, 1_000.0, 60_000.0, 5.0, false);
     assert_eq!(
-        a.write("k", Some((&stale, &Body::json(Some("1"))))).await,
-        Ok(false)
+        a.write(
+            "k",
+            Some((&stale, &Body::json(Some("1")))),
+            now_ms() as u64,
+            None
+        )
+        .await,
+        Ok(Some(false))
     );
 
     let Gate::Lead {

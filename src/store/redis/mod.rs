@@ -30,14 +30,15 @@
 //! bus's subscription loop), `sentinel` (following the master across failovers), `lane` (the
 //! read lane the embedder's event loop drives). These methods call one another through
 //! `self` (a write-back releases the lock, a gate reads the envelope); `replaying` (set,
-//! delete, deleteByTag and clear taken at once or queued, and replayed); their imports do not
+//! delete, deleteByTag and clear taken at once or queued, and replayed); `verify` (the
+//! in-process copies checked against Redis after a lost bus connection); their imports do not
 //! go round.
 //!
 //! Imports run one way, from the tier down to the store, never back (check with
 //! `grep -n "^use super::\|^use crate::" src/store/redis/*.rs src/store/redis/*/*.rs`):
 //! 1. the tier's files import `RedisTier` from this file, the parts and anything below, and
 //!    among themselves only downwards: `batch` → `gates` → `envelopes`; `tags` and `lane` →
-//!    `envelopes`; `replaying` → `replay`, `tags`, `envelopes`; `subscriber`, `sentinel` → none of them;
+//!    `envelopes`; `replaying` → `replay`, `tags`, `envelopes`; `verify` → `batch`; `subscriber`, `sentinel` → none of them;
 //! 2. the parts import no tier file and no `RedisTier`: `bus` → `carried`; `health`, `lock`,
 //!    `fence`, `reports`, `scripts`, `carried`, `order`, `replay` import nothing of this module;
 //! 3. the connection: `connection` (making, replacing and classifying) → `topology`, `net`,
@@ -88,6 +89,7 @@ mod subscriber;
 mod tags;
 mod target;
 mod topology;
+mod verify;
 
 use std::future::Future;
 use std::sync::{Arc, Weak};
