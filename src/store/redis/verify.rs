@@ -2,8 +2,8 @@
 //! dropped: one pipelined round trip per node reads the start of each copy's value key
 //! (`GETRANGE 0 HEADER_BYTES-1`) and each of their tags' records (`GET`), and a copy goes only if
 //! its key now holds another write (or none), or a tag of its was deleted after it was born.
-//! When the check cannot complete (Redis unavailable, replies out of step) every copy goes, as
-//! before.
+//! When the check cannot complete (Redis still unavailable after a few probes' time, replies out
+//! of step) every copy goes, as before.
 //!
 //! Why this and not a log of invalidations: a Lua script may touch only keys of its own slot, so
 //! a stream written by the write scripts would not work on Redis Cluster, and a stream written
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use redis::Value;
 
 use super::batch::Grouping;
-use super::RedisTier;
+use super::{RedisTier, PROBE_INTERVAL};
 use crate::envelope::{same_write, HEADER_BYTES};
 use crate::inbox::tag_bucket;
 use crate::store::memory::Held;
@@ -25,14 +25,24 @@ use crate::store::memory::Held;
 /// Copies checked per pipelined call (one reply each).
 const CHUNK: usize = 10_000;
 
+/// Attempts at a check, `PROBE_INTERVAL` apart, before every copy is dropped instead.
+const VERIFY_TRIES: u32 = 5;
+
 impl RedisTier {
     /// Checks `held` (the in-process copies when the bus came back) against Redis; drops, through
     /// the inbox, each one another instance changed (or every one, if the check fails).
     pub async fn verify_held(&self, held: Vec<Held>) {
         for chunk in held.chunks(CHUNK) {
-            if !self.verify_chunk(chunk).await {
-                self.inbox.invalidate_all();
-                return;
+            let mut tries = 0;
+            // The bus is often back before the command connection (both went with the
+            // network): Redis is given a few probes' time to answer before everything goes.
+            while !self.verify_chunk(chunk).await {
+                tries += 1;
+                if tries >= VERIFY_TRIES || self.closed() {
+                    self.inbox.invalidate_all();
+                    return;
+                }
+                tokio::time::sleep(PROBE_INTERVAL).await;
             }
         }
     }
