@@ -53,7 +53,9 @@ function changes(w, ops) {
 const stats = (w) => w.request('run', { body: 'return cache.stats()' })
 const read = (w, keys) => w.request('run', { args: keys, body: 'return Promise.all(args.map(async (k) => (await cache.get(k)) ?? null))' })
 
-test('a paused Redis: the changes are rejected as queued, replayed in order, and another instance converges without a retry', { timeout: TEST_TIMEOUT }, async (t) => {
+test('a paused Redis: the changes are rejected as queued, replayed in order, and another instance converges without a retry', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const { redis, spawnWorker, stored } = await setup(t)
   const a = await spawnWorker('a')
   const b = await spawnWorker('b')
@@ -88,11 +90,17 @@ test('a paused Redis: the changes are rejected as queued, replayed in order, and
   assert.equal((await stored('k1')).value, 'v2', 'the last set of k1 won: replayed in order')
   assert.equal((await stored('k2')).exists, false)
   assert.deepEqual((await stored('k3')).value, { n: 3 })
-  await until(async () => JSON.stringify(await read(b, ['k1', 'k2', 'k3', 'tagged'])) === JSON.stringify(['v2', null, { n: 3 }, null]), "b sees a's final state", 5_000)
+  await until(
+    async () => JSON.stringify(await read(b, ['k1', 'k2', 'k3', 'tagged'])) === JSON.stringify(['v2', null, { n: 3 }, null]),
+    "b sees a's final state",
+    5_000,
+  )
   assert.equal((await stats(a)).replayDropped, 0)
 })
 
-test("a cut connection: a newer write by another instance during the outage is not replaced by the replay; an older one is", { timeout: TEST_TIMEOUT }, async (t) => {
+test('a cut connection: a newer write by another instance during the outage is not replaced by the replay; an older one is', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const { redis, spawnWorker, stored } = await setup(t)
   const proxy = new TcpProxy(redis.port)
   t.after(() => proxy.close())
@@ -117,7 +125,15 @@ test("a cut connection: a newer write by another instance during the outage is n
     JSON.stringify(cutOff.out),
   )
   await sleep(5)
-  assert.deepEqual((await changes(b, [['set', 'k', 'b newer'], ['set', 'd', 'b set after the delete']])).out, [{ ok: true }, { ok: true }])
+  assert.deepEqual(
+    (
+      await changes(b, [
+        ['set', 'k', 'b newer'],
+        ['set', 'd', 'b set after the delete'],
+      ])
+    ).out,
+    [{ ok: true }, { ok: true }],
+  )
   proxy.mend()
 
   await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained', 15_000)
@@ -126,7 +142,11 @@ test("a cut connection: a newer write by another instance during the outage is n
   assert.equal((await stored('j')).value, 'a newer', "a's newer set replaces b's older one")
   assert.equal((await stored('only-a')).value, 'a alone')
   // a's own copies of what it lost give way to b's values.
-  await until(async () => JSON.stringify(await read(a, ['k', 'd', 'j'])) === JSON.stringify(['b newer', 'b set after the delete', 'a newer']), "a serves b's newer values", 5_000)
+  await until(
+    async () => JSON.stringify(await read(a, ['k', 'd', 'j'])) === JSON.stringify(['b newer', 'b set after the delete', 'a newer']),
+    "a serves b's newer values",
+    5_000,
+  )
   await until(async () => JSON.stringify(await read(b, ['j', 'only-a'])) === JSON.stringify(['a newer', 'a alone']), "b sees a's replayed changes", 5_000)
 })
 
@@ -166,7 +186,10 @@ test('at most 10,000 changes wait: the oldest past that are dropped, each counte
   // known down by then); the oldest queued went (changes of different keys queue in the order
   // their writes ran, so among the first batch, not exactly b1..b37).
   const { namespace } = outcome
-  const exists = await redis.pipeline(Array.from({ length: 10_000 + over - 1 }, (_, i) => ['EXISTS', `${namespace}:v:{b${i + 1}}`]), { timeout: 30_000 })
+  const exists = await redis.pipeline(
+    Array.from({ length: 10_000 + over - 1 }, (_, i) => ['EXISTS', `${namespace}:v:{b${i + 1}}`]),
+    { timeout: 30_000 },
+  )
   const absent = exists.flatMap((e, i) => (e === 0 ? [i + 1] : []))
   assert.ok(absent.length === over || absent.length === over - 1, `${absent.length} dropped: ${absent.slice(0, 50)}`)
   assert.ok(Math.max(...absent) <= 1_000, `the oldest were dropped: ${absent}`)

@@ -691,11 +691,7 @@ class StampedeCache {
     }
     // Its keys' loads, for a call inside loadMany (lib/reentry.js).
     const store = this.#store
-    const call = () =>
-      asLoadOfMany(
-        new Set(names.map((n) => store + n)),
-        () => b.loadMany(keys, ctx),
-      )
+    const call = () => asLoadOfMany(new Set(names.map((n) => store + n)), () => b.loadMany(keys, ctx))
     const started = loadTraced()
       ? () => loadChannel.tracePromise(async () => call(), { cache: this, namespace: this.#namespace, key: names[0], keys: names, reason: REASONS[b.purpose] })
       : call
@@ -950,7 +946,14 @@ class StampedeCache {
       answers.set(k, answer)
     }
     this.#callLoadMany(b, entries)
-    const rested = others === null ? null : this.getOrLoadMany(others.map((i) => keys[i]), loadMany, options)
+    const rested =
+      others === null
+        ? null
+        : this.getOrLoadMany(
+            others.map((i) => keys[i]),
+            loadMany,
+            options,
+          )
     return Promise.all([Promise.all(answers.values()), rested]).then(([, values]) => {
       if (b.error !== null) throw b.error
       return Promise.all(own.map((j) => answers.get(encoded[j]))).then((mine) => {

@@ -676,9 +676,14 @@ fn fields_of(e: &Envelope) -> [f64; 4] {
 fn header_fields(text: &str) -> Option<[f64; 4]> {
     let mut rest = text.strip_prefix("{\"sc\":1,\"gen\":\"")?;
     let mut out = [0.0; 4];
-    for (i, name) in ["\"born\":", "\"freshUntil\":", "\"hardUntil\":", "\"computeMs\":"]
-        .iter()
-        .enumerate()
+    for (i, name) in [
+        "\"born\":",
+        "\"freshUntil\":",
+        "\"hardUntil\":",
+        "\"computeMs\":",
+    ]
+    .iter()
+    .enumerate()
     {
         let at = rest.find(name)? + name.len();
         rest = &rest[at..];

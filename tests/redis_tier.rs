@@ -256,7 +256,10 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     let mut c = server.conn().await;
     // delete: the key stays gone.
     let gate = lead(&a, "d").await;
-    assert_eq!(b.write("d", None, now_ms() as u64, None).await, Ok(Some(false)));
+    assert_eq!(
+        b.write("d", None, now_ms() as u64, None).await,
+        Ok(Some(false))
+    );
     assert_eq!(
         write_back(&a, "d", &gate, "\"old\"").await,
         WriteBack::Dropped
@@ -328,8 +331,15 @@ async fn a_replayed_change_never_replaces_a_newer_one() {
         "a newer replayed set applies"
     );
     assert!(get(&mut c, "t:v:{r}").await.unwrap().contains("a newer"));
-    assert_eq!(a.write("r", None, made + 30, Some(made + 30)).await, Ok(Some(true)));
-    assert_eq!(get(&mut c, "t:v:{r}").await, None, "and so does a newer delete");
+    assert_eq!(
+        a.write("r", None, made + 30, Some(made + 30)).await,
+        Ok(Some(true))
+    );
+    assert_eq!(
+        get(&mut c, "t:v:{r}").await,
+        None,
+        "and so does a newer delete"
+    );
     // A key never written: a replayed set applies.
     assert_eq!(
         a.write("fresh", Some((&e, &newer)), made, Some(made)).await,

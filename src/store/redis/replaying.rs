@@ -55,12 +55,16 @@ impl replay::Change for Change {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
     /// A set or delete; whether a value key existed before.
-    Wrote { existed: bool },
+    Wrote {
+        existed: bool,
+    },
     /// A replayed set or delete older than what the key holds: not applied.
     Superseded,
     Tagged,
     /// A clear, at this clock (sweep the entries born before it).
-    Cleared { clock: u64 },
+    Cleared {
+        clock: u64,
+    },
 }
 
 /// What became of a change asked for.
@@ -131,7 +135,10 @@ impl RedisTier {
             Change::Write { key, entry, .. } => {
                 // Its effect here stays only until Redis is asked again.
                 self.inbox.invalidate(key);
-                (if entry.is_some() { "set" } else { "delete" }, Some(key.as_str()))
+                (
+                    if entry.is_some() { "set" } else { "delete" },
+                    Some(key.as_str()),
+                )
             }
             Change::DeleteTags { .. } => ("deleteByTag", None),
             Change::Clear { .. } => ("clear", None),

@@ -82,7 +82,14 @@ impl RedisTier {
         };
         if !piped.moved.is_empty() {
             let Ok(mut again) = self
-                .pipelined("bus", &redis_keys, &names, &piped.moved, Grouping::BySlot, command)
+                .pipelined(
+                    "bus",
+                    &redis_keys,
+                    &names,
+                    &piped.moved,
+                    Grouping::BySlot,
+                    command,
+                )
                 .await
             else {
                 return false;
