@@ -151,6 +151,23 @@ for (const tier of ['in-process', 'Redis']) {
   })
 }
 
+test('what a loader leaves behind (a timer) runs outside its load once it has ended: it reads the cache as usual', { timeout: TIMEOUT }, async (t) => {
+  const [cache] = caches(t, 1, {})
+  let later
+  const fired = new Promise((resolve) => {
+    cache.getOrLoad('k', async () => {
+      setTimeout(() => {
+        // Options: the slow path, which looks at the loads enclosing it.
+        later = cache.getOrLoad('k', () => 'a second load', { ttl: 60_000 })
+        resolve()
+      }, 30)
+      return 'the load'
+    })
+  })
+  await fired
+  assert.equal(await later, 'the load', 'served from the cache, not loaded again')
+})
+
 test('two in-process caches are separate: a nested call to the other one loads and caches there', { timeout: TIMEOUT }, async (t) => {
   const [a, b] = caches(t, 2, { namespace: 'same' })
   const got = await a.getOrLoad('k', async () => `a(${await b.getOrLoad('k', async () => 'b')})`)

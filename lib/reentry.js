@@ -11,23 +11,47 @@ const { AsyncLocalStorage } = require('node:async_hooks')
 const loadScope = new AsyncLocalStorage()
 
 // One load's entries: `one` (a single key's load) or `many` (a loadMany call's), and the scope it
-// runs in. A chain as deep as the nesting of loads, never copied.
+// runs in. A chain as deep as the nesting of loads, never copied. `ended` once the loader's
+// promise has settled: code it left behind (a timer, a promise chain) inherits the scope, but no
+// longer runs inside that load.
 class Scope {
   constructor(one, many, outer) {
     this.one = one
     this.many = many
     this.outer = outer
+    this.ended = false
   }
 }
 
-/** Runs `fn` as the load of entry `id` (see `entryOf`). */
+// Runs `fn` (a loader call) in `scope`; returns what it returns, and ends the scope once that has
+// settled.
+function runIn(scope, fn) {
+  let result
+  try {
+    result = loadScope.run(scope, fn)
+  } catch (err) {
+    scope.ended = true
+    throw err
+  }
+  if (result === null || typeof result !== 'object' || typeof result.then !== 'function') {
+    scope.ended = true
+    return result
+  }
+  const end = () => {
+    scope.ended = true
+  }
+  Promise.resolve(result).then(end, end)
+  return result
+}
+
+/** Runs `fn` as the load of entry `id` (see `storeOf`). */
 function asLoadOf(id, fn) {
-  return loadScope.run(new Scope(id, null, loadScope.getStore()), fn)
+  return runIn(new Scope(id, null, loadScope.getStore()), fn)
 }
 
 /** Runs `fn` as the load of every entry in the Set `ids`. */
 function asLoadOfMany(ids, fn) {
-  return loadScope.run(new Scope(null, ids, loadScope.getStore()), fn)
+  return runIn(new Scope(null, ids, loadScope.getStore()), fn)
 }
 
 /** Whether the running code is part of any load at all (cheap: no walk). */
@@ -38,7 +62,7 @@ function inLoad() {
 /** Whether the running code is part of a load of entry `id`. */
 function inLoadOf(id) {
   for (let s = loadScope.getStore(); s !== undefined; s = s.outer) {
-    if (s.one === id || (s.many !== null && s.many.has(id))) return true
+    if (!s.ended && (s.one === id || (s.many !== null && s.many.has(id)))) return true
   }
   return false
 }
