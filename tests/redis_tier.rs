@@ -340,6 +340,21 @@ async fn a_replayed_change_never_replaces_a_newer_one() {
         None,
         "and so does a newer delete"
     );
+    // Two changes of this instance in one millisecond are two: the second is the newer.
+    let first = a.change_time(made + 100);
+    let second = a.change_time(made + 100);
+    assert!(second > first);
+    let one = Body::json(Some("1"));
+    let two = Body::json(Some("2"));
+    assert_eq!(
+        a.write("r", Some((&e, &one)), first, Some(first)).await,
+        Ok(Some(false))
+    );
+    assert_eq!(
+        a.write("r", Some((&e, &two)), second, Some(second)).await,
+        Ok(Some(true))
+    );
+    assert!(get(&mut c, "t:v:{r}").await.unwrap().ends_with(":2}"));
     // A key never written: a replayed set applies.
     assert_eq!(
         a.write("fresh", Some((&e, &newer)), made, Some(made)).await,

@@ -383,7 +383,7 @@ pub fn redis_write(
             entry: if delete { None } else { written },
             value_json,
             fmt: Fmt::from_code(fmt),
-            at_ms: SystemClock.now_ms().max(0.0) as u64,
+            at_ms: tier.change_time(SystemClock.now_ms().max(0.0) as u64),
         };
         tier.in_order(&key, async move {
             let _ = tx.send(job_tier.take_change(change).await);

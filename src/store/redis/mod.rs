@@ -176,6 +176,8 @@ pub struct RedisTier {
     order: Arc<WriteOrder>,
     /// The changes Redis could not take, waiting to be replayed.
     replay: replay::Replay<Change>,
+    /// The time the last change was made at (see `change_time`).
+    last_change_ms: std::sync::atomic::AtomicU64,
     /// Failures not yet handed to `onError` (shared with the embedder, which keeps draining it
     /// after the tier is gone).
     reports: Arc<Reports>,
@@ -212,6 +214,7 @@ impl RedisTier {
             lock,
             order: Arc::new(WriteOrder::default()),
             replay: replay::Replay::default(),
+            last_change_ms: std::sync::atomic::AtomicU64::new(0),
             reports: Arc::new(Reports::default()),
             shutdown,
             scripts: Scripts::new(),

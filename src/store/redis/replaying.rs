@@ -8,6 +8,7 @@
 //! `deleteByTag` or `clear` is numbered when Redis takes it, so it may also remove entries
 //! written meanwhile (a reload, never an older value served).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
@@ -111,6 +112,25 @@ impl RedisTier {
                 };
                 self.queue_change(Queued::new(change, None), false);
                 Taken::Queued
+            }
+        }
+    }
+
+    /// The time a change made now is made at (epoch ms; `now_ms` the clock's): never the time of
+    /// an earlier change of this instance, so that two changes of a key made in one millisecond
+    /// replay as two (the second is newer than the first, not its equal).
+    pub fn change_time(&self, now_ms: u64) -> u64 {
+        let mut last = self.last_change_ms.load(Ordering::Relaxed);
+        loop {
+            let at = now_ms.max(last + 1);
+            match self.last_change_ms.compare_exchange_weak(
+                last,
+                at,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return at,
+                Err(seen) => last = seen,
             }
         }
     }
