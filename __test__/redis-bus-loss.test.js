@@ -127,3 +127,18 @@ test('a clear during the outage: a cannot tell what it missed, so it drops every
   assert.equal(values.filter((v) => v !== null).length, 1, JSON.stringify(values.filter((v) => v !== null)))
   assert.equal(values[9].v, 'after clear')
 })
+
+test("a's own change Redis could not take during the outage stays in its copy (read your writes), and reaches Redis after", {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { proxy, a, stored } = await held(t)
+  proxy.cut()
+  const r = await a.request('run', { body: `try { await cache.set('k4', { i: 4, v: 'mine' }); return 'ok' } catch (e) { return e.queued }` })
+  assert.equal(r, true, 'rejected as queued')
+  await sleep(OUTAGE_MS)
+  proxy.mend()
+  await until(async () => (await stored('k4')).value?.v === 'mine', "a's set replayed")
+  const { values } = await reread(a)
+  assert.equal(values[4].v, 'mine')
+  assert.equal(values.filter((v) => v.v === 'old').length, HELD - 1, 'the others kept')
+})

@@ -115,7 +115,9 @@ impl RedisTier {
         }
         for (h, reply) in held.iter().zip(&piped.replies) {
             let same = matches!(reply, Ok(Value::BulkString(b)) if same_write(b, &h.envelope));
-            if !same {
+            // A copy of this instance's own write that Redis has not taken yet (queued for
+            // replay, or unanswered) differs from Redis and is the newer: it stays.
+            if !same && !self.writing(&h.key) {
                 self.inbox.invalidate(&h.key);
             }
         }
