@@ -50,22 +50,27 @@ impl Reports {
             return;
         }
         log.last.insert(op, now);
-        if log.queue.len() >= 64 {
-            log.queue.pop_front();
-        }
-        log.queue.push_back(Report {
-            op,
-            key: key.map(str::to_string),
-            message,
-        });
-        self.waiting.store(true, Ordering::Release);
+        self.enqueue(&mut log, 64, op, key, message);
     }
 
     /// A report that is not rate-limited (each dropped change is reported): at most
     /// `EACH_BOUND` wait, the oldest going first.
     pub(super) fn push_each(&self, op: &'static str, key: Option<&str>, message: String) {
         let mut log = self.log.lock_or_recover();
-        if log.queue.len() >= EACH_BOUND {
+        self.enqueue(&mut log, EACH_BOUND, op, key, message);
+    }
+
+    /// Queues a report, first dropping the oldest if `bound` or more wait (one only: the
+    /// each-reported ones may make the queue longer than a rate-limited one's bound).
+    fn enqueue(
+        &self,
+        log: &mut ReportLog,
+        bound: usize,
+        op: &'static str,
+        key: Option<&str>,
+        message: String,
+    ) {
+        if log.queue.len() >= bound {
             log.queue.pop_front();
         }
         log.queue.push_back(Report {
