@@ -493,8 +493,10 @@ pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'
     let (queued, tentative) = match tier {
         Some((tier, tentative)) => {
             let job_tier = tier.clone();
+            let at_ms = tier.change_time(SystemClock.now_ms().max(0.0) as u64);
             tier.in_order_global(async move {
-                let _ = tx.send(job_tier.take_change(Change::DeleteTags { tags }).await);
+                let change = Change::DeleteTags { tags, at_ms };
+                let _ = tx.send(job_tier.take_change(change).await);
             });
             (true, Some(tentative))
         }
@@ -546,8 +548,10 @@ pub fn clear_entries(env: &Env, id: u32) -> Result<PromiseRaw<'_, i32>, JsErr> {
     let sweeper = tier.as_ref().map(|(tier, _)| tier.clone());
     if let Some((tier, tentative)) = tier {
         let job_tier = tier.clone();
+        let at_ms = tier.change_time(SystemClock.now_ms().max(0.0) as u64);
         tier.in_order_global(async move {
-            let _ = tx.send(job_tier.take_change(Change::Clear { tentative }).await);
+            let change = Change::Clear { tentative, at_ms };
+            let _ = tx.send(job_tier.take_change(change).await);
         });
     }
     settle::spawn_settled(env, async move {

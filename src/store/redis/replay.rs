@@ -1,5 +1,6 @@
-//! The changes Redis could not take, waiting to be replayed in the order they were made: a
-//! bounded queue (the oldest dropped past `REPLAY_BOUND`), the keys it holds changes of, and
+//! The changes Redis could not take, waiting to be replayed in the order they were made (each
+//! says when: its place in the queue, whatever order they were queued in): a bounded queue (the
+//! oldest dropped past `REPLAY_BOUND`), the keys it holds changes of, and
 //! whether a drain runs. Generic over what a change is (`replaying.rs` says, and replays them);
 //! this part runs no command.
 
@@ -14,9 +15,11 @@ use crate::sync::LockOrRecover;
 /// At most this many changes wait per cache; past it the oldest are dropped.
 pub const REPLAY_BOUND: usize = 10_000;
 
-/// What the queue needs to know of a change: the key it changes (`None`: the namespace).
+/// What the queue needs to know of a change: the key it changes (`None`: the namespace), and
+/// when it was made (unique and increasing in the order this instance made its changes).
 pub trait Change {
     fn key(&self) -> Option<&str>;
+    fn made_at(&self) -> u64;
 }
 
 /// How a change that waited behind others ended.
@@ -74,18 +77,21 @@ impl<C> Default for Replay<C> {
 }
 
 impl<C: Change> Replay<C> {
-    /// Queues `q` behind every waiting change (`front`: before them, a replay Redis refused);
-    /// answers the changes dropped to keep the bound, the oldest.
-    pub fn push(&self, q: Queued<C>, front: bool) -> Vec<Queued<C>> {
+    /// Queues `q` in its place: behind every change made before it (nearly always the back; a
+    /// replay Redis refused goes back in front); answers the changes dropped to keep the bound,
+    /// the oldest.
+    pub fn push(&self, q: Queued<C>) -> Vec<Queued<C>> {
         let mut state = self.state.lock_or_recover();
         if let Some(key) = q.change.key() {
             *state.keys.entry(key.to_string()).or_default() += 1;
         }
-        if front {
-            state.queue.push_front(q);
-        } else {
-            state.queue.push_back(q);
-        }
+        let made = q.change.made_at();
+        let at = state
+            .queue
+            .iter()
+            .rposition(|w| w.change.made_at() <= made)
+            .map_or(0, |i| i + 1);
+        state.queue.insert(at, q);
         let mut dropped = Vec::new();
         while state.queue.len() > REPLAY_BOUND {
             let Some(q) = state.queue.pop_front() else {
@@ -171,6 +177,9 @@ mod tests {
         fn key(&self) -> Option<&str> {
             Some(&self.0)
         }
+        fn made_at(&self) -> u64 {
+            u64::from(self.1)
+        }
     }
 
     fn q(n: u32) -> Queued<Set> {
@@ -182,14 +191,14 @@ mod tests {
         let replay = Replay::default();
         let mut dropped = Vec::new();
         for n in 0..(REPLAY_BOUND as u32 + 5) {
-            dropped.extend(replay.push(q(n), false));
+            dropped.extend(replay.push(q(n)));
         }
         assert_eq!(replay.len(), REPLAY_BOUND);
         let gone: Vec<u32> = dropped.iter().map(|q| q.change.1).collect();
         assert_eq!(gone, vec![0, 1, 2, 3, 4]);
         let first = replay.pop().unwrap();
         assert_eq!(first.change.1, 5);
-        assert!(replay.push(first, true).is_empty(), "put back in front");
+        assert!(replay.push(first).is_empty(), "put back in front");
         let mut seen = Vec::new();
         while let Some(q) = replay.pop() {
             seen.push(q.change.1);
@@ -200,16 +209,28 @@ mod tests {
     }
 
     #[test]
+    fn changes_queued_out_of_order_wait_in_the_order_they_were_made() {
+        let replay = Replay::default();
+        for n in [3, 1, 4, 0, 2] {
+            replay.push(q(n));
+        }
+        let order: Vec<u32> = std::iter::from_fn(|| replay.pop())
+            .map(|q| q.change.1)
+            .collect();
+        assert_eq!(order, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
     fn a_key_is_held_while_a_change_of_it_waits() {
         let replay = Replay::default();
-        replay.push(q(0), false);
-        replay.push(q(3), false);
+        replay.push(q(0));
+        replay.push(q(3));
         assert!(replay.holds("k0") && !replay.holds("k1"));
         replay.pop();
         assert!(replay.holds("k0"));
         replay.pop();
         assert!(!replay.holds("k0"));
-        replay.push(q(1), false);
+        replay.push(q(1));
         assert_eq!(replay.take_all().len(), 1);
         assert!(replay.is_empty() && !replay.holds("k1"));
     }

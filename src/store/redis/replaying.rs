@@ -36,10 +36,12 @@ pub enum Change {
     },
     DeleteTags {
         tags: Vec<String>,
+        at_ms: u64,
     },
     /// `tentative`: what the clear marked here (put back if Redis cannot take it at once).
     Clear {
         tentative: Tentative,
+        at_ms: u64,
     },
 }
 
@@ -48,6 +50,14 @@ impl replay::Change for Change {
         match self {
             Change::Write { key, .. } => Some(key),
             Change::DeleteTags { .. } | Change::Clear { .. } => None,
+        }
+    }
+
+    fn made_at(&self) -> u64 {
+        match self {
+            Change::Write { at_ms, .. }
+            | Change::DeleteTags { at_ms, .. }
+            | Change::Clear { at_ms, .. } => *at_ms,
         }
     }
 }
@@ -89,7 +99,7 @@ impl RedisTier {
         }
         if !self.replay.is_empty() {
             let (tx, rx) = oneshot::channel();
-            self.queue_change(Queued::new(change, Some(tx)), false);
+            self.queue_change(Queued::new(change, Some(tx)));
             self.kick_replay();
             return match rx.await {
                 Ok(Replayed::Taken) => Taken::Later,
@@ -102,15 +112,16 @@ impl RedisTier {
             Err(Unavailable) => {
                 // What the clear marked here was put back; a replay marks nothing more.
                 let change = match change {
-                    Change::Clear { tentative } => Change::Clear {
+                    Change::Clear { tentative, at_ms } => Change::Clear {
                         tentative: Tentative {
                             clock: tentative.clock,
                             ..Tentative::default()
                         },
+                        at_ms,
                     },
                     other => other,
                 };
-                self.queue_change(Queued::new(change, None), false);
+                self.queue_change(Queued::new(change, None));
                 Taken::Queued
             }
         }
@@ -140,8 +151,8 @@ impl RedisTier {
         self.replay.len()
     }
 
-    fn queue_change(&self, q: Queued<Change>, front: bool) {
-        for dropped in self.replay.push(q, front) {
+    fn queue_change(&self, q: Queued<Change>) {
+        for dropped in self.replay.push(q) {
             self.drop_change(dropped, "more than 10,000 changes waited for Redis");
         }
     }
@@ -224,7 +235,7 @@ impl RedisTier {
                             continue;
                         }
                     }
-                    self.queue_change(q, true);
+                    self.queue_change(q);
                     self.replay.end_drain();
                     // The changes behind it wait too: their callers are told now (after the
                     // drain ended: one queued while it ran found it running and started none).
@@ -263,11 +274,11 @@ impl RedisTier {
                     }
                 }
             }
-            Change::DeleteTags { tags } => match self.delete_tags(tags).await {
+            Change::DeleteTags { tags, .. } => match self.delete_tags(tags).await {
                 Ok(()) => Ok(Applied::Tagged),
                 Err(TagFailure::NotTaken | TagFailure::Partial) => Err(Unavailable),
             },
-            Change::Clear { tentative } => {
+            Change::Clear { tentative, .. } => {
                 let clock = self.clear(tentative).await?;
                 Ok(Applied::Cleared { clock })
             }
