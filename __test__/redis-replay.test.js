@@ -85,8 +85,10 @@ test('a paused Redis: the changes are rejected as queued, replayed in order, and
   // Applied in process at once.
   assert.deepEqual(await read(a, ['k1', 'k2', 'k3', 'tagged']), ['v2', null, { n: 3 }, null])
   redis.resume()
+  const resumed = Date.now()
 
   await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained', 15_000)
+  t.diagnostic(`5 changes queued while paused, replayed within ${Date.now() - resumed} ms of the resume`)
   assert.equal((await stored('k1')).value, 'v2', 'the last set of k1 won: replayed in order')
   assert.equal((await stored('k2')).exists, false)
   assert.deepEqual((await stored('k3')).value, { n: 3 })
@@ -180,7 +182,11 @@ test('at most 10,000 changes wait: the oldest past that are dropped, each counte
   assert.equal(outcome.stats.replayDropped, over)
   assert.ok(outcome.replayReports >= Math.min(over, 100), `each dropped change reported to onError: ${JSON.stringify(outcome)}`)
   redis.resume()
+  const resumed = Date.now()
   await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained', 40_000)
+  t.diagnostic(
+    `${10_000 + over} changes while paused: ${outcome.stats.replayQueued} queued, ${outcome.stats.replayDropped} dropped; replayed within ${Date.now() - resumed} ms of the resume`,
+  )
   // The oldest went: b0 (whose own attempt timed out in the paused server's socket, which ran it
   // once resumed: it may be there) and the 36 after it, in the order the sets were made, however
   // their writes ran; those were never sent (Redis was known down by then).
