@@ -409,6 +409,11 @@ export class StampedeCache<S extends SerializerOption = 'json'> {
   getMany<T = unknown>(keys: readonly Key[]): Promise<(Stored<T, S> | undefined)[]>
   /** A fresh or stale value; never loads. `T` is the type of the value that was stored. */
   get<T = unknown>(key: Key): Promise<Stored<T, S> | undefined>
+  /**
+   * Resolves once Redis holds the value. When Redis cannot take it, the value is applied in this
+   * process and the call rejects with `ERR_REDIS` and `err.queued === true`: it is replayed to
+   * Redis, in order, once it answers (so do `delete`, `deleteByTag` and `clear`).
+   */
   set<T>(key: Key, value: T, options?: SetOptions): Promise<void>
   /** True when something was removed. */
   delete(key: Key): Promise<boolean>
