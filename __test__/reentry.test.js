@@ -151,6 +151,17 @@ for (const tier of ['in-process', 'Redis']) {
   })
 }
 
+test('a nested loadMany: a position it fails, a value it cannot serialize and a wrong-length result', { timeout: TIMEOUT }, async (t) => {
+  const [cache] = caches(t, 1, {})
+  const got = await cache.getOrLoad('a', async () => {
+    const inner = await cache.getOrLoadMany(['a', 'x'], async (keys) => keys.map((k) => (k === 'a' ? 1n : k)))
+    const wrong = await cache.getOrLoadMany(['a'], async () => []).catch((err) => err.code)
+    return { a: inner[0] instanceof Error ? inner[0].code : inner[0], wrong }
+  })
+  assert.deepEqual(got, { a: 'ERR_VALUE_NOT_SERIALIZABLE', wrong: 'ERR_INVALID_ARGUMENT' })
+  assert.equal(await cache.get('x'), 'x')
+})
+
 test('what a loader leaves behind (a timer) runs outside its load once it has ended: it reads the cache as usual', { timeout: TIMEOUT }, async (t) => {
   const [cache] = caches(t, 1, {})
   let later

@@ -94,6 +94,7 @@ const MISSED = Symbol('missed')
 const { GATE_FOUND, GATE_MISSING, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, UNAVAILABLE, QUEUED } = native
 const { FMT_JSON } = native
 const noop = () => {}
+const identity = (x) => x
 /** The ctx of each key of a nested loadMany call (#loadManyNested): nothing is cached, so nothing to set. */
 const NESTED_BATCH_CTX = Object.freeze({ setTtl: noop, setTags: noop })
 /** What a call without options means (see #callOptions). */
@@ -939,14 +940,20 @@ class StampedeCache {
       const k = encoded[j]
       if (answers.has(k)) continue
       b.lead(k, keys[rest[j]])
-      const answer = new Promise((resolve, reject) => entries.push({ k, ctx: NESTED_BATCH_CTX, resolve, reject })).then(
-        (value) => toStored(this.#codec, value).stored,
-        (err) => err,
-      )
+      // Each position holds its value as a hit would return it, or its Error (one the value
+      // cannot be serialized with too), as getOrLoadMany answers.
+      const answer = new Promise((resolve, reject) => entries.push({ k, ctx: NESTED_BATCH_CTX, resolve, reject })).then((value) => {
+        try {
+          return toStored(this.#codec, value).stored
+        } catch (err) {
+          return err
+        }
+      }, identity)
       answers.set(k, answer)
     }
     this.#callLoadMany(b, entries)
-    const rested =
+    const mine = Promise.all(own.map((j) => answers.get(encoded[j])))
+    const theirs =
       others === null
         ? null
         : this.getOrLoadMany(
@@ -954,13 +961,11 @@ class StampedeCache {
             loadMany,
             options,
           )
-    return Promise.all([Promise.all(answers.values()), rested]).then(([, values]) => {
+    return Promise.all([mine, theirs]).then(([values, usual]) => {
       if (b.error !== null) throw b.error
-      return Promise.all(own.map((j) => answers.get(encoded[j]))).then((mine) => {
-        for (let n = 0; n < own.length; n++) out[rest[own[n]]] = mine[n]
-        for (let n = 0; others !== null && n < others.length; n++) out[others[n]] = values[n]
-        return out
-      })
+      for (let n = 0; n < own.length; n++) out[rest[own[n]]] = values[n]
+      for (let n = 0; others !== null && n < others.length; n++) out[others[n]] = usual[n]
+      return out
     })
   }
 
