@@ -107,8 +107,8 @@ function runtimeWithoutNapi() {
 function unsupportedRuntimeError(runtime) {
   const err = new Error(
     `${PACKAGE} cannot run under ${runtime}: it is a native addon (loaded through N-API), and this runtime cannot ` +
-      'load native addons. Use the Node.js runtime: in Next.js, `export const runtime = \'nodejs\'` in the route or page that ' +
-      "imports it (the cacheHandler and cacheHandlers files always run under Node.js); Bun and Deno work too.",
+      "load native addons. Use the Node.js runtime: in Next.js, `export const runtime = 'nodejs'` in the route or page that " +
+      'imports it (the cacheHandler and cacheHandlers files always run under Node.js); Bun and Deno work too.',
   )
   err.code = 'ERR_UNSUPPORTED_RUNTIME'
   return err

@@ -764,7 +764,10 @@ class CacheInterceptor {
     }
     const ttl = typeof ttlValueOrFactory === 'function' ? await ttlValueOrFactory(context) : ttlValueOrFactory
     const credentials = credentialsOf(context)
-    const answer = credentials === NO_CREDENTIALS ? await this.#shared(internals, context, next, key, ttl) : await this.#ownCredentials(internals, context, next, key, ttl, credentials)
+    const answer =
+      credentials === NO_CREDENTIALS
+        ? await this.#shared(internals, context, next, key, ttl)
+        : await this.#ownCredentials(internals, context, next, key, ttl, credentials)
     if (answer.error !== undefined) {
       this.#setCacheHeader(context, undefined)
       throw answer.error

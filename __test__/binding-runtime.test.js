@@ -71,7 +71,7 @@ test('under Node.js the check lets the native loader run', () => {
 test('a child process shaped like Edge: require and import of stampede-cache both throw ERR_UNSUPPORTED_RUNTIME', () => {
   // Node's own loader of .node files is process.dlopen: without it no addon can load, as at the edge.
   const edge = "globalThis.EdgeRuntime = 'edge-runtime'; delete process.dlopen;"
-  const report = "(e) => console.log(JSON.stringify({ code: e.code, message: e.message }))"
+  const report = '(e) => console.log(JSON.stringify({ code: e.code, message: e.message }))'
   const run = (script, args = []) => JSON.parse(execFileSync(process.execPath, [...args, '-e', script], { cwd: root, encoding: 'utf8' }))
   const cjs = run(`${edge} try { require('stampede-cache') } catch (e) { (${report})(e) }`)
   // An ES module app crashes at its import, printing the error (as with ERR_NATIVE_BINDING).
