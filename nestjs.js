@@ -147,7 +147,6 @@ const STORE_OPTIONS = {
   store: 'stampede-cache keeps entries in process and, with the `redis` option, in Redis: use `redis` instead',
   nonBlocking: 'there is one store (Redis answers or the in-process tier does), so there is nothing to race',
   refreshAllStores: 'there is one store; a refresh replaces the entry in every tier and every instance',
-  cacheId: 'coalescing is per key and namespace: use `namespace` to separate caches',
   hardTtl: "in CacheModule, `ttl` is an entry's whole life (as in cache-manager); use `refreshThreshold` for stale-while-revalidate",
 }
 const ASYNC_KEYS = ['imports', 'inject', 'useFactory', 'useClass', 'useExisting', 'isGlobal', 'extraProviders']
@@ -215,7 +214,8 @@ function translateStores(options, where) {
     if (redis !== null) refuse('with several Redis stores')
     redis = redisOptionOf(adapter.client)
     if (redis === null) refuse('with a @keyv/redis client whose address is not a URL, a host and port, or cluster root node URLs')
-    const ns = adapter.namespace ?? tier.namespace
+    // The namespace given to createKeyv (@keyv/redis's own); a Keyv's default 'keyv' is no choice.
+    const ns = adapter.namespace
     if (typeof ns === 'string' && ns !== '') namespace = ns
   }
   if (redis !== null && rest.redis !== undefined) throw invalid(`${where}: give \`redis\` or a Redis store in \`stores\`, not both`)
@@ -255,12 +255,20 @@ function planCacheModule(options, where) {
   if (!isPlainObject(options)) throw invalid(`${where}: options must be an object`)
   options = translateStores(options, where)
   for (const [name, why] of Object.entries(STORE_OPTIONS)) {
-    if (options[name] !== undefined) throw invalid(`${where}: option \`${name}\` is not supported: ${why}`)
+    // nonBlocking: false is cache-manager's default: nothing to refuse.
+    if (options[name] !== undefined && !(name === 'nonBlocking' && options[name] === false)) {
+      throw invalid(`${where}: option \`${name}\` is not supported: ${why}`)
+    }
+  }
+  if (options.cacheId !== undefined && (typeof options.cacheId !== 'string' || options.cacheId === '')) {
+    throw invalid(`${where}: option \`cacheId\` must be a non-empty string`)
   }
   // isGlobal is the module's; refreshThreshold and ttl become ttl and hardTtl. jitter defaults to 0:
-  // cache-manager's ttl is exact.
-  const { refreshThreshold, ttl, jitter = 0, negativeTtl = 5_000, ...rest } = options
+  // cache-manager's ttl is exact. cacheId names the cache-manager object only (cacheId()): in
+  // cache-manager it scopes wrap's coalescing, which here is per key and namespace.
+  const { refreshThreshold, ttl, jitter = 0, negativeTtl = 5_000, cacheId, ...rest } = options
   delete rest.isGlobal
+  delete rest.nonBlocking
   nonNegativeMs('ttl', ttl, where)
   nonNegativeMs('refreshThreshold', refreshThreshold, where)
   nonNegativeMs('negativeTtl', negativeTtl, where)
@@ -269,7 +277,7 @@ function planCacheModule(options, where) {
   return {
     cacheOptions,
     // json: the default serializer, under which values are JSON data (see markJson).
-    plan: { ttl, refreshThreshold, jitter: cacheOptions.jitter, negativeTtl, json: rest.serializer === undefined || rest.serializer === 'json' },
+    plan: { ttl, refreshThreshold, jitter: cacheOptions.jitter, negativeTtl, cacheId, json: rest.serializer === undefined || rest.serializer === 'json' },
   }
 }
 
@@ -358,6 +366,24 @@ function createCacheManager(cache, plan) {
     const l = lifetimes(ttl, plan.refreshThreshold, jitter)
     return { ttl: l.ttl, hardTtl: l.hardTtl }
   }
+  // Refreshed values on their way into the cache. A background refresh's write lands a moment
+  // after its fn resolved (the store is native); cache-manager's lands within the same tick, so a
+  // read right after a refresh sees the new value there. Reads of such a key answer the value being
+  // written until every refresh started so far has ended (settle()); a write of the key ends it.
+  const landing = new Map()
+  const land = (sk, stored, written = null) => {
+    landing.set(sk, plan.json ? JSON.parse(JSON.stringify(stored) ?? 'null') : stored)
+    ;(written ?? cache.settle()).then(
+      () => landing.delete(sk),
+      () => landing.delete(sk),
+    )
+  }
+  const landed = (keys) => {
+    if (landing.size === 0) return
+    if (keys === undefined) landing.clear()
+    else for (const key of keys) landing.delete(storageKey(key))
+  }
+
   // cache-manager's set emits once per store (with its label), then once for the call.
   const emitSet = (key, value) => {
     events.emit('set', { key, value, store: PRIMARY })
@@ -407,14 +433,55 @@ function createCacheManager(cache, plan) {
         ran = true
         produced = value
       } else if (!skipped) {
+        land(sk, stored)
         emitSet(key, value)
         events.emit('refresh', { key, value })
       }
       return stored
     }
-    const value = await cache.getOrLoad(storageKey(key), loader, options)
+    const sk = storageKey(key)
+    if (landing.has(sk)) return { value: landing.get(sk), ran: false }
+    // cache-manager decides a refresh per call: less than this call's refreshThreshold left of the
+    // entry's life. The stored entry turns stale at the threshold it was written with, so a call
+    // with another threshold judges the entry itself: it is served, and refreshed in the background
+    // only if this call's threshold says so.
+    if (refreshThreshold !== undefined && refreshThreshold !== null) {
+      const info = await cache.inspect(sk)
+      if (info !== undefined && info.state !== 'negative') {
+        const held = await cache.get(sk)
+        const threshold = typeof refreshThreshold === 'function' ? refreshThreshold(unmarked(held)) : refreshThreshold
+        const written = info.hardUntil - info.freshUntil
+        if (held !== undefined && Math.abs(written - threshold) > 1) {
+          if (info.hardUntil - Date.now() < threshold && !refreshing.has(sk)) refreshing.set(sk, refreshHere(key, sk, held, fn, ttl, threshold, store))
+          return { value: held, ran: false }
+        }
+      }
+    }
+    const value = await cache.getOrLoad(sk, loader, options)
     if (ran && !skipped) emitSet(key, produced)
     return { value, ran, produced }
+  }
+
+  // A background refresh decided by a call (see load), as cache-manager's wrap runs it: fn once
+  // for concurrent callers (`refreshing`), then a set, and the 'refresh' event.
+  const refreshing = new Map()
+  async function refreshHere(key, sk, held, fn, ttl, threshold, store) {
+    try {
+      const value = await fn({ key: sk, stale: held, signal: new AbortController().signal, setTtl() {}, setTags() {}, skipCache() {} })
+      const stored = store(value)
+      if (isOwnResponse(stored)) return
+      const life = typeof ttl === 'function' ? ttl(value) : (ttl ?? plan.ttl)
+      const { ttl: fresh, hardTtl } = policyOf(life, threshold)
+      const written = cache.set(sk, stored, { ttl: fresh, hardTtl })
+      land(sk, stored, written)
+      await written
+      emitSet(key, value)
+      events.emit('refresh', { key, value })
+    } catch (error) {
+      events.emit('refresh', { key, value: unmarked(held), error })
+    } finally {
+      refreshing.delete(sk)
+    }
   }
 
   // set: `value` stored as `stored`; events carry `value`.
@@ -422,6 +489,7 @@ function createCacheManager(cache, plan) {
     try {
       checkTtlArgument('ttl', ttl)
       if (typeof ttl === 'function') throw invalidArgument('set: ttl must be a number of ms')
+      landed([key])
       await cache.set(storageKey(key), stored, setOptions(ttl))
     } catch (error) {
       events.emit('set', { key, value, error })
@@ -436,7 +504,8 @@ function createCacheManager(cache, plan) {
   async function get(key) {
     let value
     try {
-      value = unmarked(await cache.get(storageKey(key)))
+      const sk = storageKey(key)
+      value = unmarked(landing.has(sk) ? landing.get(sk) : await cache.get(sk))
     } catch (error) {
       events.emit('get', { key, error, store: PRIMARY })
       throw error
@@ -455,7 +524,8 @@ function createCacheManager(cache, plan) {
       if (!Array.isArray(keys)) throw invalidArgument('mget takes an array of keys')
       let values
       try {
-        values = (await cache.getMany(keys.map(storageKey))).map(unmarked)
+        const sks = keys.map(storageKey)
+        values = (await cache.getMany(sks)).map((v, i) => unmarked(landing.has(sks[i]) ? landing.get(sks[i]) : v))
       } catch (error) {
         events.emit('mget', { keys, error })
         throw error
@@ -485,6 +555,7 @@ function createCacheManager(cache, plan) {
       if (!Array.isArray(list)) throw invalidArgument('mset takes an array of { key, value, ttl? }')
       const resolved = list.map(({ key, value, ttl }) => ({ key, value, ttl: ttl ?? plan.ttl }))
       try {
+        landed(list.map(({ key }) => key))
         await Promise.all(list.map(({ key, value, ttl }) => cache.set(storageKey(key), encode(value), setOptions(ttl))))
       } catch (error) {
         events.emit('mset', { list: resolved, error })
@@ -495,6 +566,7 @@ function createCacheManager(cache, plan) {
     },
     del: async (key) => {
       try {
+        landed([key])
         await cache.delete(storageKey(key))
       } catch (error) {
         events.emit('del', { key, error })
@@ -506,6 +578,7 @@ function createCacheManager(cache, plan) {
     mdel: async (keys) => {
       if (!Array.isArray(keys)) throw invalidArgument('mdel takes an array of keys')
       try {
+        landed(keys)
         await Promise.all(keys.map((key) => cache.delete(storageKey(key))))
       } catch (error) {
         events.emit('mdel', { keys, error })
@@ -516,6 +589,7 @@ function createCacheManager(cache, plan) {
     },
     clear: async () => {
       try {
+        landed()
         await cache.clear()
       } catch (error) {
         events.emit('clear', error)
@@ -552,7 +626,7 @@ function createCacheManager(cache, plan) {
       await cache.close()
       return undefined
     },
-    cacheId: () => cache.namespace,
+    cacheId: () => plan.cacheId ?? cache.namespace,
   }
   managers.set(manager, { cache, load, put, plan, flights: new Map() })
   return manager
