@@ -600,3 +600,132 @@ test('the drop-in shares the original metadata keys and token, and is a named ex
   const out = JSON.parse(execFileSync(process.execPath, ['-e', script], { cwd: path.join(__dirname, '..'), encoding: 'utf8' }))
   assert.deepEqual(out, { loaded: [], same: [] })
 })
+
+// ---- cache-manager 7's own behaviours (its suite, packages/cache-manager/test), over CACHE_MANAGER ----
+
+/** A CACHE_MANAGER of CacheModule.register(options), in an application context closed after the test. */
+async function managerOf(t, options) {
+  const app = await NestFactory.createApplicationContext(moduleOf({ imports: [ours.CacheModule.register(options)] }), { logger: false })
+  t.after(() => app.close())
+  return { cm: app.get(ours.CACHE_MANAGER), cache: app.get(StampedeCache) }
+}
+
+test('cache-manager behaviours: get, set, mget, mset, del, mdel, clear; ttl() and expiry; cacheId; stores of in-memory Keyvs', async (t) => {
+  const { Keyv } = require('keyv')
+  const { cm } = await managerOf(t, { stores: [new Keyv()], cacheId: 'my-cache-id' })
+  assert.equal(cm.cacheId(), 'my-cache-id')
+  assert.equal(typeof (await managerOf(t, {})).cm.cacheId(), 'string')
+  assert.equal(await cm.set('k', 'v'), 'v')
+  assert.equal(await cm.get('k'), 'v')
+  assert.equal(await cm.get('nope'), undefined)
+  assert.equal(await cm.ttl('k'), undefined, 'no ttl: kept until deleted')
+  const list = [
+    { key: 'a', value: 1 },
+    { key: 'b', value: 'two', ttl: 60_000 },
+    { key: 'c', value: { three: 3 } },
+  ]
+  assert.deepEqual(await cm.mset(list), [
+    { key: 'a', value: 1, ttl: undefined },
+    { key: 'b', value: 'two', ttl: 60_000 },
+    { key: 'c', value: { three: 3 }, ttl: undefined },
+  ])
+  assert.deepEqual(await cm.mget(['a', 'b', 'c', 'nope']), [1, 'two', { three: 3 }, undefined])
+  assert.equal(await cm.mdel(['a', 'b']), true)
+  assert.deepEqual(await cm.mget(['a', 'b', 'c']), [undefined, undefined, { three: 3 }])
+  assert.equal(await cm.del('c'), true)
+  assert.equal(await cm.get('c'), undefined)
+  // ttl(key): the expiry in epoch ms; an expired entry is gone, from get and ttl.
+  await cm.set('short', 'v', 300)
+  const expires = await cm.ttl('short')
+  assert.ok(expires > Date.now() && expires <= Date.now() + 300, String(expires))
+  await until('the entry to expire', async () => (await cm.get('short')) === undefined)
+  assert.equal(await cm.ttl('short'), undefined)
+  assert.equal(await cm.clear(), true)
+  assert.equal(await cm.get('k'), undefined)
+  // The module's ttl is every entry's default.
+  const timed = (await managerOf(t, { ttl: 60_000 })).cm
+  await timed.set('d', 1)
+  assert.ok((await timed.ttl('d')) <= Date.now() + 60_000)
+})
+
+test("cache-manager behaviours: wrap's per-call refreshThreshold decides each call's refresh, and a read right after sees it", async (t) => {
+  const { cm } = await managerOf(t, {})
+  const life = 4_000
+  const threshold = 2_000
+  assert.equal(await cm.wrap('k', async () => 0, life, threshold), 0)
+  await sleep(life - threshold + 100)
+  // Less than the threshold left: the current value at once, and a background refresh...
+  assert.equal(await cm.wrap('k', async () => 1, life, threshold), 0)
+  // ...whose value the next call gets.
+  assert.equal(await cm.wrap('k', async () => 2, life, threshold), 1)
+  // Another threshold, judged by this call: 4 s of life left is more than 1 s, so no refresh.
+  assert.equal(await cm.wrap('k', async () => 3, undefined, 1_000), 1)
+  assert.equal(await cm.get('k'), 1)
+  await until('less than 1 s of life left', async () => (await cm.ttl('k')) - Date.now() < 1_000)
+  assert.equal(await cm.wrap('k', async () => 4, undefined, 1_000), 1, 'refreshed in the background')
+  assert.equal(await cm.wrap('k', async () => 5, undefined, 1_000), 4)
+})
+
+test('cache-manager behaviours: ttl and refreshThreshold functions are evaluated on each value, refreshes included; refresh events', async (t) => {
+  const { cm, cache } = await managerOf(t, {})
+  const events = []
+  cm.on('refresh', (payload) => events.push(payload))
+  const ttlOf = []
+  let value = 10
+  const ttl = (v) => {
+    ttlOf.push(v)
+    return 3_000
+  }
+  assert.equal(await cm.wrap('k', async () => ++value, ttl, 1_500), 11)
+  assert.deepEqual(ttlOf, [11])
+  await until('less than 1.5 s left', async () => (await cm.ttl('k')) - Date.now() < 1_500)
+  assert.equal(await cm.wrap('k', async () => ++value, ttl, 1_500), 11)
+  await until('the refresh', () => ttlOf.length === 2)
+  assert.deepEqual(ttlOf, [11, 12], 'evaluated on the refreshed value')
+  await until('the refresh event', () => events.length === 1)
+  assert.deepEqual(events, [{ key: 'k', value: 12 }])
+  // A refresh whose fn throws: the current value stays, and the event carries it and the error.
+  await until('the refreshed entry in place', async () => (await cm.ttl('k')) - Date.now() > 2_000)
+  await until('less than 1.5 s left again', async () => (await cm.ttl('k')) - Date.now() < 1_500)
+  const boom = new Error('source down')
+  assert.equal(
+    await cm.wrap(
+      'k',
+      () => {
+        throw boom
+      },
+      ttl,
+      1_500,
+    ),
+    12,
+  )
+  await until('the failed refresh event', () => events.length === 2)
+  await cache.settle()
+  assert.equal(cache.stats().refreshErrors, 1)
+  assert.equal(await cm.get('k'), 12)
+  assert.deepEqual(events[1], { key: 'k', value: 12, error: boom })
+})
+
+test('cache-manager behaviours: nested wraps of other caches share no state; disconnect closes the cache', async (t) => {
+  const { cm } = await managerOf(t, {})
+  const other = (await managerOf(t, {})).cm
+  let a = 0
+  let b = 0
+  const got = await cm.wrap('k', async () =>
+    other
+      .wrap('k', () => {
+        b++
+        return 'B'
+      })
+      .then((v) => {
+        a++
+        return `${v}A`
+      }),
+  )
+  assert.equal(got, 'BA')
+  assert.deepEqual([a, b], [1, 1])
+  assert.equal(await other.get('k'), 'B')
+  assert.equal(await other.disconnect(), undefined)
+  await assert.rejects(other.get('k'), { code: 'ERR_CLOSED' })
+  assert.equal(await cm.get('k'), 'BA', 'the other cache is untouched')
+})
