@@ -792,8 +792,10 @@ const replyForm = (stored) => (isJsonMarker(stored) ? { toJSON: () => stored[JSO
 // The credentials a request carries, compared whole (never stored, never logged): '' for none.
 const NO_CREDENTIALS = ''
 function credentialsOf(context) {
-  if (context.getType?.() !== 'http') return NO_CREDENTIALS
-  const headers = context.switchToHttp().getRequest()?.headers
+  const type = context.getType?.()
+  // GraphQL's resolver arguments are (root, args, context, info), the request in context.req.
+  const request = type === 'http' ? context.switchToHttp().getRequest() : type === 'graphql' ? context.getArgByIndex?.(2)?.req : undefined
+  const headers = request?.headers
   const authorization = headers?.authorization
   const cookie = headers?.cookie
   if (authorization === undefined && cookie === undefined) return NO_CREDENTIALS
@@ -901,7 +903,8 @@ class CacheInterceptor {
       return { run: true }
     }
     // Held: getOrLoad serves it (a stale one is refreshed in the background, by this request's
-    // handler, whose response then is cached by key as a miss's would be).
+    // handler, whose response then is cached by key as a miss's would be). Only an entry that
+    // expires between these two calls makes that getOrLoad a cold load others may join.
     if (held !== undefined) return this.#shared(internals, context, next, key, ttl)
     const flightKey = JSON.stringify([typeof key === 'string' ? key : String(key), credentials])
     const joined = internals.flights.get(flightKey)
@@ -919,9 +922,10 @@ class CacheInterceptor {
       const value = await lastValueFrom(next.handle(), { defaultValue: undefined })
       const stored = responseForm(value, internals.plan.json, StreamableFile)
       outcome = { stored, value }
-      // Cached as the original caches a response (nil and streams are not: they are never served
-      // from the original's cache either). A value the cache cannot take is answered uncached.
-      if (!isOwnResponse(stored) && !isNil(stored)) await internals.put(key, value, ttl ?? undefined, stored).catch(() => {})
+      // Cached as the original caches a response, without holding it up (nil and streams are not:
+      // they are never served from the original's cache either). A value the cache cannot take is
+      // answered uncached.
+      if (!isOwnResponse(stored) && !isNil(stored)) internals.put(key, value, ttl ?? undefined, stored).catch(() => {})
     } catch (error) {
       outcome = { error }
     } finally {
