@@ -441,17 +441,18 @@ function createCacheManager(cache, plan) {
     }
     const sk = storageKey(key)
     if (landing.has(sk)) return { value: landing.get(sk), ran: false }
-    // cache-manager decides a refresh per call: less than this call's refreshThreshold left of the
-    // entry's life. The stored entry turns stale at the threshold it was written with, so a call
-    // with another threshold judges the entry itself: it is served, and refreshed in the background
-    // only if this call's threshold says so.
+    // A call's own refreshThreshold is cache-manager's: judged on each call (less than it left of
+    // the entry's life), where the stored entry turns stale at the threshold it was written with.
+    // Such a call judges the entry itself: it is served, and refreshed in the background at once
+    // (in this process, as cache-manager refreshes) only if this call's threshold says so. The
+    // module's refreshThreshold, and the interceptor's, are the cache's own: one refresh across
+    // instances, under the key's lock.
     if (refreshThreshold !== undefined && refreshThreshold !== null) {
       const info = await cache.inspect(sk)
       if (info !== undefined && info.state !== 'negative') {
         const held = await cache.get(sk)
         const threshold = typeof refreshThreshold === 'function' ? refreshThreshold(unmarked(held)) : refreshThreshold
-        const written = info.hardUntil - info.freshUntil
-        if (held !== undefined && Math.abs(written - threshold) > 1) {
+        if (held !== undefined) {
           if (info.hardUntil - Date.now() < threshold && !refreshing.has(sk)) refreshing.set(sk, refreshHere(key, sk, held, fn, ttl, threshold, store))
           return { value: held, ran: false }
         }
