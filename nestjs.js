@@ -336,13 +336,18 @@ const isJsonMarker = (v) => typeof v === 'object' && v !== null && !Array.isArra
 const unmarked = (v) => (isJsonMarker(v) ? v[JSON_MARKER_KEY] : v)
 function markJson(value) {
   if (typeof value !== 'object' || value === null || typeof value.toJSON !== 'function') return value
-  const json = value.toJSON('')
+  let json
+  try {
+    json = value.toJSON('')
+  } catch {
+    // The serializer calls toJSON again, and reports its error as its own.
+    return value
+  }
   return json === null || ['string', 'number', 'boolean'].includes(typeof json) ? { [JSON_MARKER_KEY]: json } : value
 }
 
 // What a load stores when its result must not be cached or shared (see responseForm): callers
-// that shared the run make their own response.
-// Callers joined on the load get the stored copy, so it is told by its shape.
+// that shared the run make their own response. They get the stored copy, so it is told by shape.
 const OWN_RESPONSE_KEY = 'stampede-cache/nestjs'
 const OWN_RESPONSE = Object.freeze({ [OWN_RESPONSE_KEY]: 'own response' })
 const isOwnResponse = (v) => typeof v === 'object' && v !== null && v[OWN_RESPONSE_KEY] === 'own response' && Object.keys(v).length === 1
