@@ -380,7 +380,7 @@ test('without refreshThreshold an entry is never served after ttl: the next read
   assert.equal(loads, 2)
 })
 
-test('two app instances sharing a Redis: 2 x 25 concurrent cold GETs run the handler once in total', async (t) => {
+test('two app instances sharing a Redis: requests with other credentials each run their own handler; 2 x 25 concurrent cold GETs without run it once in total', async (t) => {
   const redis = await new RedisServer().start()
   t.after(() => redis.dispose())
   const spawnInstance = () =>
@@ -412,6 +412,21 @@ test('two app instances sharing a Redis: 2 x 25 concurrent cold GETs run the han
       }
     })
   const [a, b] = await Promise.all([spawnInstance(), spawnInstance()])
+  // Requests with credentials never share a run across instances either: with the handler held,
+  // each instance gets one cold request per token, and every one runs its own handler.
+  const tokens = { ada: 'Bearer ada-token', bob: 'Bearer bob-token', bad: 'Bearer stolen' }
+  const profiles = Promise.all(
+    [a, b].flatMap(({ port }) =>
+      Object.entries(tokens).map(async ([who, token]) => [who, await request(port, 'GET', '/items/me', undefined, { authorization: token })]),
+    ),
+  )
+  await until('6 profile handler runs', async () => ((await a.ask('runs')).runs.me ?? 0) + ((await b.ask('runs')).runs.me ?? 0) === 6)
+  await Promise.all([a.ask('release'), b.ask('release')])
+  for (const [who, r] of await profiles) {
+    if (who === 'bad') assert.equal(r.status, 401, 'a bad token never gets the 200')
+    else assert.deepEqual(JSON.parse(r.body), { user: who, secret: `${who}'s secret` }, `${who} gets its own answer`)
+  }
+  await Promise.all([a.ask('hold'), b.ask('hold')])
   const all = Promise.all([a, b].flatMap(({ port }) => Array.from({ length: 25 }, () => request(port, 'GET', '/items/9'))))
   // Both instances have every request waiting: 24 coalesced in each, and one instance's leader
   // waiting for the other's lock.
