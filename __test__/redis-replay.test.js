@@ -203,3 +203,29 @@ test('at most 10,000 changes wait: the oldest past that are dropped, each counte
   )
   assert.equal((await stored(`b${10_000 + over - 1}`)).value, 10_000 + over - 1, 'the newest was replayed')
 })
+
+test('a clear made while Redis is paused is replayed before the set made after it: every instance keeps that set alone', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { redis, spawnWorker, stored } = await setup(t)
+  const a = await spawnWorker('a')
+  const b = await spawnWorker('b')
+  await changes(a, [
+    ['set', 'x', 'before'],
+    ['set', 'y', 'before'],
+  ])
+  assert.deepEqual(await read(b, ['x', 'y']), ['before', 'before'])
+  redis.pause()
+  const during = await changes(a, [['clear'], ['set', 'y', 'after the clear']])
+  assert.ok(
+    during.out.every((r) => !r.ok && r.queued === true),
+    JSON.stringify(during.out),
+  )
+  redis.resume()
+  await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained')
+  assert.equal((await stored('y')).value, 'after the clear')
+  await until(async () => JSON.stringify(await read(b, ['x', 'y'])) === JSON.stringify([null, 'after the clear']), 'b sees the clear, then the set', 5_000)
+  assert.deepEqual(await read(a, ['x', 'y']), [null, 'after the clear'])
+  // The clear's sweep removed x's value key.
+  await until(async () => !(await stored('x')).exists, 'x swept', 5_000)
+})
