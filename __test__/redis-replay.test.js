@@ -229,3 +229,27 @@ test('a clear made while Redis is paused is replayed before the set made after i
   // The clear's sweep removed x's value key.
   await until(async () => !(await stored('x')).exists, 'x swept', 5_000)
 })
+
+test('close() with changes waiting for replay: the call waiting behind them settles, and nothing is replayed after', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { redis, spawnWorker, stored } = await setup(t)
+  const a = await spawnWorker('a')
+  await changes(a, [['set', 'w', 1]])
+  redis.pause()
+  const r = await a.request('run', {
+    body: `
+      // The first meets the paused server (Redis runs it once resumed); then Redis is down.
+      await cache.set('p', 1).catch(() => {})
+      const first = await cache.set('q', 1).catch((e) => e.queued)
+      // Behind the first: waits for its replay.
+      const behind = cache.set('q', 2).then(() => 'resolved', (e) => e.code + ':' + e.queued)
+      await tools.sleep(50)
+      await cache.close()
+      return { first, behind: await behind }
+    `,
+  })
+  assert.equal(r.first, true)
+  assert.match(r.behind, /^ERR_REDIS:(true|false|undefined)$/, 'settled, not left hanging')
+  redis.resume()
+  await sleep(500)
+  assert.equal((await stored('q')).exists, false, 'nothing replayed after close')
+})

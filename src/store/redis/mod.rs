@@ -233,12 +233,15 @@ impl RedisTier {
         }
     }
 
-    /// Stops the bus and wakes every lock waiter (they end with `Gate::Closed`). The locks that
+    /// Stops the bus, wakes every lock waiter (they end with `Gate::Closed`) and drops the changes
+    /// waiting for replay. The locks that
     /// loads still running hold are released as their `HeldLock`s drop, after the writes already
     /// queued for their keys. The connection closes once the last task holding the tier ends.
     pub fn close(&self) {
         self.shutdown.send_replace(true);
         self.lock.wake_all();
+        // The changes waiting for replay go; a caller waiting behind them is answered now.
+        drop(self.replay.take_all());
     }
 
     pub fn closed(&self) -> bool {
