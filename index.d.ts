@@ -164,6 +164,18 @@ export interface RedisTlsOptions {
 export interface RedisOptions {
   /** `redis://`, `rediss://` (TLS), `valkey://`, `valkeys://` or `unix://`; user, password and db index in the URL. */
   url?: string | undefined
+  /**
+   * ioredis's spelling, naming the server the URL would: `host` (default `'localhost'`) and
+   * `port` (default 6379), or `path` (a Unix socket); `username`, `password` and `db` (with
+   * `url` too, when the URL carries none of them: each part is given once; with `sentinels`,
+   * the primary's; with `cluster`, every seed's credentials). `tls` makes it `rediss://`.
+   */
+  host?: string | undefined
+  port?: number | undefined
+  path?: string | undefined
+  username?: string | undefined
+  password?: string | undefined
+  db?: number | undefined
   tls?: RedisTlsOptions | undefined
   /** Redis Cluster: seed node URLs (one is enough); slots, MOVED/ASK and failover are followed. */
   cluster?: string[] | undefined
