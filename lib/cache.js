@@ -18,6 +18,7 @@ const {
   invalidOption,
   closedError,
   redisError,
+  warnRedisOutage,
   abortError,
   isClosedError,
   isAbortSignal,
@@ -42,7 +43,8 @@ const { FreshIndex } = require('./fresh.js')
 
 const { peek, peekAt, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } =
   native
-const { redisGate, redisFetch, adopt, adoptRead, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
+const { redisGate, redisFetch, adopt, adoptRead, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, lastRedisFailure, hasRedis } =
+  native
 const { observeInvalidations, takeInvalidations } = native
 const { redisGateMany, redisFetchMany, adoptMany, batchTexts, noteBatchCall, beginBatchRefresh, GATE_WAIT } = native
 // A batch answer's per-key codes (see `Batch` in src/node/batch.rs).
@@ -1183,6 +1185,9 @@ class StampedeCache {
 
   #drainRedisReports() {
     for (const r of takeRedisReports(this.#id)) {
+      // Without onError, an outage's two ends are warned of once each; its end is no failure.
+      if (r.outage !== undefined && r.outage !== null && this.#onError === undefined) warnRedisOutage(r, this.#namespace)
+      if (r.outage === 'up') continue
       const err = new StampedeCacheError('ERR_REDIS', r.message)
       const key = r.key ?? undefined
       if (redisErrorChannel.hasSubscribers) redisErrorChannel.publish({ cache: this, namespace: this.#namespace, op: r.op, key, error: err })
@@ -1323,7 +1328,7 @@ class StampedeCache {
     if (sent === null) return
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('set')
+    if (outcome === UNAVAILABLE) throw redisError('set', lastRedisFailure(this.#id))
   }
 
   async delete(key) {
@@ -1339,7 +1344,7 @@ class StampedeCache {
     if (sent === null) return removed === 1
     const removedRemote = await sent
     this.#drainRedisReports()
-    if (removedRemote === UNAVAILABLE) throw redisError('delete')
+    if (removedRemote === UNAVAILABLE) throw redisError('delete', lastRedisFailure(this.#id))
     return removed === 1 || removedRemote === 1
   }
 
@@ -1379,7 +1384,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local', list)
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('deleteByTag')
+    if (outcome === UNAVAILABLE) throw redisError('deleteByTag', lastRedisFailure(this.#id))
   }
 
   /**
@@ -1397,7 +1402,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local')
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('clear')
+    if (outcome === UNAVAILABLE) throw redisError('clear', lastRedisFailure(this.#id))
   }
 
   stats() {
