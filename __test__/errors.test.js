@@ -375,7 +375,39 @@ describe('ERR_VALUE_NOT_SERIALIZABLE', () => {
     ['function', function f() {}],
     ['arrow function', () => 1],
     ['symbol', Symbol('s')],
+    ['Map', new Map([['a', 1]])],
+    ['Set', new Set([1])],
   ]
+
+  test("a top-level Map or Set under 'json' is refused, pointing to serializer: 'v8'; everywhere a value is stored", async () => {
+    const cache = new StampedeCache()
+    const v8 = new StampedeCache({ serializer: 'v8' })
+    try {
+      const hint = (err) => err.code === 'ERR_VALUE_NOT_SERIALIZABLE' && /serializer: 'v8'/.test(err.message) && /\b(Map|Set)\b/.test(err.message)
+      class Registry extends Map {}
+      for (const value of [new Map([['a', 1]]), new Set(['x']), new Registry(), new Map()]) {
+        await assert.rejects(cache.getOrLoad(['m', value.constructor.name, value.size], () => value), hint)
+        await assert.rejects(cache.set('m', value), hint)
+        const [ok, bad] = await cache.getOrLoadMany(['ok', ['many', value.size]], (ks) => ks.map((k) => (k === 'ok' ? 1 : value)))
+        assert.equal(ok, 1)
+        assert.ok(bad instanceof Error && hint(bad), String(bad))
+        assert.equal(await cache.inspect(['many', value.size]), undefined, 'nothing cached')
+      }
+      // Nested ones are JSON's business ({}), as JSON.stringify decides; a toJSON of its own is honoured.
+      assert.deepEqual(await cache.getOrLoad('nested', () => ({ m: new Map([['a', 1]]) })), { m: {} })
+      class Jsonable extends Map {
+        toJSON() {
+          return Object.fromEntries(this)
+        }
+      }
+      assert.deepEqual(await cache.getOrLoad('jsonable', () => new Jsonable([['a', 1]])), { a: 1 })
+      // What the hint points to works.
+      const m = await v8.getOrLoad('m', () => new Map([['a', 1]]))
+      assert.ok(m instanceof Map && m.get('a') === 1)
+    } finally {
+      await Promise.all([cache.close(), v8.close()])
+    }
+  })
 
   test('getOrLoad and set reject every non-JSON value; nothing cached; an existing entry survives set', async () => {
     const cache = new StampedeCache()
