@@ -365,6 +365,20 @@ describe('ERR_INVALID_OPTION', () => {
 })
 
 // ---------------------------------------------------------------------------------------------
+test("a number where a call's options go (cache-manager's ttl argument) says to pass { ttl }", async () => {
+  const cache = new StampedeCache()
+  try {
+    const says = (method) => (err) => err.code === 'ERR_INVALID_OPTION' && err.message.includes('{ ttl: 5000 }') && err.message.includes(method)
+    await assert.rejects(cache.set('k', 'v', 5000), says('set'))
+    await assert.rejects(cache.getOrLoad('k', () => 'v', 5000), says('getOrLoad'))
+    await assert.rejects(cache.getOrLoadMany(['k'], (ks) => ks, 5000), says('getOrLoadMany'))
+    await assert.rejects(cache.set('k', 'v', 'x'), (err) => err.code === 'ERR_INVALID_OPTION' && /got string/.test(err.message))
+    assert.equal(await cache.get('k'), undefined, 'nothing was set')
+  } finally {
+    await cache.close()
+  }
+})
+
 describe('ERR_VALUE_NOT_SERIALIZABLE', () => {
   const cyclic = { name: 'c' }
   cyclic.me = cyclic

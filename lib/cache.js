@@ -16,6 +16,7 @@ const {
   StampedeCacheError,
   invalidArgument,
   invalidOption,
+  notAnOptionsObject,
   closedError,
   redisError,
   warnRedisOutage,
@@ -210,7 +211,7 @@ class StampedeCache {
     if (typeof loadMany !== 'function') {
       throw invalidArgument(`loadMany must be a function, got ${loadMany === null ? 'null' : typeof loadMany}`)
     }
-    const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : this.#callOptions(options)
+    const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : this.#callOptions(options, 'getOrLoadMany')
     const n = keys.length
     const out = new Array(n)
     // Hits first, on getOrLoad's hot path (a string key), the other positions below. Options
@@ -895,8 +896,8 @@ class StampedeCache {
   }
 
   // A getOrLoad or getOrLoadMany call's options, checked.
-  #callOptions(options) {
-    if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
+  #callOptions(options, method = 'getOrLoad') {
+    if (options === null || typeof options !== 'object') throw notAnOptionsObject(method, options)
     const policy = engine.resolvePolicy(this.#id, options, false)
     const { signal, waitUntil } = options
     const tags = options.tags === undefined ? null : tagsOption(options.tags)
@@ -1313,7 +1314,7 @@ class StampedeCache {
     let policy = null
     let tags = null
     if (options !== undefined) {
-      if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
+      if (options === null || typeof options !== 'object') throw notAnOptionsObject('set', options)
       policy = engine.resolvePolicy(this.#id, options, true)
       if (options.tags !== undefined) tags = tagsOption(options.tags)
     }

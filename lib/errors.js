@@ -36,6 +36,17 @@ function invalidOption(name, why) {
   return new StampedeCacheError('ERR_INVALID_OPTION', `option \`${name}\` ${why}`)
 }
 
+// A call's options that are not an object; a number is cache-manager's ttl argument.
+function notAnOptionsObject(method, options) {
+  if (typeof options === 'number') {
+    return invalidOption(
+      'options',
+      `of ${method} must be an object, got the number ${options}: for a ttl of ${options} ms pass { ttl: ${options} }`,
+    )
+  }
+  return invalidOption('options', `of ${method} must be an object, got ${options === null ? 'null' : typeof options}`)
+}
+
 function closedError() {
   return new StampedeCacheError('ERR_CLOSED', 'the cache is closed')
 }
@@ -106,6 +117,7 @@ module.exports = {
   rewrapped,
   invalidArgument,
   invalidOption,
+  notAnOptionsObject,
   closedError,
   redisError,
   warnRedisOutage,
