@@ -370,8 +370,14 @@ test("a number where a call's options go (cache-manager's ttl argument) says to 
   try {
     const says = (method) => (err) => err.code === 'ERR_INVALID_OPTION' && err.message.includes('{ ttl: 5000 }') && err.message.includes(method)
     await assert.rejects(cache.set('k', 'v', 5000), says('set'))
-    await assert.rejects(cache.getOrLoad('k', () => 'v', 5000), says('getOrLoad'))
-    await assert.rejects(cache.getOrLoadMany(['k'], (ks) => ks, 5000), says('getOrLoadMany'))
+    await assert.rejects(
+      cache.getOrLoad('k', () => 'v', 5000),
+      says('getOrLoad'),
+    )
+    await assert.rejects(
+      cache.getOrLoadMany(['k'], (ks) => ks, 5000),
+      says('getOrLoadMany'),
+    )
     await assert.rejects(cache.set('k', 'v', 'x'), (err) => err.code === 'ERR_INVALID_OPTION' && /got string/.test(err.message))
     assert.equal(await cache.get('k'), undefined, 'nothing was set')
   } finally {
@@ -400,7 +406,10 @@ describe('ERR_VALUE_NOT_SERIALIZABLE', () => {
       const hint = (err) => err.code === 'ERR_VALUE_NOT_SERIALIZABLE' && /serializer: 'v8'/.test(err.message) && /\b(Map|Set)\b/.test(err.message)
       class Registry extends Map {}
       for (const value of [new Map([['a', 1]]), new Set(['x']), new Registry(), new Map()]) {
-        await assert.rejects(cache.getOrLoad(['m', value.constructor.name, value.size], () => value), hint)
+        await assert.rejects(
+          cache.getOrLoad(['m', value.constructor.name, value.size], () => value),
+          hint,
+        )
         await assert.rejects(cache.set('m', value), hint)
         const [ok, bad] = await cache.getOrLoadMany(['ok', ['many', value.size]], (ks) => ks.map((k) => (k === 'ok' ? 1 : value)))
         assert.equal(ok, 1)

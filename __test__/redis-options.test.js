@@ -53,7 +53,10 @@ describe('RedisOptions in ioredis spelling', { timeout: 60_000 }, () => {
     try {
       await viaParts.set('k', { from: 'parts' })
       // In db 3, written as the ACL user: the raw server says so.
-      const [, raw] = await node.pipeline([['SELECT', String(DB)], ['EXISTS', `${namespace}:v:{k}`]])
+      const [, raw] = await node.pipeline([
+        ['SELECT', String(DB)],
+        ['EXISTS', `${namespace}:v:{k}`],
+      ])
       assert.equal(raw, 1)
       assert.deepEqual(await viaUrl.get('k'), { from: 'parts' })
       assert.deepEqual(await viaSocket.get('k'), { from: 'parts' })

@@ -47,7 +47,11 @@ async function callUntil(cache, tag, cond, what) {
   )
 }
 
-const options = (port, extra) => ({ redis: { url: `redis://127.0.0.1:${port}`, connectTimeout: 300, commandTimeout: 300 }, namespace: `w${process.pid}`, ...extra })
+const options = (port, extra) => ({
+  redis: { url: `redis://127.0.0.1:${port}`, connectTimeout: 300, commandTimeout: 300 },
+  namespace: `w${process.pid}`,
+  ...extra,
+})
 
 test('Redis down at construction, then up: one warning for the failure, one for the recovery', { timeout: 60_000 }, async (t) => {
   const warnings = collectWarnings(t)
@@ -113,7 +117,16 @@ test('with onError, no warning: every failure goes to onError', { timeout: 60_00
   server.port = port
   t.after(() => server.dispose())
   await server.start()
-  await callUntil(cache, 'up', async () => (await cache.set('probe', 1).then(() => true, () => false)), 'Redis back')
+  await callUntil(
+    cache,
+    'up',
+    async () =>
+      await cache.set('probe', 1).then(
+        () => true,
+        () => false,
+      ),
+    'Redis back',
+  )
   await sleep(0)
   assert.ok(errors.length >= 1, 'onError heard of the outage')
   for (const { err, info } of errors) {

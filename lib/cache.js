@@ -39,7 +39,7 @@ const {
 const { requestScope, withWaitUntil } = require('./scope.js')
 const { UNREADABLE, codecOf, toStored } = require('./codec.js')
 const { checkTags, tagsOption } = require('./keys.js')
-const { Batch, Outcome, ColdKey, checkBatchKeys, keyLengths } = require('./batch.js')
+const { Batch, Outcome, ColdKey, checkBatchKeys, keyLengths, inSlices, LEADING } = require('./batch.js')
 const { FreshIndex } = require('./fresh.js')
 
 const { peek, peekAt, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } =
@@ -382,12 +382,15 @@ class StampedeCache {
     const settledOne = () => {
       if (--pending === 0 && finish !== null) finish()
     }
-    for (let j = 0; j < rest.length; j++) {
+    // Each key in turn, in slices of the thread's time (inSlices): `lead(j)` serves, joins or
+    // leads key j. `pending` and `b.undecided` are held (LEADING) until every slice has run, so
+    // neither the call nor the first loadMany call ends with the first slice's keys.
+    const lead = (j) => {
       const k = encoded[j]
       const seen = indexOf.get(k)
       if (seen !== undefined) {
         at[j] = seen
-        continue
+        return
       }
       at[j] = answers.length
       indexOf.set(k, answers.length)
@@ -400,7 +403,7 @@ class StampedeCache {
         if (m & HIT_REFRESH) (stale ??= []).push({ k, key: keys[rest[j]], value })
         answers.push(value)
         outcome.push(false)
-        continue
+        return
       }
       if (!readFirst && missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
       pending++
@@ -408,7 +411,7 @@ class StampedeCache {
       if (kind !== STEP_LEAD) {
         if (coalesceChannel.hasSubscribers) coalesceChannel.publish({ cache: this, namespace: this.#namespace, key: k })
         answers.push(new Outcome(settledOne).follow(this.#flights.get(m)))
-        continue
+        return
       }
       b.lead(k, keys[rest[j]])
       if (gated) {
@@ -421,28 +424,16 @@ class StampedeCache {
         this.#flights.hold(m, c)
         cold.push(c)
         answers.push(c)
-        continue
+        return
       }
       const decided = () => this.#batchDecided(b, k)
       const load = this.#lead(k, m, this.#batchLoader(b, k), b.keyPolicy, force ? this.#currentValue(k) : undefined, b.purpose, waitUntil, tags, b)
       load.then(decided, decided)
       answers.push(new Outcome(settledOne).follow(load))
     }
-    // Once the flights are registered: a subscriber that calls the cache joins them.
-    this.#publishInvalidations()
-    // The call's stale keys, and those its cold keys found stale in Redis, in one refresh.
-    b.refreshLate = (entries) => this.#refreshMany(entries, loadMany, policy, waitUntil, tags)
-    b.passed = () => {
-      const found = b.staleFound
-      b.staleFound = null
-      const entries = stale === null ? found : found.length === 0 ? stale : [...stale, ...found]
-      if (entries.length > 0) b.refreshLate(entries)
-    }
-    if (b.undecided.size === 0) {
-      b.gatesPassed = true
-      b.passed()
-    }
+    let failed
     const settled = new Promise((resolve, reject) => {
+      failed = reject
       finish = () => {
         if (b.error !== null) return reject(b.error)
         for (let j = 0; j < rest.length; j++) {
@@ -458,8 +449,24 @@ class StampedeCache {
         resolve(out)
       }
     })
-    if (cold.length > 0) this.#batchGates(b, cold, waitUntil, tags, looked)
-    if (pending === 0) finish()
+    pending++
+    b.undecided.add(LEADING)
+    const led = () => {
+      // Once the flights are registered: a subscriber that calls the cache joins them.
+      this.#publishInvalidations()
+      // The call's stale keys, and those its cold keys found stale in Redis, in one refresh.
+      b.refreshLate = (entries) => this.#refreshMany(entries, loadMany, policy, waitUntil, tags)
+      b.passed = () => {
+        const found = b.staleFound
+        b.staleFound = null
+        const entries = stale === null ? found : found.length === 0 ? stale : [...stale, ...found]
+        if (entries.length > 0) b.refreshLate(entries)
+      }
+      if (cold.length > 0) this.#batchGates(b, cold, waitUntil, tags, looked)
+      this.#batchDecided(b, LEADING)
+      settledOne()
+    }
+    inSlices(rest.length, lead, led, (err) => failed(err))
     return signal ? withSignal(settled, signal) : settled
   }
 
@@ -496,32 +503,37 @@ class StampedeCache {
       this.#fillMany(adopted, values)
       // After the values are in place: a subscriber may read the cache.
       this.#publishInvalidations()
-      for (let i = 0; i < cold.length; i++) {
+      // Each key's flight ends or runs from here: in slices of the thread's time (inSlices).
+      const answer = (i) => {
         const c = cold[i]
         const code = codes[i]
         if (code >= 0) {
           if (flights[i] < 0) {
             run(c, undefined)
-            continue
+            return
           }
           const value = values[i]
           if (hitChannel.hasSubscribers) this.#publishHit(c.k, 'redis', HIT_STATES[(code >> BATCH_STATE_SHIFT) & 3])
           // A stale value served from Redis is refreshed with the batch's (its basis: this copy).
           if (adopted[i] & 1) b.stale(c.k, value, freshUntil[i])
           c.resolve(value)
-          continue
+          return
         }
         const a = others[-1 - code]
         if (a.kind === GATE_WAIT) {
           this.#batchDecided(b, c.k)
           run(c, this.#gate(c.k, PURPOSE_COLD, PURPOSE_COLD, c.flight))
-          continue
+          return
         }
         if (a.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
           lockChannel.publish({ cache: this, namespace: this.#namespace, key: c.k, reason: REASONS[PURPOSE_COLD], outcome: LOCK_OUTCOMES[a.lock] })
         }
         if (a.kind !== GATE_FOUND || !this.#servedFromRedis(b, c, a)) run(c, a)
       }
+      inSlices(cold.length, answer, noop, (err) => {
+        // Never expected: the keys not yet answered fail alone, as a loadMany failure would.
+        for (const c of cold) c.reject(err)
+      })
     }
     const names = cold.map((c) => c.k)
     let asked
@@ -656,7 +668,14 @@ class StampedeCache {
       settled = true
       clearTimeout(timer)
       this.#loads.delete(control)
-      for (let i = 0; i < entries.length; i++) each(entries[i], i)
+      // Each key's flight goes on from here (serialized, written, its callers answered): in
+      // slices, so that a large batch never holds the event loop for all its keys at once.
+      inSlices(
+        entries.length,
+        (i) => each(entries[i], i),
+        noop,
+        (err) => this.#report(err, 'loadMany', undefined),
+      )
     }
     const failAll = (err) => settle((e) => e.reject(err))
     if (b.timeout !== Infinity) {
@@ -709,18 +728,36 @@ class StampedeCache {
   #refreshMany(entries, loadMany, policy, waitUntil, tags) {
     const b = this.#newBatch(loadMany, policy, PURPOSE_REFRESH)
     const loads = []
-    for (const { k, key, value, seen = -1 } of entries) {
+    // Led in slices of the thread's time (inSlices), the loadMany call held (LEADING) until
+    // every key is led; `done` is handed to waitUntil now all the same, as rule 2 wants.
+    b.undecided.add(LEADING)
+    let allLed = false
+    let ledAll
+    const led = new Promise((resolve) => {
+      ledAll = resolve
+    })
+    const lead = (i) => {
+      const { k, key, value, seen = -1 } = entries[i]
       // The batch is one query: the bound on refreshes running holds its first key only.
       const flight = beginBatchRefresh(this.#id, k, loads.length === 0, seen)
-      if (flight < 0) continue
+      if (flight < 0) return
       b.lead(k, key)
       const load = this.#lead(k, flight, this.#batchLoader(b, k), b.keyPolicy, value, PURPOSE_REFRESH, undefined, tags, b)
       const decided = () => this.#batchDecided(b, k)
       load.then(decided, decided)
       loads.push(load.then(noop, (err) => this.#report(err, 'refresh', k)))
     }
-    if (loads.length === 0) return
-    const done = Promise.all(loads).then(noop)
+    const end = () => {
+      allLed = true
+      this.#batchDecided(b, LEADING)
+      ledAll()
+    }
+    inSlices(entries.length, lead, end, (err) => {
+      this.#report(err, 'refresh', undefined)
+      end()
+    })
+    if (allLed && loads.length === 0) return
+    const done = led.then(() => Promise.all(loads)).then(noop)
     this.#background.add(done)
     done.then(() => this.#background.delete(done))
     const hook = waitUntil ?? requestScope.getStore() ?? this.#waitUntil

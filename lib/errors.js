@@ -39,10 +39,7 @@ function invalidOption(name, why) {
 // A call's options that are not an object; a number is cache-manager's ttl argument.
 function notAnOptionsObject(method, options) {
   if (typeof options === 'number') {
-    return invalidOption(
-      'options',
-      `of ${method} must be an object, got the number ${options}: for a ttl of ${options} ms pass { ttl: ${options} }`,
-    )
+    return invalidOption('options', `of ${method} must be an object, got the number ${options}: for a ttl of ${options} ms pass { ttl: ${options} }`)
   }
   return invalidOption('options', `of ${method} must be an object, got ${options === null ? 'null' : typeof options}`)
 }
