@@ -1,3 +1,4 @@
+/// <reference types="node" />
 /**
  * stampede-cache: stops cache stampedes. One load per key per process (coalescing), stale values
  * served at once while one worker refreshes (stale-while-revalidate), XFetch early refresh, TTL
