@@ -371,7 +371,11 @@ mod tests {
             "redis.db",
         );
         named(
-            into_url(parts(|p| p.host = Some("h".into())), Some("redis://h:1"), false),
+            into_url(
+                parts(|p| p.host = Some("h".into())),
+                Some("redis://h:1"),
+                false,
+            ),
             "redis.host",
         );
         let mut seeds = vec!["redis://h:1".to_string()];

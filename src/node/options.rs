@@ -250,7 +250,10 @@ fn known_names(obj: &Object, allowed: &[&str], what: &str) -> Result<(), JsErr> 
     if let Some(bad) = names.iter().find(|n| !allowed.contains(&n.as_str())) {
         return Err(js_err(CoreError::invalid_option(
             bad,
-            format!("is not an option of {what} (its options: {})", allowed.join(", ")),
+            format!(
+                "is not an option of {what} (its options: {})",
+                allowed.join(", ")
+            ),
         )));
     }
     Ok(())

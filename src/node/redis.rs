@@ -29,7 +29,7 @@ use crate::cache::Extra;
 use crate::envelope::{Body, Envelope, Fmt};
 use crate::error::ErrorCode;
 use crate::inbox::Stamp;
-use crate::store::redis::{HeldLock, Outage, RedisTier, TagFailure, WriteBack};
+use crate::store::redis::{explained, HeldLock, Outage, RedisTier, TagFailure, WriteBack};
 
 /// The engine's read lane, if it can take a read now (`lane::ready`).
 pub(super) fn lane_of(env: &Env, id: u32, tier: &Arc<RedisTier>) -> Option<Rc<RefCell<Lane>>> {
@@ -462,7 +462,8 @@ pub fn last_redis_failure(id: u32) -> Option<String> {
         let e = e.borrow();
         Some((e.reports.clone()?, e.cache.options().redis.clone()?))
     })?;
-    reports.latest().map(|m| config.scrub(&m))
+    let tls = config.tls.is_some() || config.tls_wanted();
+    reports.latest().map(|m| explained(&config.scrub(&m), tls))
 }
 
 /// Redis failures waiting for `onError` (already rate-limited). Their messages are the redis
@@ -476,13 +477,14 @@ pub fn take_redis_reports(id: u32) -> Vec<RedisReport> {
     }) else {
         return Vec::new();
     };
+    let tls = config.tls.is_some() || config.tls_wanted();
     reports
         .take()
         .into_iter()
         .map(|r| RedisReport {
             op: r.op.to_string(),
             key: r.key,
-            message: config.scrub(&r.message),
+            message: explained(&config.scrub(&r.message), tls),
             outage: match r.outage {
                 Outage::None => None,
                 Outage::Began => Some("down".to_string()),
