@@ -254,7 +254,9 @@ export interface StampedeCacheOptions<S extends SerializerOption = SerializerOpt
   waitUntil?: ((p: Promise<unknown>) => void) | undefined
   /**
    * Background failures: refresh errors (whatever the loader threw, which need not be an `Error`)
-   * and Redis errors (`StampedeCacheError` with code `ERR_REDIS`).
+   * and Redis errors (`StampedeCacheError` with code `ERR_REDIS`). Absent: an outage's first Redis
+   * failure and its recovery are each told once through `process.emitWarning` (code
+   * `'STAMPEDE_CACHE_REDIS'`), never once per call.
    */
   onError?: ((err: unknown, info: ErrorInfo) => void) | undefined
 }

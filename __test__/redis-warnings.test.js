@@ -48,7 +48,7 @@ async function callUntil(cache, tag, cond, what) {
 }
 
 const options = (port, extra) => ({
-  redis: { url: `redis://127.0.0.1:${port}`, connectTimeout: 300, commandTimeout: 300 },
+  redis: { url: `redis://127.0.0.1:${port}`, connectTimeout: 1_000, commandTimeout: 2_000 },
   namespace: `w${process.pid}`,
   ...extra,
 })
