@@ -151,6 +151,10 @@ describe('RedisOptions: what is refused, naming the option', () => {
     ]
     await Promise.all(made.map((c) => c.close()))
     assert.throws(
+      () => new StampedeCache({ redis: { host: 'h', keyPrefix: 'app:' } }),
+      (err) => err.code === 'ERR_INVALID_OPTION' && /keyPrefix/.test(err.message) && /namespace/.test(err.message),
+    )
+    assert.throws(
       () => new StampedeCache({ redis: { hostname: 'h' } }),
       (err) => err.code === 'ERR_INVALID_OPTION' && /hostname/.test(err.message) && /host, port, path/.test(err.message),
     )

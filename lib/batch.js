@@ -19,8 +19,9 @@ const SLICE_KEYS = 512
 // Calls each(i) for i in [0, n), SLICE_KEYS at a time: the first slice at once, each next one
 // after the event loop has run (setImmediate), so the microtasks a slice starts (its flights'
 // promise chains) end before the next slice begins. Then done(). A throw stops the slices and
-// goes to fail (a later slice has no caller to throw to).
-function inSlices(n, each, done, fail) {
+// goes to fail (a later slice has no caller to throw to). `pause()`, if given, may return a
+// promise that the next slice waits for too (what the slice started that answers later).
+function inSlices(n, each, done, fail, pause) {
   let i = 0
   const slice = () => {
     try {
@@ -30,8 +31,10 @@ function inSlices(n, each, done, fail) {
       fail(err)
       return
     }
-    if (i < n) setImmediate(slice)
-    else done()
+    if (i >= n) return done()
+    const wait = pause === undefined ? undefined : pause()
+    if (wait === undefined) setImmediate(slice)
+    else wait.then(() => setImmediate(slice))
   }
   slice()
 }

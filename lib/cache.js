@@ -427,7 +427,7 @@ class StampedeCache {
         return
       }
       const decided = () => this.#batchDecided(b, k)
-      const load = this.#lead(k, m, this.#batchLoader(b, k), b.keyPolicy, force ? this.#currentValue(k) : undefined, b.purpose, waitUntil, tags, b)
+      const load = this.#lead(k, m, this.#batchLoader(b, k, m), b.keyPolicy, force ? this.#currentValue(k) : undefined, b.purpose, waitUntil, tags, b)
       load.then(decided, decided)
       answers.push(new Outcome(settledOne).follow(load))
     }
@@ -486,7 +486,7 @@ class StampedeCache {
     const run = (c, gate) => {
       // Without a gate here, #runFlight asks for the key's own.
       if (gate !== undefined) b.gates.set(c.k, gate)
-      c.follow(this.#runFlight(c.k, c.flight, this.#batchLoader(b, c.k), b.keyPolicy, undefined, PURPOSE_COLD, waitUntil, tags, b))
+      c.follow(this.#runFlight(c.k, c.flight, this.#batchLoader(b, c.k, c.flight), b.keyPolicy, undefined, PURPOSE_COLD, waitUntil, tags, b))
     }
     const each = (batch) => {
       const [codes, texts, freshUntil, others, found, reported] = batch
@@ -617,10 +617,11 @@ class StampedeCache {
   }
 
   // A led key's loader: hands the key (and its ctx) to the batch's next loadMany call.
-  #batchLoader(b, k) {
+  // `flight`: the key's, whose end the results' slices wait for (#callLoadMany).
+  #batchLoader(b, k, flight) {
     return (ctx) =>
       new Promise((resolve, reject) => {
-        b.round.push({ k, ctx, resolve, reject })
+        b.round.push({ k, ctx, resolve, reject, flight })
         this.#batchDecided(b, k)
       })
   }
@@ -669,13 +670,22 @@ class StampedeCache {
       clearTimeout(timer)
       this.#loads.delete(control)
       // Each key's flight goes on from here (serialized, written, its callers answered): in
-      // slices, so that a large batch never holds the event loop for all its keys at once.
-      inSlices(
-        entries.length,
-        (i) => each(entries[i], i),
-        noop,
-        (err) => this.#report(err, 'loadMany', undefined),
-      )
+      // slices, so that a large batch never holds the event loop for all its keys at once. With
+      // Redis a slice waits for the previous one's flights to end (their writes answered): the
+      // answers of every key's write would otherwise arrive in one turn of the loop.
+      const ends = []
+      const pause = () => {
+        const waiting = ends.splice(0)
+        return waiting.length === 0 ? undefined : Promise.allSettled(waiting)
+      }
+      const one = (i) => {
+        const e = entries[i]
+        each(e, i)
+        if (!this.#redis) return
+        const flight = this.#flights.get(e.flight)
+        if (flight !== undefined) ends.push(flight)
+      }
+      inSlices(entries.length, one, noop, (err) => this.#report(err, 'loadMany', undefined), pause)
     }
     const failAll = (err) => settle((e) => e.reject(err))
     if (b.timeout !== Infinity) {
@@ -742,7 +752,7 @@ class StampedeCache {
       const flight = beginBatchRefresh(this.#id, k, loads.length === 0, seen)
       if (flight < 0) return
       b.lead(k, key)
-      const load = this.#lead(k, flight, this.#batchLoader(b, k), b.keyPolicy, value, PURPOSE_REFRESH, undefined, tags, b)
+      const load = this.#lead(k, flight, this.#batchLoader(b, k, flight), b.keyPolicy, value, PURPOSE_REFRESH, undefined, tags, b)
       const decided = () => this.#batchDecided(b, k)
       load.then(decided, decided)
       loads.push(load.then(noop, (err) => this.#report(err, 'refresh', k)))

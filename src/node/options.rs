@@ -248,10 +248,17 @@ fn type_name(t: ValueType) -> &'static str {
 fn known_names(obj: &Object, allowed: &[&str], what: &str) -> Result<(), JsErr> {
     let names = Object::keys(obj).map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?;
     if let Some(bad) = names.iter().find(|n| !allowed.contains(&n.as_str())) {
+        let instead = match (what, bad.as_str()) {
+            ("redis", "keyPrefix") => "; ioredis's keyPrefix is the constructor's `namespace`",
+            ("redis", "retryStrategy" | "maxRetriesPerRequest" | "reconnectOnError") => {
+                "; the cache retries by itself (it probes a Redis that failed every 250 ms)"
+            }
+            _ => "",
+        };
         return Err(js_err(CoreError::invalid_option(
             bad,
             format!(
-                "is not an option of {what} (its options: {})",
+                "is not an option of {what} (its options: {}){instead}",
                 allowed.join(", ")
             ),
         )));
