@@ -102,6 +102,22 @@ test('in process: a cold batch of 10,000 keys is sliced; warm ones are short; ev
   for (const v of singles) assert.ok(keys2.includes(v.k))
 })
 
+test('close() between the slices of a cold batch: the call rejects with ERR_CLOSED, a caller joined on a key it led is answered', async () => {
+  const cache = new StampedeCache()
+  const keys = keysOf(N, 'c')
+  const batch = cache.getOrLoadMany(keys, loadMany)
+  // Joins a key of the first slice, whose flight waits for the batch's loadMany call.
+  const joined = cache.getOrLoad(keys[3], () => assert.fail('joined, not loaded'))
+  setImmediate(() => cache.close())
+  const settled = await Promise.race([Promise.allSettled([batch, joined]), new Promise((resolve) => setTimeout(() => resolve('hung'), 10_000).unref())])
+  assert.notEqual(settled, 'hung', 'every call is answered')
+  const [b, j] = settled
+  assert.equal(b.status, 'rejected')
+  assert.equal(b.reason.code, 'ERR_CLOSED')
+  if (j.status === 'rejected') assert.equal(j.reason.code, 'ERR_CLOSED')
+  else assert.equal(j.value.k, keys[3])
+})
+
 test('in process: 10,000 stale keys are refreshed in one loadMany call, in slices, handed to waitUntil at once', async (t) => {
   const handed = []
   const cache = new StampedeCache({ ttl: 50, hardTtl: 60_000, jitter: 0, waitUntil: (p) => handed.push(p), l1: { maxEntries: 2 * N } })

@@ -466,7 +466,16 @@ class StampedeCache {
       this.#batchDecided(b, LEADING)
       settledOne()
     }
-    inSlices(rest.length, lead, led, (err) => failed(err))
+    // A slice that throws (the cache closed between slices) rejects the call, and the keys led
+    // so far still go on (to their loadMany call, or to ERR_CLOSED): a caller joined on one of
+    // them is answered, never left waiting for a round that would never fire.
+    const abandoned = (err) => {
+      failed(err)
+      try {
+        led()
+      } catch {}
+    }
+    inSlices(rest.length, lead, led, abandoned)
     return signal ? withSignal(settled, signal) : settled
   }
 
