@@ -205,6 +205,10 @@ test('Redis: two caches sharing a namespace and Redis: a nested call in the othe
   const [c] = caches(t, 1, { redis: { url: `redis://localhost:${port}/0` }, namespace })
   const again = await settled(c.getOrLoad('j', async () => `c(${await a.getOrLoad('j', async () => 'a')})`))
   assert.deepEqual(again, { value: 'c(a)' })
+  // And in ioredis's spelling (host, port, db).
+  const [d] = caches(t, 1, { redis: { host: '127.0.0.1', port: Number(port), db: 0 }, namespace })
+  const spelled = await settled(d.getOrLoad('h', async () => `d(${await a.getOrLoad('h', async () => 'a')})`))
+  assert.deepEqual(spelled, { value: 'd(a)' })
   // Another namespace on the same Redis is another cache: its nested call loads and caches there.
   const [other] = caches(t, 1, { redis: url, namespace: newNamespace('reentry') })
   assert.equal(await a.getOrLoad('m', async () => `a(${await other.getOrLoad('m', async () => 'o')})`), 'a(o)')
