@@ -1,7 +1,8 @@
 'use strict'
 // The read lane. Plain GETs of the read path go on a second connection whose
 // socket the JS thread's own event loop drives (src/node/lane.rs), not through the runtime's
-// threads. What it must keep: every read answered (by Redis or the loader), never hung, never
+// threads. __test__/redis-socket-lane.test.js runs this file again on the socket lane (a
+// socket of the runtime's own, lib/lane.js: STAMPEDE_CACHE_LANE=socket). What it must keep: every read answered (by Redis or the loader), never hung, never
 // an older value after this instance's own write; a killed or silent lane costs the reads in
 // flight nothing; the process and worker threads still exit on their own.
 //
@@ -301,6 +302,8 @@ test('an idle cache with its lane open lets the process exit; a worker thread re
 
 test('over TLS (a private CA, client certificates, a server name): reads take a TLS lane, which a kill costs nothing; without verification they do not', {
   timeout: TEST_TIMEOUT,
+  // The socket lane (redis-socket-lane.test.js runs this file on it) does not speak TLS.
+  skip: process.env.STAMPEDE_CACHE_LANE === 'socket' && 'the socket lane speaks no TLS: reads over TLS take the command connection there',
 }, async (t) => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-lane-tls-'))
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }))

@@ -4,8 +4,9 @@
 // (@oven/bun-linux-x64, @deno/linux-x64-glibc). The package is installed by name into a scratch
 // folder (its `files` and the built addon, as npm would lay it out), and
 // __test__/runtimes/smoke.mjs runs there under each runtime against a private redis-server.
-// Bun exports libuv's names as aborting stubs and Deno's loop never polls them: there the read
-// lane must stay off, and everything must work without it.
+// Bun exports libuv's names as aborting stubs and Deno's loop never polls them: there the libuv
+// read lane must stay off, and reads take the socket lane (a socket of the runtime's own,
+// lib/lane.js) with every guarantee.
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const fs = require('node:fs')
@@ -77,6 +78,33 @@ for (const [name, command] of Object.entries(RUNTIMES)) {
       assert.equal(s.keyCode, 'ERR_INVALID_KEY', where)
       assert.equal(s.closedCode, 'ERR_CLOSED', where)
       assert.equal(s.redisErrors, 0, where)
+      if (label === 'noL1') assert.ok(s.lanes >= 1, `reads from Redis take the read lane: ${where}`)
     }
   })
+}
+
+// The hostile wire under Bun and Deno, where reads take the socket lane: the scenarios of
+// redis-wire.test.js (fixtures/wire-client.js) that move, repeat or flood the lane's replies.
+for (const name of ['bun', 'deno']) {
+  for (const scenario of ['extra-nil', 'duplicate', 'same-key-replay', 'push', 'huge']) {
+    test(`${name}: ${scenario} on the read lane: no crash, never another key's value, nothing wrong kept`, { timeout: 120_000 }, async () => {
+      await ready
+      const [bin, args] = RUNTIMES[name]()
+      // The fixture is CommonJS.
+      const runArgs = name === 'deno' ? [...args, '--unstable-detect-cjs'] : args
+      const r = spawnSync(bin, [...runArgs, path.join(__dirname, 'fixtures', 'wire-client.js'), String(redis.port), scenario], {
+        cwd: ROOT,
+        encoding: 'utf8',
+        timeout: 90_000,
+        env: { ...process.env, NO_COLOR: '1', DENO_NO_UPDATE_CHECK: '1' },
+      })
+      assert.equal(r.signal, null, `${name} was killed by ${r.signal}: ${r.stderr}`)
+      assert.equal(r.status, 0, `${name} exited ${r.status}: ${r.stderr}`)
+      const seen = JSON.parse(r.stdout.trim().split('\n').pop())
+      assert.ok(seen.tampered >= 1, `the fault was injected: ${r.stdout}`)
+      assert.equal(seen.wrong, 0, `reads that returned another key's value: ${r.stdout}`)
+      assert.equal(seen.finalWrong, 0, `wrong values kept in process: ${r.stdout}`)
+      for (const f of seen.floods || []) assert.ok(f.closedAfter !== null && f.closedAfter < 10_000, `closed after ${f.closedAfter} ms: ${r.stdout}`)
+    })
+  }
 }

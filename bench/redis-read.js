@@ -281,6 +281,7 @@ function parseArgs(argv) {
       return argv[++i]
     }
     if (x === '--quick') a.quick = true
+    else if (x === '--tcp') a.kind = 'tcp'
     else if (x === '--tls') a.kind = 'tls'
     else if (x === '--unix') a.kind = 'unix'
     else if (x === '--cluster') a.kind = 'cluster'

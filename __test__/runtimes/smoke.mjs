@@ -1,11 +1,31 @@
 // The API as a user of another runtime calls it (__test__/runtimes.test.js runs this under Node,
 // Bun and Deno, importing the package by name). Prints one JSON line of what it saw; the parent
 // asserts on it. Redis is the parent's private server (argument 1).
+import net from 'node:net'
 import { StampedeCache, StampedeCacheError } from 'stampede-cache'
 
 const url = globalThis.Deno ? Deno.args[0] : process.argv[2]
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 const out = {}
+
+/** How many connections Redis lists under the read lane's name (raw RESP, one CLIENT LIST). */
+function readLanes() {
+  const { hostname, port } = new URL(url)
+  return new Promise((resolve, reject) => {
+    const socket = net.connect({ host: hostname, port: Number(port) })
+    let text = ''
+    socket.on('error', reject)
+    socket.on('connect', () => socket.write('*2\r\n$6\r\nCLIENT\r\n$4\r\nLIST\r\n'))
+    socket.on('data', (d) => {
+      text += d.toString('latin1')
+      const head = text.indexOf('\r\n')
+      if (head > 0 && text.length >= head + 2 + Number(text.slice(1, head)) + 2) {
+        socket.destroy()
+        resolve(text.split('\n').filter((line) => line.includes('name=stampede-cache:read-lane')).length)
+      }
+    })
+  })
+}
 const namespace = `rt${Date.now()}${Math.random().toString(36).slice(2, 6)}`
 
 for (const l1 of [undefined, false]) {
@@ -25,6 +45,12 @@ for (const l1 of [undefined, false]) {
   // Many reads from Redis: none lost.
   let missing = 0
   for (let i = 0; i < 500; i++) if ((await b.get('k')) === undefined) missing++
+  // Many in flight at once, each its own answer.
+  const many = await Promise.all(Array.from({ length: 200 }, () => b.get('k')))
+  missing += many.filter((v) => v === undefined || v.n !== cold[0].n).length
+  // With l1: false every read went to Redis, on the read lane (a socket of the runtime's own
+  // under Bun and Deno).
+  const lanes = await readLanes()
   // Read your writes.
   await a.set('w', 1)
   await a.set('w', 2)
@@ -58,6 +84,7 @@ for (const l1 of [undefined, false]) {
     tagGone,
     keyCode,
     redisErrors: a.stats().redisErrors + b.stats().redisErrors,
+    lanes,
   }
   await a.close()
   await b.close()

@@ -26,7 +26,8 @@ use napi::sys;
 use super::settle::{self, Promised};
 use crate::inbox::Stamp;
 use crate::store::redis::{
-    frame, frame_values, Landing, LaneRead, LaneSocket, Opened, RedisTier, PROBE_INTERVAL,
+    frame, frame_values, handshake_reply, Landing, LaneRead, LaneSocket, LaneTarget, Opened,
+    RedisTier, PROBE_INTERVAL,
 };
 use crate::sync::LockOrRecover;
 
@@ -41,6 +42,10 @@ pub enum LaneSlot {
     },
     /// Opening on the runtime; the result lands here.
     Opening(Opened),
+    /// A socket lane's target being looked up on the runtime (see `socket_lane`).
+    Resolving(Opened<(LaneTarget, u64)>),
+    /// A socket lane connecting and running its handshake.
+    Connecting(Rc<RefCell<Lane>>),
     Open(Rc<RefCell<Lane>>),
     /// This host has no libuv to drive one.
     Never,
@@ -50,7 +55,9 @@ impl LaneSlot {
     /// Closes the lane (the cache closed): reads it carries are asked again on the command
     /// connection, which answers them as a closed cache does.
     pub fn close(&mut self) {
-        if let LaneSlot::Open(lane) = std::mem::replace(self, LaneSlot::Never) {
+        if let LaneSlot::Open(lane) | LaneSlot::Connecting(lane) =
+            std::mem::replace(self, LaneSlot::Never)
+        {
             Lane::shut(&lane, None);
         }
     }
@@ -170,6 +177,9 @@ impl Sent {
 pub struct Lane {
     env: sys::napi_env,
     tier: Arc<RedisTier>,
+    /// A socket lane's connection (the runtime's own socket, driven by `lib/lane.js`); `None`
+    /// for a libuv lane, whose `stream`, `poll` and `timer` are then live.
+    socket: Option<SocketIo>,
     /// The socket; closed (`None`) as soon as its poll handle has closed, whoever still holds
     /// the lane (see `on_close_poll`).
     stream: Option<std::net::TcpStream>,
@@ -220,14 +230,30 @@ pub fn refuse_read_lane() {
 /// Opens, installs or returns the engine's lane (`slot`): `None` if it cannot take a read now
 /// (the caller asks on the command connection). Send on it with `send`, once the engine is no
 /// longer borrowed (a read the lane answers at once settles through the asker's `Then`).
+///
+/// Two transports: the libuv lane (Node, TCP or TLS) drives its socket from the loop itself;
+/// the socket lane (Bun and Deno, whose `uv_*` are not libuv's, and a Unix socket anywhere) is
+/// a socket of the runtime's own (`lib/lane.js`), whose chunks are framed here, one call each.
 pub fn ready(env: &Env, slot: &mut LaneSlot, tier: &Arc<RedisTier>) -> Option<Rc<RefCell<Lane>>> {
-    if NOT_LIBUV.load(std::sync::atomic::Ordering::Relaxed) {
-        return None;
-    }
-    let uv = uv()?;
+    let via_socket = socket_lane_only() || tier.lane_over_unix();
+    let uv = if via_socket {
+        if !socket_opener_registered() {
+            return None;
+        }
+        None
+    } else {
+        Some(uv()?)
+    };
     if !tier.lane_usable() {
         return None;
     }
+    let reopen = |slot: &mut LaneSlot| {
+        if via_socket {
+            resolve(slot, tier)
+        } else {
+            open(slot, tier)
+        }
+    };
     Some(match slot {
         LaneSlot::Never => return None,
         LaneSlot::Open(lane) => {
@@ -243,22 +269,75 @@ pub fn ready(env: &Env, slot: &mut LaneSlot, tier: &Arc<RedisTier>) -> Option<Rc
                 let lane = lane.clone();
                 *slot = LaneSlot::Closed;
                 Lane::shut(&lane, None);
-                open(slot, tier);
+                reopen(slot);
                 return None;
             }
         }
         LaneSlot::Closed => {
-            open(slot, tier);
+            reopen(slot);
             return None;
         }
         LaneSlot::Waiting { retry_at } => {
             if Instant::now() >= *retry_at {
-                open(slot, tier);
+                reopen(slot);
             }
             return None;
         }
+        LaneSlot::Resolving(result) => {
+            let resolved = result.lock_or_recover().take()?;
+            match resolved {
+                Ok((target, replacement)) if !target.is_tls() => {
+                    if !tier.lane_current(replacement) {
+                        resolve(slot, tier);
+                        return None;
+                    }
+                    *slot = match Lane::connect_socket(env.raw(), tier, target, replacement) {
+                        Ok(lane) => LaneSlot::Connecting(lane),
+                        Err(_) => LaneSlot::Never,
+                    };
+                }
+                // TLS on the runtime's own sockets is not built: reads over TLS there take the
+                // command connection.
+                Ok(_) => *slot = LaneSlot::Never,
+                Err(_) => {
+                    *slot = LaneSlot::Waiting {
+                        retry_at: Instant::now() + PROBE_INTERVAL,
+                    }
+                }
+            }
+            return None;
+        }
+        LaneSlot::Connecting(lane) => {
+            let (shut, open) = {
+                let l = lane.borrow();
+                (
+                    l.shut,
+                    l.socket.as_ref().is_some_and(|s| s.handshake.is_empty()),
+                )
+            };
+            if shut {
+                // Refused, closed or timed out while connecting: try again later.
+                *slot = LaneSlot::Waiting {
+                    retry_at: Instant::now() + PROBE_INTERVAL,
+                };
+                return None;
+            }
+            if !open {
+                return None;
+            }
+            let lane = lane.clone();
+            *slot = LaneSlot::Open(lane.clone());
+            if !tier.lane_current(lane.borrow().replacement) {
+                *slot = LaneSlot::Closed;
+                Lane::shut(&lane, None);
+                reopen(slot);
+                return None;
+            }
+            lane
+        }
         LaneSlot::Opening(result) => {
             let opened = result.lock_or_recover().take()?;
+            let uv = uv?;
             match opened {
                 Err(_) => {
                     // The command connection reports Redis's trouble; the lane tries later.
@@ -355,6 +434,17 @@ fn send_asked<'env, T>(
     Ok(PromiseRaw::new(env.raw(), promise))
 }
 
+/// Looks up where a socket lane connects, on the runtime (a Sentinel is asked there).
+fn resolve(slot: &mut LaneSlot, tier: &Arc<RedisTier>) {
+    let result = Arc::new(Mutex::new(None));
+    *slot = LaneSlot::Resolving(result.clone());
+    let tier = tier.clone();
+    let landing = Landing::new(result);
+    napi::bindgen_prelude::spawn(async move {
+        landing.land(tier.socket_lane_target().await);
+    });
+}
+
 fn open(slot: &mut LaneSlot, tier: &Arc<RedisTier>) {
     let result = Arc::new(Mutex::new(None));
     *slot = LaneSlot::Opening(result.clone());
@@ -407,6 +497,7 @@ impl Lane {
         let lane = Rc::new(RefCell::new(Lane {
             env,
             tier,
+            socket: None,
             stream: Some(socket.stream),
             tls: socket.tls,
             replacement: socket.opened_at_replacement,
@@ -440,6 +531,99 @@ impl Lane {
         Ok(lane)
     }
 
+    /// Opens a socket lane to `target`: `lib/lane.js` connects a socket of the runtime's own and
+    /// writes the handshake; its replies, framed here (`feed`), open the lane. Inside a napi call.
+    fn connect_socket(
+        env: sys::napi_env,
+        tier: &Arc<RedisTier>,
+        target: LaneTarget,
+        replacement: u64,
+    ) -> napi::Result<Rc<RefCell<Lane>>> {
+        let (hello, required) = target.handshake_packed();
+        let id = NEXT_SOCKET_LANE.with(|n| {
+            let id = n.get();
+            n.set(id.wrapping_add(1));
+            id
+        });
+        let (host, port, path) = target.address();
+        // SAFETY: on the JS thread, inside a napi call on `env` (a handle scope is open).
+        let (write, end) = unsafe {
+            call_opener(
+                env,
+                Opening {
+                    id,
+                    host,
+                    port,
+                    path,
+                    hello: &hello,
+                    connect_ms: tier.lane_connect_timeout().as_millis() as f64,
+                    command_ms: tier.lane_timeout().as_millis() as f64,
+                },
+            )?
+        };
+        let lane = Rc::new(RefCell::new(Lane {
+            env,
+            tier: tier.clone(),
+            socket: Some(SocketIo {
+                id,
+                write,
+                end,
+                handshake: required.into(),
+                hold: Hold::No,
+            }),
+            stream: None,
+            tls: None,
+            replacement,
+            poll: ptr::null_mut(),
+            timer: ptr::null_mut(),
+            out: Vec::new(),
+            input: Vec::with_capacity(16 * 1024),
+            sent: VecDeque::new(),
+            framed: VecDeque::new(),
+            marks: VecDeque::new(),
+            reads_written: 0,
+            reads_delivered: 0,
+            next_mark: 0,
+            writable: false,
+            refd: false,
+            timer_armed: false,
+            shut: false,
+        }));
+        SOCKET_LANES.with_borrow_mut(|lanes| lanes.insert(id, Rc::downgrade(&lane)));
+        Ok(lane)
+    }
+
+    /// A chunk the socket lane's socket read: the handshake's replies first, then the reads'.
+    fn feed(&mut self, chunk: &[u8]) -> (Vec<(Sent, Framed)>, Option<String>) {
+        self.input.extend_from_slice(chunk);
+        if let Some(socket) = self.socket.as_mut() {
+            let mut at = 0;
+            let mut failure = None;
+            while let Some(&required) = socket.handshake.front() {
+                match frame(&self.input[at..]) {
+                    Ok(Some((reply, len))) => {
+                        if let Err(why) = handshake_reply(reply, required) {
+                            failure = Some(why);
+                            break;
+                        }
+                        socket.handshake.pop_front();
+                        at += len;
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        failure = Some("Redis answered the read lane out of protocol".into());
+                        break;
+                    }
+                }
+            }
+            self.input.drain(..at);
+            if failure.is_some() || !socket.handshake.is_empty() {
+                return (Vec::new(), failure);
+            }
+        }
+        self.frame_input(None)
+    }
+
     /// Whether a batch read (`send_many`) is in flight on the lane.
     pub fn carrying_batch(&self) -> bool {
         self.sent
@@ -448,15 +632,19 @@ impl Lane {
     }
 
     fn send(lane: &Rc<RefCell<Lane>>, sent: Sent) {
-        let batching = BATCH.with_borrow_mut(|batch| match batch {
-            Some(lanes) => {
-                if !lanes.iter().any(|l| Rc::ptr_eq(l, lane)) {
-                    lanes.push(lane.clone());
+        // A socket lane writes at once: the batch is written after a libuv callback, outside
+        // any napi call, where the socket's `write` cannot be called.
+        let socket = lane.borrow().socket.is_some();
+        let batching = !socket
+            && BATCH.with_borrow_mut(|batch| match batch {
+                Some(lanes) => {
+                    if !lanes.iter().any(|l| Rc::ptr_eq(l, lane)) {
+                        lanes.push(lane.clone());
+                    }
+                    true
                 }
-                true
-            }
-            None => false,
-        });
+                None => false,
+            });
         let failed = {
             let mut l = lane.borrow_mut();
             let l = &mut *l;
@@ -466,7 +654,15 @@ impl Lane {
             }
             l.sent.push_back(sent);
             l.reads_written += 1;
-            let failed = if l.writable || batching {
+            let held = match l.socket.as_mut().map(|s| (s.hold, &mut s.hold)) {
+                Some((Hold::First, hold)) => {
+                    *hold = Hold::Rest;
+                    false
+                }
+                Some((Hold::Rest, _)) => true,
+                _ => false,
+            };
+            let failed = if l.writable || batching || held {
                 Ok(())
             } else {
                 l.flush()
@@ -502,6 +698,16 @@ impl Lane {
     /// writability while some is left. Marks the reads written since the last mark first.
     fn flush(&mut self) -> io::Result<()> {
         self.mark();
+        if let Some(socket) = &self.socket {
+            if self.out.is_empty() {
+                return Ok(());
+            }
+            // SAFETY: on the JS thread, inside a napi call (a socket lane is only sent on and
+            // fed from napi calls).
+            let written = unsafe { call_write(self.env, socket.write, &self.out) };
+            self.out.clear();
+            return written.map_err(|e| io::Error::other(e.reason));
+        }
         let want = match &mut self.tls {
             None => {
                 let mut stream = connected(&self.stream)?;
@@ -576,11 +782,20 @@ impl Lane {
     /// Reads what the socket has and frames the replies: each settles the oldest read sent.
     /// What was answered before a failure is answered still; the failure is returned with it.
     fn receive(&mut self) -> (Vec<(Sent, Framed)>, Option<String>) {
-        let mut failure = if self.tls.is_some() {
+        let failure = if self.tls.is_some() {
             self.receive_tls()
         } else {
             self.receive_plain()
         };
+        self.frame_input(failure)
+    }
+
+    /// Frames the replies in `input`: each settles the oldest read sent, once its batch's mark
+    /// proves it aligned. `failure`: the read's, returned unless framing finds a worse one.
+    fn frame_input(
+        &mut self,
+        mut failure: Option<String>,
+    ) -> (Vec<(Sent, Framed)>, Option<String>) {
         let mut answered = Vec::new();
         let mut at = 0;
         while at < self.input.len() {
@@ -762,7 +977,8 @@ impl Lane {
     }
 
     fn arm_timer(&mut self) {
-        if self.timer_armed || self.shut {
+        // A socket lane's timer is `lib/lane.js`'s, armed as it writes (see `lane_timer`).
+        if self.timer_armed || self.shut || self.socket.is_some() {
             return;
         }
         let Some(first) = self.sent.front() else {
@@ -776,6 +992,11 @@ impl Lane {
     }
 
     fn update_ref(&mut self) {
+        // A socket lane's socket is held by `lib/lane.js` while it writes, let go when
+        // `lane_data` says no read is left in flight.
+        if self.socket.is_some() {
+            return;
+        }
         let want = !self.sent.is_empty() && !self.shut;
         if want == self.refd {
             return;
@@ -795,25 +1016,35 @@ impl Lane {
     /// Closes the lane: its handles close (the socket with them), and the reads it carries are
     /// asked again on the command connection. `failure`: why, when it failed.
     fn shut(lane: &Rc<RefCell<Lane>>, failure: Option<Failure>) {
-        let (tier, env, left) = {
+        let (tier, env, left, socket) = {
             let mut l = lane.borrow_mut();
             if l.shut {
                 return;
             }
             l.shut = true;
             l.refd = false;
-            let uv = uv().expect("a lane exists only with libuv");
-            // SAFETY: live handles of this thread's loop, closed once (`shut` guards); their
-            // close callbacks free them and drop the lane's references.
-            unsafe {
-                (uv.close)(l.poll, Some(on_close_poll));
-                (uv.close)(l.timer, Some(on_close_timer));
+            let socket = l.socket.take();
+            if socket.is_none() {
+                let uv = uv().expect("a lane exists only with libuv");
+                // SAFETY: live handles of this thread's loop, closed once (`shut` guards);
+                // their close callbacks free them and drop the lane's references.
+                unsafe {
+                    (uv.close)(l.poll, Some(on_close_poll));
+                    (uv.close)(l.timer, Some(on_close_timer));
+                }
             }
+            l.input = Vec::new();
             // Framed but not proven aligned: asked again, like the rest.
             l.framed.clear();
             let left: Vec<Sent> = l.sent.drain(..).collect();
-            (l.tier.clone(), l.env, left)
+            (l.tier.clone(), l.env, left, socket)
         };
+        if let Some(socket) = socket {
+            SOCKET_LANES.with_borrow_mut(|lanes| lanes.remove(&socket.id));
+            // SAFETY: a socket lane is shut on the JS thread inside a napi call (a read, a
+            // chunk, its timer, close()); the references are this lane's, released once.
+            unsafe { socket.end(env) };
+        }
         let key = left.first().and_then(Sent::key);
         match failure {
             Some(Failure::Lost(why)) => tier.lane_lost(key, why),
@@ -1238,4 +1469,343 @@ fn uv() -> Option<&'static Uv> {
 #[cfg(not(unix))]
 fn uv() -> Option<&'static Uv> {
     None
+}
+
+// ---- the socket lane: a socket of the runtime's own, driven by lib/lane.js ----
+
+/// A socket lane's connection: the object `lib/lane.js` made for it.
+struct SocketIo {
+    /// This lane's number, which `lib/lane.js` gives back with every chunk.
+    id: u32,
+    /// Its `write(bytes)` and `end()` functions, held while the lane is open.
+    write: sys::napi_ref,
+    end: sys::napi_ref,
+    /// The handshake's replies still awaited, oldest first: whether each one's refusal refuses
+    /// the lane. Empty: open.
+    handshake: VecDeque<bool>,
+    /// Whether reads are written at once or together (see `Hold`).
+    hold: Hold,
+}
+
+/// How a socket lane writes the reads its answers' continuations send. The continuations of a
+/// chunk's answers run after `lane_data` returns, in the microtasks that follow, where the
+/// libuv lane's callback scope batches them (`BATCH`): here the first is written at once (a
+/// sequential reader waits for nothing) and the rest together with one mark when
+/// `lib/lane.js` calls `lane_release` after those microtasks, instead of a write and a mark
+/// each.
+#[derive(Clone, Copy, PartialEq)]
+enum Hold {
+    /// Every read written as it is sent.
+    No,
+    /// A chunk answered several reads: the next read sent is written at once, the ones after it held.
+    First,
+    /// Reads held until `lane_release`.
+    Rest,
+}
+
+impl SocketIo {
+    /// Ends the socket (`end()`) and lets its functions go.
+    ///
+    /// SAFETY: on the JS thread of `env`, inside a napi call.
+    unsafe fn end(self, env: sys::napi_env) {
+        // SAFETY: the caller's promise; the references are this connection's, deleted once.
+        unsafe {
+            let _ = call_ref(env, self.end, &[]);
+            sys::napi_delete_reference(env, self.write);
+            sys::napi_delete_reference(env, self.end);
+        }
+    }
+}
+
+/// What `lib/lane.js` is asked to connect to.
+struct Opening<'a> {
+    id: u32,
+    host: &'a str,
+    port: u16,
+    path: Option<&'a str>,
+    /// The handshake's commands, written as soon as the socket is made.
+    hello: &'a [u8],
+    connect_ms: f64,
+    command_ms: f64,
+}
+
+/// The facade's function that opens a socket lane (`setLaneOpener`), held for the life of this
+/// JS thread's environment.
+#[derive(Clone, Copy)]
+struct Opener(sys::napi_ref);
+
+thread_local! {
+    static SOCKET_OPENER: std::cell::Cell<Option<Opener>> = const { std::cell::Cell::new(None) };
+    /// This thread's socket lanes by number (a lane dropped without shutting is gone here too:
+    /// its chunks are then refused and its socket ended).
+    static SOCKET_LANES: RefCell<std::collections::HashMap<u32, Weak<RefCell<Lane>>>> =
+        RefCell::new(std::collections::HashMap::new());
+    static NEXT_SOCKET_LANE: std::cell::Cell<u32> = const { std::cell::Cell::new(1) };
+}
+
+/// Whether reads take the socket lane only: on a host whose `uv_*` are not libuv's (Bun, Deno:
+/// `refuseReadLane`), or when `STAMPEDE_CACHE_LANE=socket` asks for it (to run the socket lane
+/// under Node, as the tests do).
+fn socket_lane_only() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    NOT_LIBUV.load(std::sync::atomic::Ordering::Relaxed)
+        || *FORCED
+            .get_or_init(|| std::env::var_os("STAMPEDE_CACHE_LANE").is_some_and(|v| v == "socket"))
+}
+
+/// Whether this thread can open a socket lane: the facade registered its opener, and
+/// `STAMPEDE_CACHE_NO_LANE=1` does not turn lanes off.
+fn socket_opener_registered() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !*OFF.get_or_init(|| std::env::var_os("STAMPEDE_CACHE_NO_LANE").is_some_and(|v| v == "1"))
+        && SOCKET_OPENER.get().is_some()
+}
+
+/// Registers the facade's socket lane opener (`lib/lane.js`); called once as the facade loads,
+/// on each JS thread that loads it.
+#[napi_derive::napi]
+pub fn set_lane_opener(env: Env, opener: Unknown<'_>) -> napi::Result<()> {
+    if opener.get_type()? != ValueType::Function {
+        return Err(napi::Error::from_reason(
+            "the lane opener must be a function",
+        ));
+    }
+    let mut r = ptr::null_mut();
+    // SAFETY: on the JS thread, inside this napi call; `opener` is a live value of `env`. The
+    // reference keeps the function alive as long as the thread's environment.
+    napi::check_status!(unsafe { sys::napi_create_reference(env.raw(), opener.raw(), 1, &mut r) })?;
+    if let Some(Opener(old)) = SOCKET_OPENER.replace(Some(Opener(r))) {
+        // SAFETY: a reference made on this thread's environment, no longer held.
+        unsafe { sys::napi_delete_reference(env.raw(), old) };
+    }
+    Ok(())
+}
+
+fn socket_lane(id: u32) -> Option<Rc<RefCell<Lane>>> {
+    SOCKET_LANES.with_borrow(|lanes| lanes.get(&id).and_then(Weak::upgrade))
+}
+
+/// `lib/lane.js`: a chunk socket lane `id` read. Answers, once open, twice the reads in flight
+/// on it (the socket is let go at 0), plus 1 if it answered several (then call `lane_release`
+/// after the microtasks that follow); -1 while its handshake runs, -2 if the lane is gone or
+/// shut (the socket is then ended). The reads it answered are settled inside this call.
+#[napi_derive::napi]
+pub fn lane_data(id: u32, chunk: &[u8]) -> i32 {
+    let Some(lane) = socket_lane(id) else {
+        return -2;
+    };
+    let (answered, failure) = {
+        let mut l = lane.borrow_mut();
+        if l.shut {
+            return -2;
+        }
+        l.feed(chunk)
+    };
+    // One answer (a sequential reader): its continuation's read is written at once, and
+    // there is nothing to release.
+    let answers = answered.len() > 1;
+    if !answered.is_empty() {
+        let (env, tier) = {
+            let mut l = lane.borrow_mut();
+            if let (Some(s), true) = (l.socket.as_mut(), answers) {
+                s.hold = Hold::First;
+            }
+            (l.env, l.tier.clone())
+        };
+        for (s, read) in answered {
+            s.answer(env, &tier, Some(read));
+        }
+    }
+    if let Some(why) = failure {
+        Lane::shut(&lane, Some(Failure::Lost(why)));
+    }
+    let l = lane.borrow();
+    match &l.socket {
+        _ if l.shut => -2,
+        Some(s) if !s.handshake.is_empty() => -1,
+        _ => (l.sent.len().min(i32::MAX as usize >> 1) as i32) << 1 | i32::from(answers),
+    }
+}
+
+/// `lib/lane.js`: the microtasks after socket lane `id`'s chunk have run: the reads their
+/// continuations sent and held (see `Hold`) are written together, with one mark.
+#[napi_derive::napi]
+pub fn lane_release(id: u32) {
+    let Some(lane) = socket_lane(id) else {
+        return;
+    };
+    let flushed = {
+        let mut l = lane.borrow_mut();
+        let l = &mut *l;
+        match l.socket.as_mut() {
+            Some(s) if !l.shut => s.hold = Hold::No,
+            _ => return,
+        }
+        l.flush()
+    };
+    if let Err(e) = flushed {
+        Lane::shut(
+            &lane,
+            Some(Failure::Lost(format!("Redis read lane failed: {e}"))),
+        );
+    }
+}
+
+/// `lib/lane.js`: socket lane `id`'s timer fired (and the chunks the socket had meanwhile were
+/// fed first: a busy thread is not a Redis failure). Answers the milliseconds until the oldest
+/// read in flight times out (arm again), or -1 when none is in flight; a read past the command
+/// timeout shuts the lane, as on the libuv lane.
+#[napi_derive::napi]
+pub fn lane_timer(id: u32) -> i32 {
+    let Some(lane) = socket_lane(id) else {
+        return -1;
+    };
+    {
+        let l = lane.borrow();
+        if l.shut {
+            return -1;
+        }
+        let Some(first) = l.sent.front() else {
+            return -1;
+        };
+        let now = Instant::now();
+        if now < first.deadline {
+            return (first.deadline - now).as_millis().min(i32::MAX as u128) as i32;
+        }
+    }
+    let timeout = lane.borrow().tier.lane_timeout();
+    Lane::shut(
+        &lane,
+        Some(Failure::TimedOut(format!(
+            "Redis get timed out after {timeout:?} (read lane)"
+        ))),
+    );
+    -1
+}
+
+/// `lib/lane.js`: socket lane `id`'s socket closed or failed (`why`): the reads it carried are
+/// asked again on the command connection.
+#[napi_derive::napi]
+pub fn lane_closed(id: u32, why: String) {
+    if let Some(lane) = socket_lane(id) {
+        Lane::shut(&lane, Some(Failure::Lost(why)));
+    }
+    SOCKET_LANES.with_borrow_mut(|lanes| lanes.remove(&id));
+}
+
+/// Calls the opener with `o`: the connection's `write` and `end` functions.
+///
+/// SAFETY: on the JS thread of `env`, inside a napi call (a handle scope is open).
+unsafe fn call_opener(
+    env: sys::napi_env,
+    o: Opening<'_>,
+) -> napi::Result<(sys::napi_ref, sys::napi_ref)> {
+    let Some(Opener(opener)) = SOCKET_OPENER.get() else {
+        return Err(napi::Error::from_reason("no lane opener is registered"));
+    };
+    // SAFETY: the caller's promise; every value is made in the open scope and passed at once.
+    unsafe {
+        let mut args = [ptr::null_mut(); 7];
+        napi::check_status!(sys::napi_create_uint32(env, o.id, &mut args[0]))?;
+        args[1] = js_string(env, o.host)?;
+        napi::check_status!(sys::napi_create_uint32(
+            env,
+            u32::from(o.port),
+            &mut args[2]
+        ))?;
+        args[3] = match o.path {
+            Some(p) => js_string(env, p)?,
+            None => {
+                let mut null = ptr::null_mut();
+                napi::check_status!(sys::napi_get_null(env, &mut null))?;
+                null
+            }
+        };
+        args[4] = js_buffer(env, o.hello)?;
+        napi::check_status!(sys::napi_create_double(env, o.connect_ms, &mut args[5]))?;
+        napi::check_status!(sys::napi_create_double(env, o.command_ms, &mut args[6]))?;
+        let conn = call_ref(env, opener, &args)?;
+        let mut refs = [ptr::null_mut(); 2];
+        for (r, name) in refs.iter_mut().zip([c"write", c"end"]) {
+            let mut f = ptr::null_mut();
+            napi::check_status!(sys::napi_get_named_property(
+                env,
+                conn,
+                name.as_ptr(),
+                &mut f
+            ))?;
+            napi::check_status!(sys::napi_create_reference(env, f, 1, r))?;
+        }
+        Ok((refs[0], refs[1]))
+    }
+}
+
+/// Calls the connection's `write` with `bytes` as a Latin-1 string (one character a byte, which
+/// `socket.write(s, 'latin1')` writes back byte for byte): cheaper to make than a Buffer, and
+/// written from a copy, so nothing made here is held by the socket after.
+///
+/// SAFETY: on the JS thread of `env`, inside a napi call.
+unsafe fn call_write(env: sys::napi_env, write: sys::napi_ref, bytes: &[u8]) -> napi::Result<()> {
+    let mut text = ptr::null_mut();
+    // SAFETY: the caller's promise; `bytes` is readable for its length, copied by the call.
+    unsafe {
+        napi::check_status!(sys::napi_create_string_latin1(
+            env,
+            bytes.as_ptr().cast(),
+            bytes.len() as isize,
+            &mut text
+        ))?;
+        call_ref(env, write, &[text]).map(|_| ())
+    }
+}
+
+/// Calls the function `f` refers to with `args`; a throw is cleared and returned as an error
+/// (it must not surface in the napi call that wrote or ended the socket).
+///
+/// SAFETY: on the JS thread of `env`, inside a napi call; `args` are values of `env`.
+unsafe fn call_ref(
+    env: sys::napi_env,
+    f: sys::napi_ref,
+    args: &[sys::napi_value],
+) -> napi::Result<sys::napi_value> {
+    // SAFETY: the caller's promise; `f` is a live reference of `env`.
+    unsafe {
+        let mut func = ptr::null_mut();
+        let mut this = ptr::null_mut();
+        let mut out = ptr::null_mut();
+        napi::check_status!(sys::napi_get_reference_value(env, f, &mut func))?;
+        napi::check_status!(sys::napi_get_undefined(env, &mut this))?;
+        let status = sys::napi_call_function(env, this, func, args.len(), args.as_ptr(), &mut out);
+        if status != sys::Status::napi_ok {
+            let mut pending = false;
+            sys::napi_is_exception_pending(env, &mut pending);
+            if pending {
+                let mut thrown = ptr::null_mut();
+                sys::napi_get_and_clear_last_exception(env, &mut thrown);
+            }
+            return Err(napi::Error::from_reason("the lane's socket threw"));
+        }
+        Ok(out)
+    }
+}
+
+/// SAFETY: on the JS thread of `env`, in a handle scope.
+unsafe fn js_string(env: sys::napi_env, s: &str) -> napi::Result<sys::napi_value> {
+    let mut out = ptr::null_mut();
+    // SAFETY: the caller's promise; `s` is valid UTF-8 of the length given.
+    napi::check_status!(unsafe {
+        sys::napi_create_string_utf8(env, s.as_ptr().cast(), s.len() as isize, &mut out)
+    })?;
+    Ok(out)
+}
+
+/// SAFETY: on the JS thread of `env`, in a handle scope.
+unsafe fn js_buffer(env: sys::napi_env, bytes: &[u8]) -> napi::Result<sys::napi_value> {
+    let mut out = ptr::null_mut();
+    let mut data = ptr::null_mut();
+    // SAFETY: the caller's promise; `bytes` is readable for its length, copied by the call.
+    napi::check_status!(unsafe {
+        sys::napi_create_buffer_copy(env, bytes.len(), bytes.as_ptr().cast(), &mut data, &mut out)
+    })?;
+    Ok(out)
 }

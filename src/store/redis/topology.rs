@@ -834,13 +834,19 @@ impl Topology {
         }
         match &self.kind {
             Kind::Single { info } => match info.addr() {
-                ConnectionAddr::Tcp(..) => true,
+                ConnectionAddr::Tcp(..) | ConnectionAddr::Unix(_) => true,
                 ConnectionAddr::TcpTls { .. } => self.tls.is_some(),
                 _ => false,
             },
             Kind::Sentinel { .. } => true,
             Kind::Cluster { .. } => false,
         }
+    }
+
+    /// Whether the one server is reached over a Unix socket (which only the socket lane, on the
+    /// runtime's own sockets, connects to).
+    pub fn lane_over_unix(&self) -> bool {
+        matches!(&self.kind, Kind::Single { info } if matches!(info.addr(), ConnectionAddr::Unix(_)))
     }
 
     /// Where a read lane connects now: the one server, or the primary the sentinels name; over

@@ -22,7 +22,7 @@ mod transport;
 use std::time::Duration;
 
 pub use resp::{frame, frame_values, Reply, Values};
-pub use transport::{Landing, LaneSocket, Opened};
+pub use transport::{handshake_reply, Landing, LaneSocket, Opened};
 
 use redis::RedisResult;
 
@@ -31,6 +31,7 @@ use super::net::timed_out;
 use super::{RedisTier, Remote};
 use crate::inbox::{tag_bucket, Stamp};
 use crate::key;
+use crate::store::redis::target::LaneTarget;
 use transport::refused;
 
 /// What a lane read found.
@@ -84,6 +85,29 @@ impl RedisTier {
         tokio::time::timeout(self.link.connect_timeout, opened)
             .await
             .map_err(|_| timed_out("timed out connecting to Redis"))?
+    }
+
+    /// Whether the one server is reached over a Unix socket, which only the socket lane (the
+    /// runtime's own sockets) reaches.
+    pub fn lane_over_unix(&self) -> bool {
+        self.link.topology.lane_over_unix()
+    }
+
+    /// Where a socket lane connects now (within the connect timeout), and the tier's command
+    /// connection count when it was asked.
+    pub async fn socket_lane_target(&self) -> RedisResult<(LaneTarget, u64)> {
+        let replacement = self.link.replacements();
+        let target =
+            tokio::time::timeout(self.link.connect_timeout, self.link.topology.lane_target())
+                .await
+                .map_err(|_| timed_out("timed out asking where Redis is"))??
+                .ok_or_else(|| refused("the server cannot be read on a lane".into()))?;
+        Ok((target, replacement))
+    }
+
+    /// The connect timeout (a socket lane's opening is bounded by it).
+    pub fn lane_connect_timeout(&self) -> Duration {
+        self.link.connect_timeout
     }
 
     /// The request of a lane read of `key`, appended to `out`.

@@ -23,31 +23,32 @@ pub struct LaneSocket {
     pub opened_at_replacement: u64,
 }
 
-/// Where a lane opening on the runtime leaves its result for the embedder's thread.
-pub type Opened = Arc<std::sync::Mutex<Option<RedisResult<LaneSocket>>>>;
+/// Where a lane opening on the runtime leaves its result for the embedder's thread (the open
+/// socket; or, for the socket lane, where to connect).
+pub type Opened<T = LaneSocket> = Arc<std::sync::Mutex<Option<RedisResult<T>>>>;
 
 /// The opening task's hold on `Opened`. Dropped without a result (the task panicked or was
 /// dropped), it leaves a failure, so the embedder retries later instead of waiting for ever.
-pub struct Landing {
-    result: Opened,
+pub struct Landing<T = LaneSocket> {
+    result: Opened<T>,
     landed: bool,
 }
 
-impl Landing {
-    pub fn new(result: Opened) -> Landing {
+impl<T> Landing<T> {
+    pub fn new(result: Opened<T>) -> Landing<T> {
         Landing {
             result,
             landed: false,
         }
     }
 
-    pub fn land(mut self, opened: RedisResult<LaneSocket>) {
+    pub fn land(mut self, opened: RedisResult<T>) {
         *self.result.lock_or_recover() = Some(opened);
         self.landed = true;
     }
 }
 
-impl Drop for Landing {
+impl<T> Drop for Landing<T> {
     fn drop(&mut self) {
         if !self.landed {
             *self.result.lock_or_recover() = Some(Err(RedisError::from(io::Error::other(
@@ -85,17 +86,23 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             else {
                 break;
             };
-            if let (Reply::Error(e), true) = (reply, handshake[answered].1) {
-                return Err(refused(format!(
-                    "Redis refused the connection: {}",
-                    String::from_utf8_lossy(e)
-                )));
-            }
+            handshake_reply(reply, handshake[answered].1).map_err(refused)?;
             answered += 1;
             input.drain(..len);
         }
     }
     Ok(())
+}
+
+/// Whether a handshake reply lets the lane open: a refusal of a `required` command does not.
+pub fn handshake_reply(reply: Reply<'_>, required: bool) -> Result<(), String> {
+    match (reply, required) {
+        (Reply::Error(e), true) => Err(format!(
+            "Redis refused the connection: {}",
+            String::from_utf8_lossy(e)
+        )),
+        _ => Ok(()),
+    }
 }
 
 pub(super) fn refused(what: String) -> RedisError {
@@ -106,6 +113,11 @@ pub(super) fn refused(what: String) -> RedisError {
 /// the embedder (non-blocking). `replacement`: the tier's command connection count when the
 /// opening began.
 pub async fn connect(target: &LaneTarget, replacement: u64) -> RedisResult<LaneSocket> {
+    if target.path.is_some() {
+        return Err(refused(
+            "a Unix socket is read through the runtime's own sockets".into(),
+        ));
+    }
     let mut stream = tokio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
     stream.set_nodelay(true)?;
     // A replaced lane's unsent reads are discarded rather than delivered late.
