@@ -5,12 +5,13 @@
 // holds: the key mark, the alignment marks, the bounds, the busy thread, close().
 //
 // Under Node, STAMPEDE_CACHE_LANE=socket (set here before the addon loads, and inherited by the
-// child processes the suites start) puts every TCP read lane on it, and the libuv lane's suite
-// and the batch wire suite run again that way. Then what only a Unix socket has: reads over one
+// child processes the suites start) puts every TCP read lane on it, and the libuv lane's suite,
+// the batch wire suite and the Cluster lanes' suite run again that way. Then what only a Unix socket has: reads over one
 // take the lane, a killed lane costs nothing, and a hostile reply on it closes it.
 process.env.STAMPEDE_CACHE_LANE = 'socket'
 require('./redis-lane.test.js')
 require('./batch-wire.test.js')
+require('./redis-cluster-lane.test.js')
 
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')

@@ -26,8 +26,8 @@ use napi::sys;
 use super::settle::{self, Promised};
 use crate::inbox::Stamp;
 use crate::store::redis::{
-    frame, frame_values, handshake_reply, Landing, LaneRead, LaneSocket, LaneTarget, Opened,
-    RedisTier, PROBE_INTERVAL,
+    frame, frame_values, handshake_reply, Landing, LaneNode, LaneRead, LaneSocket, LaneTarget,
+    Opened, RedisTier, PROBE_INTERVAL,
 };
 use crate::sync::LockOrRecover;
 
@@ -235,6 +235,89 @@ pub fn refuse_read_lane() {
 /// the socket lane (Bun and Deno, whose `uv_*` are not libuv's, and a Unix socket anywhere) is
 /// a socket of the runtime's own (`lib/lane.js`), whose chunks are framed here, one call each.
 pub fn ready(env: &Env, slot: &mut LaneSlot, tier: &Arc<RedisTier>) -> Option<Rc<RefCell<Lane>>> {
+    if tier.lane_is_cluster() {
+        // A Cluster reads on a lane per node (`ready_node`).
+        return None;
+    }
+    ready_at(env, slot, tier, None)
+}
+
+/// A Cluster engine's lanes, one per master its reads went to.
+#[derive(Default)]
+pub struct NodeLanes {
+    lanes: std::collections::HashMap<(String, u16), LaneSlot>,
+    /// When the slot map was last asked for, and whether that read is still running: one at a
+    /// time, at most one every `MAP_INTERVAL`.
+    map_asked: Option<Instant>,
+    map_reading: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The least time between two reads of the slot map for the lanes (after a redirect).
+const MAP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The most node lanes an engine opens: far above the masters of a real cluster's reads
+/// (beyond it, reads take the command connection), low enough that a slot map naming
+/// thousands of nodes cannot make it open thousands of sockets.
+const MAX_NODE_LANES: usize = 64;
+
+impl NodeLanes {
+    /// Closes every node's lane (the cache closed), as `LaneSlot::close` does one.
+    pub fn close(&mut self) {
+        for slot in self.lanes.values_mut() {
+            slot.close();
+        }
+    }
+}
+
+/// On a Cluster, `ready` for the lane to the master serving `key` (by the tier's slot map, read
+/// in the background when not known: reads take the command connection meanwhile).
+pub fn ready_node(
+    env: &Env,
+    lanes: &mut NodeLanes,
+    tier: &Arc<RedisTier>,
+    key: &str,
+) -> Option<Rc<RefCell<Lane>>> {
+    if !tier.lane_usable() {
+        return None;
+    }
+    match tier.lane_node(key) {
+        LaneNode::At(host, port) => {
+            let count = lanes.lanes.len();
+            let node = (host, port);
+            let slot = match lanes.lanes.get_mut(&node) {
+                Some(slot) => slot,
+                None if count < MAX_NODE_LANES => lanes.lanes.entry(node.clone()).or_default(),
+                None => return None,
+            };
+            ready_at(env, slot, tier, Some((&node.0, node.1)))
+        }
+        LaneNode::Unknown => {
+            use std::sync::atomic::Ordering::Relaxed;
+            let due = lanes
+                .map_asked
+                .is_none_or(|at| at.elapsed() >= MAP_INTERVAL);
+            if due && !lanes.map_reading.swap(true, Relaxed) {
+                lanes.map_asked = Some(Instant::now());
+                let tier = tier.clone();
+                let reading = lanes.map_reading.clone();
+                napi::bindgen_prelude::spawn(async move {
+                    tier.read_slot_map().await;
+                    reading.store(false, Relaxed);
+                });
+            }
+            None
+        }
+        LaneNode::Nowhere => None,
+    }
+}
+
+/// `ready` for the lane in `slot`, to the tier's server, or with `node` to that Cluster node.
+fn ready_at(
+    env: &Env,
+    slot: &mut LaneSlot,
+    tier: &Arc<RedisTier>,
+    node: Option<(&str, u16)>,
+) -> Option<Rc<RefCell<Lane>>> {
     let via_socket = socket_lane_only() || tier.lane_over_unix();
     let uv = if via_socket {
         if !socket_opener_registered() {
@@ -247,12 +330,18 @@ pub fn ready(env: &Env, slot: &mut LaneSlot, tier: &Arc<RedisTier>) -> Option<Rc
     if !tier.lane_usable() {
         return None;
     }
-    let reopen = |slot: &mut LaneSlot| {
-        if via_socket {
-            resolve(slot, tier)
-        } else {
-            open(slot, tier)
+    let reopen = |slot: &mut LaneSlot| match (via_socket, node) {
+        (true, None) => resolve(slot, tier),
+        (true, Some((host, port))) => {
+            *slot = match tier.node_lane_target(host, port) {
+                Some(target) => LaneSlot::Resolving(Arc::new(Mutex::new(Some(Ok((
+                    target,
+                    tier.lane_replacement(),
+                )))))),
+                None => LaneSlot::Never,
+            }
         }
+        (false, _) => open(slot, tier, node),
     };
     Some(match slot {
         LaneSlot::Never => return None,
@@ -288,7 +377,7 @@ pub fn ready(env: &Env, slot: &mut LaneSlot, tier: &Arc<RedisTier>) -> Option<Rc
             match resolved {
                 Ok((target, replacement)) if !target.is_tls() => {
                     if !tier.lane_current(replacement) {
-                        resolve(slot, tier);
+                        reopen(slot);
                         return None;
                     }
                     *slot = match Lane::connect_socket(env.raw(), tier, target, replacement) {
@@ -350,7 +439,7 @@ pub fn ready(env: &Env, slot: &mut LaneSlot, tier: &Arc<RedisTier>) -> Option<Rc
                 // gone or demoted (a socket waits here unwatched until a read installs it).
                 Ok(socket) if !tier.lane_current(socket.opened_at_replacement) => {
                     drop(socket);
-                    open(slot, tier);
+                    reopen(slot);
                     return None;
                 }
                 Ok(socket) => match Lane::install(uv, env.raw(), tier.clone(), socket) {
@@ -445,13 +534,18 @@ fn resolve(slot: &mut LaneSlot, tier: &Arc<RedisTier>) {
     });
 }
 
-fn open(slot: &mut LaneSlot, tier: &Arc<RedisTier>) {
+/// Opens a libuv lane on the runtime: to the tier's server, or with `node` to that Cluster node.
+fn open(slot: &mut LaneSlot, tier: &Arc<RedisTier>, node: Option<(&str, u16)>) {
     let result = Arc::new(Mutex::new(None));
     *slot = LaneSlot::Opening(result.clone());
     let tier = tier.clone();
     let landing = Landing::new(result);
+    let node = node.map(|(host, port)| (host.to_string(), port));
     napi::bindgen_prelude::spawn(async move {
-        let opened = tier.open_lane().await;
+        let opened = match node {
+            None => tier.open_lane().await,
+            Some((host, port)) => tier.open_lane_to(&host, port).await,
+        };
         landing.land(opened);
     });
 }

@@ -104,7 +104,9 @@ pub use envelopes::{new_token, Fetched, WriteBack};
 pub use fence::Fence;
 pub use gates::{Gate, HeldLock, LockOutcome};
 pub use health::PROBE_INTERVAL;
-pub use lane::{frame, frame_values, handshake_reply, Landing, LaneRead, LaneSocket, Opened};
+pub use lane::{
+    frame, frame_values, handshake_reply, Landing, LaneNode, LaneRead, LaneSocket, Opened,
+};
 pub use order::WriteOrder;
 pub use reports::{Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;

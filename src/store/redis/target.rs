@@ -87,6 +87,20 @@ impl LaneTarget {
         })
     }
 
+    /// A Cluster node at `host`:`port`, reached as `seed` authenticates (plain TCP, db 0).
+    pub fn node(host: &str, port: u16, seed: &ConnectionInfo) -> LaneTarget {
+        let s = seed.redis_settings();
+        LaneTarget {
+            host: host.to_string(),
+            port,
+            path: None,
+            username: s.username().map(str::to_string),
+            password: s.password().map(str::to_string),
+            db: 0,
+            tls: None,
+        }
+    }
+
     /// Whether the lane speaks TLS to this server.
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()
