@@ -9,7 +9,7 @@ const { openSocketLane } = require('./lane.js')
 
 // The read lane drives its socket from libuv directly. Bun exports `uv_*` functions that abort
 // and Deno's loop never polls them, so there the read lane takes a socket of the runtime's own
-// (the socket lane, lib/lane.js), as it does for a Unix socket everywhere.
+// (the socket lane, lib/lane.js).
 if (typeof process.versions.bun === 'string' || typeof process.versions.deno === 'string' || typeof globalThis.Deno !== 'undefined') {
   native.refuseReadLane()
 }

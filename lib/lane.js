@@ -1,7 +1,7 @@
 'use strict'
 // The socket lane's transport (src/node/lane.rs): where the read lane cannot drive its socket from
-// libuv (Bun and Deno, whose `uv_*` are not libuv's; a Unix socket), it reads on a `node:net`
-// socket of the runtime's own. This file only moves bytes: each chunk read goes to the native
+// libuv (Bun and Deno, whose `uv_*` are not libuv's), it reads on a `node:net` socket of the
+// runtime's own. This file only moves bytes: each chunk read goes to the native
 // framer in one call (`laneData`), which checks every reply (the key mark, the alignment marks,
 // the bounds) and settles the reads it answers inside that call; requests come back as one
 // `write` per batch. An idle lane keeps no process alive; one with reads in flight does.

@@ -14,7 +14,6 @@
 const net = require('node:net')
 const { listenLoopback } = require('./loopback')
 
-
 /** A read lane's own replies: a mark alone (the echo of a sequence number), or its handshake's (the echo of its name). */
 const LANE_MARK = /^\$\d+\r\n(\d+|stampede-cache:read-lane)\r\n/
 class FaultProxy {

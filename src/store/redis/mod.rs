@@ -105,7 +105,8 @@ pub use fence::Fence;
 pub use gates::{Gate, HeldLock, LockOutcome};
 pub use health::PROBE_INTERVAL;
 pub use lane::{
-    frame, frame_values, handshake_reply, Landing, LaneNode, LaneRead, LaneSocket, Opened,
+    frame, frame_values, handshake_reply, Landing, LaneNode, LaneRead, LaneSocket, LaneStream,
+    Opened,
 };
 pub use order::WriteOrder;
 pub use reports::{Report, Reports, REPORT_INTERVAL};

@@ -11,8 +11,7 @@ use redis::{ConnectionAddr, ConnectionInfo};
 pub struct LaneTarget {
     pub(super) host: String,
     pub(super) port: u16,
-    /// A Unix socket's path (`host` and `port` are then unused): only the socket lane (the
-    /// runtime's own sockets) connects to one.
+    /// A Unix socket's path (`host` and `port` are then unused).
     pub(super) path: Option<String>,
     username: Option<String>,
     password: Option<String>,

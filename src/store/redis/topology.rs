@@ -858,12 +858,6 @@ impl Topology {
         }
     }
 
-    /// Whether the one server is reached over a Unix socket (which only the socket lane, on the
-    /// runtime's own sockets, connects to).
-    pub fn lane_over_unix(&self) -> bool {
-        matches!(&self.kind, Kind::Single { info } if matches!(info.addr(), ConnectionAddr::Unix(_)))
-    }
-
     /// Where a read lane connects now: the one server, or the primary the sentinels name; over
     /// TLS, with the client configuration the command connection's options describe.
     pub async fn lane_target(&self) -> RedisResult<Option<LaneTarget>> {

@@ -1,12 +1,13 @@
-//! The read lane: a second connection to the one server (or the Sentinel primary), over TCP or
-//! TLS, which the hot read path (a `GET` of a key's envelope) takes instead of the command
-//! connection. The embedder drives its socket from its own event loop, so a read and its answer
+//! The read lane: a second connection to the one server (or the Sentinel primary, or on a
+//! Cluster one per master), over TCP, TLS or a Unix socket, which the hot read path (a `GET` of a
+//! key's envelope) takes instead of the command connection. The embedder drives its socket from its own event loop, so a read and its answer
 //! cross no thread: on the command connection each read goes JS thread → runtime worker →
 //! connection task → JS thread, and a profile put most of a sequential read's time in those
 //! wake-ups. Here lives what needs no event loop, in pure Rust that tests reach without Node:
 //! the framing of its replies (`resp`), how it connects and authenticates (`transport`, on the
 //! runtime, then handed over as a non-blocking socket), whether it may be used, and what a reply
-//! means (this file). The embedder's glue (libuv, in `src/node/lane.rs`) only moves bytes.
+//! means (this file). The embedder's glue (libuv, or a socket of the runtime's own where there
+//! is no genuine libuv: `src/node/lane.rs`, `lib/lane.js`) only moves bytes.
 //!
 //! The lane carries plain GETs only; everything else (a miss that must take the lock, an entry
 //! with tags, an error reply) is asked again on the command connection, which knows how to
@@ -22,7 +23,7 @@ mod transport;
 use std::time::Duration;
 
 pub use resp::{frame, frame_values, Reply, Values};
-pub use transport::{handshake_reply, Landing, LaneSocket, Opened};
+pub use transport::{handshake_reply, Landing, LaneSocket, LaneStream, Opened};
 
 use redis::RedisResult;
 
@@ -97,12 +98,6 @@ impl RedisTier {
         tokio::time::timeout(self.link.connect_timeout, opened)
             .await
             .map_err(|_| timed_out("timed out connecting to Redis"))?
-    }
-
-    /// Whether the one server is reached over a Unix socket, which only the socket lane (the
-    /// runtime's own sockets) reaches.
-    pub fn lane_over_unix(&self) -> bool {
-        self.link.topology.lane_over_unix()
     }
 
     /// Where a socket lane connects now (within the connect timeout), and the tier's command

@@ -1,5 +1,6 @@
-//! How a read lane connects to its target (`target.rs`): the TCP or TLS connection and the
-//! handshake, all on the runtime; the socket is then handed to the embedder as non-blocking.
+//! How a read lane connects to its target (`target.rs`): the TCP, TLS or Unix socket connection
+//! and the handshake, all on the runtime; the socket is then handed to the embedder as
+//! non-blocking.
 
 use std::io;
 use std::net::TcpStream;
@@ -15,10 +16,51 @@ use super::resp::{frame, Reply};
 use crate::store::redis::target::{LaneTarget, LaneTls};
 use crate::sync::LockOrRecover;
 
+/// A lane's socket: TCP, or a Unix socket's.
+pub enum LaneStream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl io::Read for &LaneStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match *self {
+            LaneStream::Tcp(s) => (&*s).read(buf),
+            #[cfg(unix)]
+            LaneStream::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl io::Write for &LaneStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match *self {
+            LaneStream::Tcp(s) => (&*s).write(buf),
+            #[cfg(unix)]
+            LaneStream::Unix(s) => (&*s).write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+impl std::os::fd::AsRawFd for LaneStream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            LaneStream::Tcp(s) => s.as_raw_fd(),
+            LaneStream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
 /// An open lane's socket (non-blocking), its TLS session if it has one, and the tier's command
 /// connection count when it began to open.
 pub struct LaneSocket {
-    pub stream: TcpStream,
+    pub stream: LaneStream,
     pub tls: Option<Box<rustls::ClientConnection>>,
     pub opened_at_replacement: u64,
 }
@@ -113,10 +155,8 @@ pub(super) fn refused(what: String) -> RedisError {
 /// the embedder (non-blocking). `replacement`: the tier's command connection count when the
 /// opening began.
 pub async fn connect(target: &LaneTarget, replacement: u64) -> RedisResult<LaneSocket> {
-    if target.path.is_some() {
-        return Err(refused(
-            "a Unix socket is read through the runtime's own sockets".into(),
-        ));
+    if let Some(path) = &target.path {
+        return connect_unix(path, target, replacement).await;
     }
     let mut stream = tokio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
     stream.set_nodelay(true)?;
@@ -146,10 +186,33 @@ pub async fn connect(target: &LaneTarget, replacement: u64) -> RedisResult<LaneS
     let stream = stream.into_std()?;
     stream.set_nonblocking(true)?;
     Ok(LaneSocket {
-        stream,
+        stream: LaneStream::Tcp(stream),
         tls,
         opened_at_replacement: replacement,
     })
+}
+
+/// `connect` to a Unix socket at `path`.
+#[cfg(unix)]
+async fn connect_unix(
+    path: &str,
+    target: &LaneTarget,
+    replacement: u64,
+) -> RedisResult<LaneSocket> {
+    let mut stream = tokio::net::UnixStream::connect(path).await?;
+    handshake(&mut stream, target).await?;
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(true)?;
+    Ok(LaneSocket {
+        stream: LaneStream::Unix(stream),
+        tls: None,
+        opened_at_replacement: replacement,
+    })
+}
+
+#[cfg(not(unix))]
+async fn connect_unix(_: &str, _: &LaneTarget, _: u64) -> RedisResult<LaneSocket> {
+    Err(refused("no Unix sockets here".into()))
 }
 
 #[cfg(test)]
