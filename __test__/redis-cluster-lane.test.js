@@ -10,7 +10,7 @@
 const { test, before, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { ProxiedCluster } = require('./helpers/proxied-cluster')
-const { parseClusterSlots, parseInfo } = require('./helpers/redis-topology')
+const { parseInfo } = require('./helpers/redis-topology')
 const { eventually } = require('./helpers/eventually')
 
 const vkey = (ns, k) => `${ns}:v:{${k}}`
@@ -38,13 +38,6 @@ function cacheFor(namespace, errors, options = {}) {
     onError: (err) => errors.push(err.message),
     ...options,
   })
-}
-
-/** The proxy port of the master serving each Redis key now. */
-async function ownerPorts(redisKeys) {
-  const slots = await pc.keySlots(redisKeys)
-  const ranges = parseClusterSlots(await pc.masters[0].node.cmd('CLUSTER', 'SLOTS'))
-  return slots.map((s) => ranges.find((r) => s >= r.start && s <= r.end).master)
 }
 
 /** Per master (by proxy port): the value keys its lanes (connections sending ECHO marks) were sent GETs of, and those sent elsewhere. */
@@ -92,7 +85,7 @@ test('Cluster: each read takes the lane to the master serving its key, values an
   t.after(() => Promise.all([writer.close(), reader.close()]))
   for (const k of keys) await writer.set(k, { k, text: 'x'.repeat(k.length * 100) })
   await warm(reader, namespace, keys)
-  const owners = await ownerPorts(keys.map((k) => vkey(namespace, k)))
+  const owners = await pc.ownerPorts(keys.map((k) => vkey(namespace, k)))
   const before = reader.stats()
   const seen = await pc.record(() => Promise.all(Array.from({ length: 270 }, (_, n) => reader.getOrLoad(keys[n % 90], mustNotLoad))))
   seen.result.forEach((v, n) => assert.deepEqual(v, { k: keys[n % 90], text: 'x'.repeat(keys[n % 90].length * 100) }))
@@ -123,7 +116,7 @@ test("Cluster: a slot moved under the lanes: its reads are redirected once (MOVE
   await warm(reader, namespace, keys)
   const [from, to] = pc.masters
   const vkeys = keys.map((k) => vkey(namespace, k))
-  const owners = await ownerPorts(vkeys)
+  const owners = await pc.ownerPorts(vkeys)
   const slots = await pc.keySlots(vkeys)
   const slot = slots[owners.indexOf(from.proxy.port)]
   const moved = keys.filter((_, i) => slots[i] === slot)

@@ -19,11 +19,11 @@ const os = require('node:os')
 const { RedisServer, waitFor, killAllSync } = require('./helpers/redis-server')
 const { monitorDuring } = require('./helpers/monitor')
 const { makeCertificates, RedisNode, killTopologySync } = require('./helpers/redis-topology')
+const { lanes, laneCarrying } = require('./helpers/lanes')
 const { StampedeCache } = require('..')
 
 const root = path.join(__dirname, '..')
 const TEST_TIMEOUT = 60_000
-const LANE = 'stampede-cache:read-lane'
 
 after(() => {
   killAllSync()
@@ -34,42 +34,6 @@ async function server(t) {
   const redis = await new RedisServer().start()
   t.after(() => redis.dispose())
   return redis
-}
-
-/** CLIENT LIST entries, as objects of their fields. */
-async function clients(redis) {
-  const text = await redis.cmd('CLIENT', 'LIST')
-  return text
-    .split('\n')
-    .filter(Boolean)
-    .map((line) =>
-      Object.fromEntries(
-        line
-          .trim()
-          .split(' ')
-          .map((kv) => kv.split('=', 2)),
-      ),
-    )
-}
-
-async function lanes(redis) {
-  return (await clients(redis)).filter((c) => c.name === LANE)
-}
-
-// What the lane ran last once it carried reads: each batch of GETs ends with its ECHO mark
-// (its handshake ends with CLIENT SETNAME, after its own ECHO).
-const CARRIED = new Set(['get', 'echo'])
-
-/** Reads until the lane is open and has carried a GET (it opens in the background). */
-async function laneCarrying(redis, read) {
-  await waitFor(
-    async () => {
-      await read()
-      return (await lanes(redis)).some((c) => CARRIED.has(c.cmd))
-    },
-    { what: 'the read lane to carry GETs' },
-  )
-  return (await lanes(redis)).find((c) => CARRIED.has(c.cmd))
 }
 
 function cacheOn(t, redis, options = {}) {

@@ -11,11 +11,11 @@ const os = require('node:os')
 const path = require('node:path')
 const { RedisNode, killTopologySync } = require('./helpers/redis-topology')
 const { waitFor } = require('./helpers/redis-server')
+const { LANE, lanes, laneCarrying } = require('./helpers/lanes')
 const { StampedeCache } = require('..')
 
 after(() => killTopologySync())
 
-const LANE = 'stampede-cache:read-lane'
 const mustNotLoad = () => {
   throw new Error('Redis is up: the value must come from it')
 }
@@ -30,34 +30,6 @@ async function unixServer(t) {
     fs.rmSync(dir, { recursive: true, force: true })
   })
   return { node, socket }
-}
-
-/** The lanes CLIENT LIST shows, as objects of their fields. */
-async function lanes(node) {
-  const text = String(await node.cmd('CLIENT', 'LIST'))
-  return text
-    .split('\n')
-    .filter(Boolean)
-    .map((line) =>
-      Object.fromEntries(
-        line
-          .trim()
-          .split(' ')
-          .map((kv) => kv.split('=', 2)),
-      ),
-    )
-    .filter((c) => c.name === LANE)
-}
-
-async function laneCarrying(node, read) {
-  await waitFor(
-    async () => {
-      await read()
-      return (await lanes(node)).some((c) => c.cmd === 'get' || c.cmd === 'echo')
-    },
-    { what: 'the lane to carry GETs' },
-  )
-  return (await lanes(node)).find((c) => c.cmd === 'get' || c.cmd === 'echo')
 }
 
 test('over a Unix socket: reads take the lane, values and counts as before; a killed lane costs the reads in flight nothing', {

@@ -53,19 +53,24 @@ after(() => {
   if (scratch) fs.rmSync(scratch, { recursive: true, force: true })
 })
 
+/** Runs `args` under runtime `name` (`bin`) in `cwd` to its end: it must exit 0; `seen`: the JSON of its last line. */
+function runUnder(name, bin, args, cwd) {
+  const r = spawnSync(bin, args, {
+    cwd,
+    encoding: 'utf8',
+    timeout: 90_000,
+    env: { ...process.env, NO_COLOR: '1', DENO_NO_UPDATE_CHECK: '1' },
+  })
+  assert.equal(r.signal, null, `${name} was killed by ${r.signal}: ${r.stderr}`)
+  assert.equal(r.status, 0, `${name} exited ${r.status}: ${r.stderr}`)
+  return { seen: JSON.parse(r.stdout.trim().split('\n').pop()), r }
+}
+
 for (const [name, command] of Object.entries(RUNTIMES)) {
   test(`${name}: the API with Redis, with and without the in-process tier`, { timeout: 120_000 }, async () => {
     await ready
     const [bin, args] = command()
-    const r = spawnSync(bin, [...args, 'smoke.mjs', redis.url], {
-      cwd: scratch,
-      encoding: 'utf8',
-      timeout: 90_000,
-      env: { ...process.env, NO_COLOR: '1', DENO_NO_UPDATE_CHECK: '1' },
-    })
-    assert.equal(r.signal, null, `${name} was killed by ${r.signal}: ${r.stderr}`)
-    assert.equal(r.status, 0, `${name} exited ${r.status}: ${r.stderr}`)
-    const seen = JSON.parse(r.stdout.trim().split('\n').pop())
+    const { seen } = runUnder(name, bin, [...args, 'smoke.mjs', redis.url], scratch)
     for (const [label, s] of Object.entries(seen)) {
       const where = `${name} ${label}: ${JSON.stringify(s)}`
       assert.deepEqual(s.coldValues, [1], `one value for every cold read: ${where}`)
@@ -92,15 +97,7 @@ for (const name of ['bun', 'deno']) {
       const [bin, args] = RUNTIMES[name]()
       // The fixture is CommonJS.
       const runArgs = name === 'deno' ? [...args, '--unstable-detect-cjs'] : args
-      const r = spawnSync(bin, [...runArgs, path.join(__dirname, 'fixtures', 'wire-client.js'), String(redis.port), scenario], {
-        cwd: ROOT,
-        encoding: 'utf8',
-        timeout: 90_000,
-        env: { ...process.env, NO_COLOR: '1', DENO_NO_UPDATE_CHECK: '1' },
-      })
-      assert.equal(r.signal, null, `${name} was killed by ${r.signal}: ${r.stderr}`)
-      assert.equal(r.status, 0, `${name} exited ${r.status}: ${r.stderr}`)
-      const seen = JSON.parse(r.stdout.trim().split('\n').pop())
+      const { seen, r } = runUnder(name, bin, [...runArgs, path.join(__dirname, 'fixtures', 'wire-client.js'), String(redis.port), scenario], ROOT)
       assert.ok(seen.tampered >= 1, `the fault was injected: ${r.stdout}`)
       assert.equal(seen.wrong, 0, `reads that returned another key's value: ${r.stdout}`)
       assert.equal(seen.finalWrong, 0, `wrong values kept in process: ${r.stdout}`)

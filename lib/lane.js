@@ -7,8 +7,6 @@
 // `write` per batch. An idle lane keeps no process alive; one with reads in flight does.
 const net = require('node:net')
 
-const NOT_NODE = typeof process.versions.bun === 'string' || typeof process.versions.deno === 'string' || typeof globalThis.Deno !== 'undefined'
-
 /**
  * Opens socket lane `id` to `path` (a Unix socket) or `host`:`port`, writes the handshake
  * `hello` at once, and answers the connection the native side drives: { write(bytes), end() }.
@@ -17,9 +15,9 @@ const NOT_NODE = typeof process.versions.bun === 'string' || typeof process.vers
  */
 function openSocketLane(native, id, host, port, path, hello, connectMs, commandMs) {
   const options = path ? { path } : { host, port, noDelay: true }
-  // Under Node, chunks are read into one buffer of the lane's (`onread`: no Buffer and no
-  // stream machinery per chunk); the framer copies what it keeps. Bun and Deno take 'data'.
-  if (!NOT_NODE) options.onread = { buffer: Buffer.allocUnsafe(64 * 1024), callback: (n, buffer) => take(buffer.subarray(0, n)) }
+  // Chunks are read into one buffer of the lane's (`onread`: no Buffer and no stream machinery
+  // per chunk; Node, Bun and Deno all take it); the framer copies what it keeps.
+  options.onread = { buffer: Buffer.allocUnsafe(64 * 1024), callback: (n, buffer) => take(buffer.subarray(0, n)) }
   const socket = net.connect(options)
   socket.unref()
   let held = false
@@ -63,7 +61,6 @@ function openSocketLane(native, id, host, port, path, hello, connectMs, commandM
       }
     }
   }
-  if (NOT_NODE) socket.on('data', take)
   // 'close' follows every 'error'; the error's message says why.
   let why = 'Redis closed the read lane'
   socket.on('error', (err) => {

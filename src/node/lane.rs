@@ -553,6 +553,32 @@ fn open(slot: &mut LaneSlot, tier: &Arc<RedisTier>, node: Option<(&str, u16)>) {
 }
 
 impl Lane {
+    /// A lane with nothing sent, and no socket yet (`install` and `connect_socket` give it one).
+    fn idle(env: sys::napi_env, tier: Arc<RedisTier>, replacement: u64) -> Lane {
+        Lane {
+            env,
+            tier,
+            socket: None,
+            stream: None,
+            tls: None,
+            replacement,
+            poll: ptr::null_mut(),
+            timer: ptr::null_mut(),
+            out: Vec::new(),
+            input: Vec::with_capacity(16 * 1024),
+            sent: VecDeque::new(),
+            framed: VecDeque::new(),
+            marks: VecDeque::new(),
+            reads_written: 0,
+            reads_delivered: 0,
+            next_mark: 0,
+            writable: false,
+            refd: false,
+            timer_armed: false,
+            shut: false,
+        }
+    }
+
     fn install(
         uv: &'static Uv,
         env: sys::napi_env,
@@ -591,26 +617,12 @@ impl Lane {
             return Err(napi::Error::from_reason("uv_poll_init failed"));
         }
         let lane = Rc::new(RefCell::new(Lane {
-            env,
-            tier,
-            socket: None,
             stream: Some(socket.stream),
             tls: socket.tls,
-            replacement: socket.opened_at_replacement,
             poll,
             timer,
-            out: Vec::new(),
-            input: Vec::with_capacity(16 * 1024),
-            sent: VecDeque::new(),
-            framed: VecDeque::new(),
-            marks: VecDeque::new(),
-            reads_written: 0,
-            reads_delivered: 0,
-            next_mark: 0,
-            writable: false,
             refd: true,
-            timer_armed: false,
-            shut: false,
+            ..Lane::idle(env, tier, socket.opened_at_replacement)
         }));
         // Each handle holds the lane until its close callback.
         // SAFETY: initialized handles of this thread's loop; their data is a leaked Rc, taken
@@ -658,8 +670,6 @@ impl Lane {
             )?
         };
         let lane = Rc::new(RefCell::new(Lane {
-            env,
-            tier: tier.clone(),
             socket: Some(SocketIo {
                 id,
                 write,
@@ -667,23 +677,7 @@ impl Lane {
                 handshake: required.into(),
                 hold: Hold::No,
             }),
-            stream: None,
-            tls: None,
-            replacement,
-            poll: ptr::null_mut(),
-            timer: ptr::null_mut(),
-            out: Vec::new(),
-            input: Vec::with_capacity(16 * 1024),
-            sent: VecDeque::new(),
-            framed: VecDeque::new(),
-            marks: VecDeque::new(),
-            reads_written: 0,
-            reads_delivered: 0,
-            next_mark: 0,
-            writable: false,
-            refd: false,
-            timer_armed: false,
-            shut: false,
+            ..Lane::idle(env, tier.clone(), replacement)
         }));
         SOCKET_LANES.with_borrow_mut(|lanes| lanes.insert(id, Rc::downgrade(&lane)));
         Ok(lane)
