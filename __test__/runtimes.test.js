@@ -14,8 +14,12 @@ const os = require('node:os')
 const path = require('node:path')
 const { spawnSync } = require('node:child_process')
 const { RedisServer, killAllSync } = require('./helpers/redis-server')
+const { RedisCluster, killTopologySync } = require('./helpers/redis-topology')
 
-after(() => killAllSync())
+after(() => {
+  killAllSync()
+  killTopologySync()
+})
 
 const ROOT = path.join(__dirname, '..')
 const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8'))
@@ -33,10 +37,12 @@ const RUNTIMES = {
 }
 
 let redis
+let cluster
 let scratch
 const ready = (async () => {
   redis = new RedisServer()
   await redis.start()
+  cluster = await new RedisCluster({ masters: 3, replicasPerMaster: 0 }).start()
   // The package as installed by name: its published files plus the addon built here.
   scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-runtimes-'))
   const dest = path.join(scratch, 'node_modules', 'stampede-cache')
@@ -48,8 +54,9 @@ const ready = (async () => {
   fs.writeFileSync(path.join(scratch, 'deno.json'), JSON.stringify({ nodeModulesDir: 'manual' }))
   fs.copyFileSync(path.join(__dirname, 'runtimes', 'smoke.mjs'), path.join(scratch, 'smoke.mjs'))
 })()
-after(() => {
+after(async () => {
   redis?.dispose()
+  await cluster?.dispose()
   if (scratch) fs.rmSync(scratch, { recursive: true, force: true })
 })
 
@@ -67,11 +74,20 @@ function runUnder(name, bin, args, cwd) {
 }
 
 for (const [name, command] of Object.entries(RUNTIMES)) {
-  test(`${name}: the API with Redis, with and without the in-process tier`, { timeout: 120_000 }, async () => {
+  test(`${name}: the API with Redis, with and without the in-process tier, and a Cluster's reads`, { timeout: 120_000 }, async () => {
     await ready
     const [bin, args] = command()
-    const { seen } = runUnder(name, bin, [...args, 'smoke.mjs', redis.url], scratch)
-    for (const [label, s] of Object.entries(seen)) {
+    const { seen } = runUnder(name, bin, [...args, 'smoke.mjs', redis.url, cluster.seedUrls.join(',')], scratch)
+    const { cluster: onCluster, ...single } = seen
+    const where = `${name} cluster: ${JSON.stringify(onCluster)}`
+    assert.equal(onCluster.wrong, 0, `every read its own key's value: ${where}`)
+    assert.equal(onCluster.loads, 0, where)
+    assert.equal(onCluster.redisErrors, 0, where)
+    assert.ok(
+      onCluster.lanes.every((n) => n >= 1),
+      `a read lane on every master: ${where}`,
+    )
+    for (const [label, s] of Object.entries(single)) {
       const where = `${name} ${label}: ${JSON.stringify(s)}`
       assert.deepEqual(s.coldValues, [1], `one value for every cold read: ${where}`)
       assert.equal(s.missing, 0, `no read lost: ${where}`)

@@ -1,16 +1,17 @@
 // The API as a user of another runtime calls it (__test__/runtimes.test.js runs this under Node,
 // Bun and Deno, importing the package by name). Prints one JSON line of what it saw; the parent
-// asserts on it. Redis is the parent's private server (argument 1).
+// asserts on it. Redis is the parent's private server (argument 1); argument 2, the seeds of its
+// private Redis Cluster (comma-separated).
 import net from 'node:net'
 import { StampedeCache, StampedeCacheError } from 'stampede-cache'
 
-const url = globalThis.Deno ? Deno.args[0] : process.argv[2]
+const [url, seeds] = globalThis.Deno ? Deno.args : process.argv.slice(2)
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 const out = {}
 
-/** How many connections Redis lists under the read lane's name (raw RESP, one CLIENT LIST). */
-function readLanes() {
-  const { hostname, port } = new URL(url)
+/** How many connections the Redis at `at` lists under the read lane's name (raw RESP, one CLIENT LIST). */
+function readLanes(at = url) {
+  const { hostname, port } = new URL(at)
   return new Promise((resolve, reject) => {
     const socket = net.connect({ host: hostname, port: Number(port) })
     let text = ''
@@ -95,5 +96,26 @@ for (const l1 of [undefined, false]) {
     closedCode = err.code
   }
   out[label].closedCode = closedCode
+}
+
+// A Redis Cluster: every read its own key's value, on a lane to each master.
+if (seeds) {
+  const redis = { cluster: seeds.split(',') }
+  const writer = new StampedeCache({ redis, namespace: `${namespace}cl`, ttl: 60_000 })
+  const reader = new StampedeCache({ redis, namespace: `${namespace}cl`, l1: false })
+  const keys = Array.from({ length: 60 }, (_, i) => `c${i}`)
+  for (const k of keys) await writer.set(k, { k })
+  let wrong = 0
+  for (let round = 0; round < 5; round++) for (const k of keys) if ((await reader.get(k))?.k !== k) wrong++
+  const many = await Promise.all(keys.flatMap((k) => [reader.get(k), reader.get(k)]))
+  wrong += many.filter((v, i) => v?.k !== keys[i >> 1]).length
+  out.cluster = {
+    wrong,
+    loads: reader.stats().loads,
+    redisErrors: reader.stats().redisErrors + writer.stats().redisErrors,
+    lanes: await Promise.all(redis.cluster.map((seed) => readLanes(seed))),
+  }
+  await writer.close()
+  await reader.close()
 }
 console.log(JSON.stringify(out))
