@@ -278,12 +278,12 @@ export declare function inspectEntry(id: number, key: string): EntryInfo | null
 export declare function laneClosed(id: number, why: string): void
 
 /**
- * `lib/lane.js`: a chunk socket lane `id` read. Answers, once open, twice the reads in flight
+ * `lib/lane.js`: a chunk socket lane `id` read (the first `length` bytes of `buffer`). Answers, once open, twice the reads in flight
  * on it (the socket is let go at 0), plus 1 if it answered several (then call `lane_release`
  * after the microtasks that follow); -1 while its handshake runs, -2 if the lane is gone or
  * shut (the socket is then ended). The reads it answered are settled inside this call.
  */
-export declare function laneData(id: number, chunk: Uint8Array): number
+export declare function laneData(id: number, buffer: Uint8Array, length: number): number
 
 /**
  * `lib/lane.js`: the microtasks after socket lane `id`'s chunk have run: the reads their

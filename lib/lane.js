@@ -17,7 +17,7 @@ function openSocketLane(native, id, host, port, path, hello, connectMs, commandM
   const options = path ? { path } : { host, port, noDelay: true }
   // Chunks are read into one buffer of the lane's (`onread`: no Buffer and no stream machinery
   // per chunk; Node, Bun and Deno all take it); the framer copies what it keeps.
-  options.onread = { buffer: Buffer.allocUnsafe(64 * 1024), callback: (n, buffer) => take(buffer.subarray(0, n)) }
+  options.onread = { buffer: Buffer.allocUnsafe(64 * 1024), callback: (n, buffer) => take(buffer, n) }
   const socket = net.connect(options)
   socket.unref()
   let held = false
@@ -46,8 +46,8 @@ function openSocketLane(native, id, host, port, path, hello, connectMs, commandM
   // run: a tick queued from a microtask runs after every microtask queued meanwhile.
   const release = () => native.laneRelease(id)
   const releaseAfterMicrotasks = () => process.nextTick(release)
-  const take = (chunk) => {
-    const answer = native.laneData(id, chunk)
+  const take = (buffer, n) => {
+    const answer = native.laneData(id, buffer, n)
     if (answer === -2) socket.destroy()
     else if (answer >= 0) {
       if (!open) {

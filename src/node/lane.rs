@@ -1675,12 +1675,14 @@ fn socket_lane(id: u32) -> Option<Rc<RefCell<Lane>>> {
     SOCKET_LANES.with_borrow(|lanes| lanes.get(&id).and_then(Weak::upgrade))
 }
 
-/// `lib/lane.js`: a chunk socket lane `id` read. Answers, once open, twice the reads in flight
+/// `lib/lane.js`: a chunk socket lane `id` read (the first `length` bytes of `buffer`). Answers, once open, twice the reads in flight
 /// on it (the socket is let go at 0), plus 1 if it answered several (then call `lane_release`
 /// after the microtasks that follow); -1 while its handshake runs, -2 if the lane is gone or
 /// shut (the socket is then ended). The reads it answered are settled inside this call.
 #[napi_derive::napi]
-pub fn lane_data(id: u32, chunk: &[u8]) -> i32 {
+pub fn lane_data(id: u32, buffer: &[u8], length: u32) -> i32 {
+    // The lane's read buffer and how much of it this chunk filled (no view made per chunk).
+    let chunk = &buffer[..(length as usize).min(buffer.len())];
     let Some(lane) = socket_lane(id) else {
         return -2;
     };
