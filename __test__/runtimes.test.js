@@ -61,12 +61,12 @@ after(async () => {
 })
 
 /** Runs `args` under runtime `name` (`bin`) in `cwd` to its end: it must exit 0; `seen`: the JSON of its last line. */
-function runUnder(name, bin, args, cwd) {
+function runUnder(name, bin, args, cwd, env = {}) {
   const r = spawnSync(bin, args, {
     cwd,
     encoding: 'utf8',
     timeout: 90_000,
-    env: { ...process.env, NO_COLOR: '1', DENO_NO_UPDATE_CHECK: '1' },
+    env: { ...process.env, NO_COLOR: '1', DENO_NO_UPDATE_CHECK: '1', ...env },
   })
   assert.equal(r.signal, null, `${name} was killed by ${r.signal}: ${r.stderr}`)
   assert.equal(r.status, 0, `${name} exited ${r.status}: ${r.stderr}`)
@@ -120,4 +120,22 @@ for (const name of ['bun', 'deno']) {
       for (const f of seen.floods || []) assert.ok(f.closedAfter !== null && f.closedAfter < 10_000, `closed after ${f.closedAfter} ms: ${r.stdout}`)
     })
   }
+}
+
+// A cache collected without close() while its read lane is open: no JS runs in its finalizer
+// (which Bun and Deno may not allow), and the lane's socket is ended all the same, at the next
+// lane call of a cache still open. Node runs it on the socket lane (STAMPEDE_CACHE_LANE=socket).
+for (const [name, gcArgs, env] of [
+  ['node', ['--expose-gc'], { STAMPEDE_CACHE_LANE: 'socket' }],
+  ['bun', [], {}],
+  ['deno', ['--unstable-detect-cjs', '--v8-flags=--expose-gc'], {}],
+]) {
+  test(`${name}: a cache collected with its socket lane open: no crash, and the lane closes`, { timeout: 120_000 }, async () => {
+    await ready
+    const [bin, args] = RUNTIMES[name]()
+    const fixture = path.join(__dirname, 'fixtures', 'collected-lane.js')
+    const { seen } = runUnder(name, bin, [...args, ...gcArgs, fixture, redis.url], ROOT, env)
+    assert.equal(seen.both, 2, `both caches read on a lane: ${JSON.stringify(seen)}`)
+    assert.equal(seen.after, 1, `the collected cache's lane closed: ${JSON.stringify(seen)}`)
+  })
 }

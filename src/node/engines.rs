@@ -36,8 +36,11 @@ impl Drop for EngineState {
     fn drop(&mut self) {
         // A cache collected without close() still closes its lane and stops its bus task; the
         // locks its flights hold go back as their records drop, after this.
-        self.lane.close();
-        self.node_lanes.close();
+        let (lane, node_lanes) = (&mut self.lane, &mut self.node_lanes);
+        super::lane::closing_in_finalizer(|| {
+            lane.close();
+            node_lanes.close();
+        });
         if let Some(r) = &self.redis {
             r.close();
         }

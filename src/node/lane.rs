@@ -321,6 +321,7 @@ fn ready_at(
     node: Option<(&str, u16)>,
 ) -> Option<Rc<RefCell<Lane>>> {
     let via_socket = socket_lane_only();
+    end_unended(env.raw());
     let uv = if via_socket {
         if !socket_opener_registered() {
             return None;
@@ -1131,9 +1132,15 @@ impl Lane {
         };
         if let Some(socket) = socket {
             SOCKET_LANES.with_borrow_mut(|lanes| lanes.remove(&socket.id));
-            // SAFETY: a socket lane is shut on the JS thread inside a napi call (a read, a
-            // chunk, its timer, close()); the references are this lane's, released once.
-            unsafe { socket.end(env) };
+            if FINALIZING.get() {
+                // A cache collected without close(): no JS may run in a finalizer. The socket
+                // is ended at this thread's next lane call (and a chunk for it ends it at once).
+                UNENDED.with_borrow_mut(|u| u.push(socket));
+            } else {
+                // SAFETY: a socket lane is shut on the JS thread inside a napi call (a read, a
+                // chunk, its timer, close()); the references are this lane's, released once.
+                unsafe { socket.end(env) };
+            }
         }
         let key = left.first().and_then(Sent::key);
         match failure {
@@ -1625,6 +1632,10 @@ struct Opening<'a> {
 struct Opener(sys::napi_ref);
 
 thread_local! {
+    /// Set while a collected cache's lanes close (see `closing_in_finalizer`).
+    static FINALIZING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Socket lanes shut in a finalizer, whose sockets are ended at the next lane call.
+    static UNENDED: RefCell<Vec<SocketIo>> = const { RefCell::new(Vec::new()) };
     static SOCKET_OPENER: std::cell::Cell<Option<Opener>> = const { std::cell::Cell::new(None) };
     /// This thread's socket lanes by number (a lane dropped without shutting is gone here too:
     /// its chunks are then refused and its socket ended).
@@ -1669,6 +1680,26 @@ pub fn set_lane_opener(env: Env, opener: Unknown<'_>) -> napi::Result<()> {
         unsafe { sys::napi_delete_reference(env.raw(), old) };
     }
     Ok(())
+}
+
+/// Runs `close` (which closes lanes) in a finalizer, where no JS may run: the sockets of the
+/// socket lanes it shuts are ended later, inside a napi call (`end_unended`).
+pub fn closing_in_finalizer(close: impl FnOnce()) {
+    let was = FINALIZING.replace(true);
+    close();
+    FINALIZING.set(was);
+}
+
+/// Ends the sockets of socket lanes shut in a finalizer. Inside a napi call on `env`.
+fn end_unended(env: sys::napi_env) {
+    if UNENDED.with_borrow(Vec::is_empty) {
+        return;
+    }
+    for socket in UNENDED.with_borrow_mut(std::mem::take) {
+        // SAFETY: the caller's promise (a napi call on this thread's environment); each was
+        // taken from its shut lane once.
+        unsafe { socket.end(env) };
+    }
 }
 
 fn socket_lane(id: u32) -> Option<Rc<RefCell<Lane>>> {
