@@ -286,10 +286,11 @@ export declare function laneClosed(id: number, why: string): void
 export declare function laneData(id: number, buffer: Uint8Array, length: number): number
 
 /**
- * `lib/lane.js`: the microtasks after socket lane `id`'s chunk have run: the reads their
- * continuations sent and held (see `Hold`) are written together, with one mark.
+ * `lib/lane.js`: the microtasks after a chunk that answered several reads have run: the hold
+ * ends, and the reads held on each socket lane (see `HOLDING`) are written together, with one
+ * mark each.
  */
-export declare function laneRelease(id: number): void
+export declare function laneRelease(): void
 
 /**
  * `lib/lane.js`: socket lane `id`'s timer fired (and the chunks the socket had meanwhile were

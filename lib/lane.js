@@ -44,7 +44,7 @@ function openSocketLane(native, id, host, port, path, hello, connectMs, commandM
 
   // The reads the answers' continuations send are held and written together once they have
   // run: a tick queued from a microtask runs after every microtask queued meanwhile.
-  const release = () => native.laneRelease(id)
+  const release = () => native.laneRelease()
   const releaseAfterMicrotasks = () => process.nextTick(release)
   const take = (buffer, n) => {
     const answer = native.laneData(id, buffer, n)

@@ -676,7 +676,6 @@ impl Lane {
                 write,
                 end,
                 handshake: required.into(),
-                hold: Hold::No,
             }),
             ..Lane::idle(env, tier.clone(), replacement)
         }));
@@ -723,9 +722,19 @@ impl Lane {
     }
 
     fn send(lane: &Rc<RefCell<Lane>>, sent: Sent) {
-        // A socket lane writes at once: the batch is written after a libuv callback, outside
-        // any napi call, where the socket's `write` cannot be called.
+        // A socket lane does not join the libuv lanes' batch: that is written after a libuv
+        // callback, outside any napi call, where the socket's `write` cannot be called. In a
+        // hold (see `HOLDING`) it writes its first read at once, the rest at the release.
         let socket = lane.borrow().socket.is_some();
+        let held = socket
+            && HOLDING.with_borrow_mut(|holding| match holding {
+                Some(lanes) if lanes.iter().any(|l| Rc::ptr_eq(l, lane)) => true,
+                Some(lanes) => {
+                    lanes.push(lane.clone());
+                    false
+                }
+                None => false,
+            });
         let batching = !socket
             && BATCH.with_borrow_mut(|batch| match batch {
                 Some(lanes) => {
@@ -745,14 +754,6 @@ impl Lane {
             }
             l.sent.push_back(sent);
             l.reads_written += 1;
-            let held = match l.socket.as_mut().map(|s| (s.hold, &mut s.hold)) {
-                Some((Hold::First, hold)) => {
-                    *hold = Hold::Rest;
-                    false
-                }
-                Some((Hold::Rest, _)) => true,
-                _ => false,
-            };
             let failed = if l.writable || batching || held {
                 Ok(())
             } else {
@@ -1580,24 +1581,6 @@ struct SocketIo {
     /// The handshake's replies still awaited, oldest first: whether each one's refusal refuses
     /// the lane. Empty: open.
     handshake: VecDeque<bool>,
-    /// Whether reads are written at once or together (see `Hold`).
-    hold: Hold,
-}
-
-/// How a socket lane writes the reads its answers' continuations send. The continuations of a
-/// chunk's answers run after `lane_data` returns, in the microtasks that follow, where the
-/// libuv lane's callback scope batches them (`BATCH`): here the first is written at once (a
-/// sequential reader waits for nothing) and the rest together with one mark when
-/// `lib/lane.js` calls `lane_release` after those microtasks, instead of a write and a mark
-/// each.
-#[derive(Clone, Copy, PartialEq)]
-enum Hold {
-    /// Every read written as it is sent.
-    No,
-    /// A chunk answered several reads: the next read sent is written at once, the ones after it held.
-    First,
-    /// Reads held until `lane_release`.
-    Rest,
 }
 
 impl SocketIo {
@@ -1632,6 +1615,14 @@ struct Opening<'a> {
 struct Opener(sys::napi_ref);
 
 thread_local! {
+    /// How socket lanes write the reads that a chunk's answers' continuations send. Those run
+    /// after `lane_data` returns, in the microtasks that follow, where the libuv lane's callback
+    /// scope batches them (`BATCH`). A chunk that answered several reads begins a hold: each
+    /// socket lane (a Cluster's continuations read on other nodes' lanes too) writes its first
+    /// read at once (a sequential reader waits for nothing) and the rest together, with one
+    /// mark, when `lib/lane.js` calls `lane_release` after those microtasks, instead of a write
+    /// and a mark each. `Some`: the lanes that wrote their first read in the hold.
+    static HOLDING: RefCell<Option<Vec<Rc<RefCell<Lane>>>>> = const { RefCell::new(None) };
     /// Set while a collected cache's lanes close (see `closing_in_finalizer`).
     static FINALIZING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Socket lanes shut in a finalizer, whose sockets are ended at the next lane call.
@@ -1727,12 +1718,14 @@ pub fn lane_data(id: u32, buffer: &[u8], length: u32) -> i32 {
     // One answer (a sequential reader): its continuation's read is written at once, and
     // there is nothing to release.
     let answers = answered.len() > 1;
+    if answers {
+        HOLDING.with_borrow_mut(|holding| {
+            holding.get_or_insert_with(Vec::new);
+        });
+    }
     if !answered.is_empty() {
         let (env, tier) = {
-            let mut l = lane.borrow_mut();
-            if let (Some(s), true) = (l.socket.as_mut(), answers) {
-                s.hold = Hold::First;
-            }
+            let l = lane.borrow();
             (l.env, l.tier.clone())
         };
         for (s, read) in answered {
@@ -1750,27 +1743,26 @@ pub fn lane_data(id: u32, buffer: &[u8], length: u32) -> i32 {
     }
 }
 
-/// `lib/lane.js`: the microtasks after socket lane `id`'s chunk have run: the reads their
-/// continuations sent and held (see `Hold`) are written together, with one mark.
+/// `lib/lane.js`: the microtasks after a chunk that answered several reads have run: the hold
+/// ends, and the reads held on each socket lane (see `HOLDING`) are written together, with one
+/// mark each.
 #[napi_derive::napi]
-pub fn lane_release(id: u32) {
-    let Some(lane) = socket_lane(id) else {
-        return;
-    };
-    let flushed = {
-        let mut l = lane.borrow_mut();
-        let l = &mut *l;
-        match l.socket.as_mut() {
-            Some(s) if !l.shut => s.hold = Hold::No,
-            _ => return,
+pub fn lane_release() {
+    let held = HOLDING.with_borrow_mut(Option::take).unwrap_or_default();
+    for lane in held {
+        let flushed = {
+            let mut l = lane.borrow_mut();
+            if l.shut {
+                continue;
+            }
+            l.flush()
+        };
+        if let Err(e) = flushed {
+            Lane::shut(
+                &lane,
+                Some(Failure::Lost(format!("Redis read lane failed: {e}"))),
+            );
         }
-        l.flush()
-    };
-    if let Err(e) = flushed {
-        Lane::shut(
-            &lane,
-            Some(Failure::Lost(format!("Redis read lane failed: {e}"))),
-        );
     }
 }
 
