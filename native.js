@@ -892,6 +892,7 @@ module.exports.laneClosed = nativeBinding.laneClosed
 module.exports.laneData = nativeBinding.laneData
 module.exports.laneRelease = nativeBinding.laneRelease
 module.exports.laneTimer = nativeBinding.laneTimer
+module.exports.lastRedisFailure = nativeBinding.lastRedisFailure
 module.exports.LOCK_GAVE_UP = nativeBinding.LOCK_GAVE_UP
 module.exports.LOCK_NONE = nativeBinding.LOCK_NONE
 module.exports.LOCK_OUTCOMES = nativeBinding.LOCK_OUTCOMES
