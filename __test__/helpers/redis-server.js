@@ -15,6 +15,7 @@ const fs = require('node:fs')
 const net = require('node:net')
 const os = require('node:os')
 const path = require('node:path')
+const { envelopeJson } = require('./envelope')
 
 const WORKER_SCRIPT = path.join(__dirname, '..', 'fixtures', 'redis-worker.js')
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
@@ -100,7 +101,8 @@ function parseReply(buf, i) {
       if (len < 0) return { value: null, next: eol + 2 }
       const end = eol + 2 + len
       if (buf.length < end + 2) return null
-      return { value: buf.toString('utf8', eol + 2, end), next: end + 2 }
+      // A binary envelope reads as the JSON layout (helpers/envelope.js), so tests can look in it.
+      return { value: envelopeJson(buf.subarray(eol + 2, end)), next: end + 2 }
     }
     case '*': {
       const n = Number(line)
@@ -477,7 +479,10 @@ async function setupRedis(t, { workers = 0, options = {}, prefix } = {}) {
   const lkey = (k) => `${namespace}:lock:{${k}}`
   const stored = async (k) => {
     const raw = await redis.cmd('GET', vkey(k))
-    return raw === null ? { exists: false } : { exists: true, value: JSON.parse(raw).value }
+    if (raw === null) return { exists: false }
+    const envelope = JSON.parse(raw)
+    // A marker (a load's fence while the key has no value, see envelope.lua) is no entry.
+    return envelope.marker ? { exists: false } : { exists: true, value: envelope.value }
   }
   return { redis, ws, namespace, base, spawnWorker, vkey, lkey, stored }
 }

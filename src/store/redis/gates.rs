@@ -11,8 +11,12 @@ use std::time::Instant;
 
 use redis::Value;
 
-use super::envelopes::{invoke_echoed, new_token, usable, Fetched, Misdelivered};
+use super::envelopes::{
+    int, invoke_marked, new_token, next_echo, usable, Fetched, Misdelivered,
+};
 use super::fence::{Fence, GENERATION_TTL};
+use crate::clock::{Clock, SystemClock};
+use crate::envelope::{new_generation, Envelope};
 use super::lock::Patience;
 use super::{RedisTier, Remote, Unavailable};
 use crate::inbox::Stamp;
@@ -112,8 +116,8 @@ impl Gate {
 /// One look of `cold_gate.lua`.
 enum Look {
     Value(Vec<u8>),
-    Locked(String),
-    Held(String, u64),
+    Locked(Vec<u8>),
+    Held(Vec<u8>, u64),
 }
 
 /// A bid that ends without the lock: `Waited` if it waited for another holder.
@@ -125,10 +129,11 @@ fn no_lock(waited: bool) -> LockOutcome {
     }
 }
 
-fn text(v: &Value) -> Option<String> {
+/// A fence as a script returned it (bytes: a generation is binary).
+fn fence_bytes(v: &Value) -> Option<Vec<u8>> {
     match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
         _ => None,
     }
 }
@@ -141,25 +146,30 @@ fn number(v: &Value) -> i64 {
 }
 
 impl RedisTier {
+    /// A marker for `value_key` (see `envelope_fence` in `envelope.lua`): the header of an
+    /// entry with a new generation and no value, born at the clock known here. It lives
+    /// `GENERATION_TTL` at most, as long as a fence is trusted (`Fences::outlived`).
+    pub(super) fn marker(&self, value_key: &str) -> Vec<u8> {
+        Envelope::new(SystemClock.now_ms(), 0.0, 0.0, 0.0, false)
+            .born_at(self.inbox.clock())
+            .encode_marker(&new_generation(), value_key)
+    }
+
     async fn look(&self, key: &str, token: &str, past_value: bool) -> Result<Look, Unavailable> {
-        let keys = (
-            self.value_key(key),
-            self.lock_key(key),
-            self.generation_key(key),
-        );
+        let keys = (self.value_key(key), self.lock_key(key));
         let lock_ttl_ms = self.lock.ttl_ms();
-        let echo = self.echo(&keys.0);
+        let mark = next_echo();
         let reply: Option<Vec<Value>> = self
             .run("lock", key, |mut c| async move {
                 let mut call = self.scripts.cold_gate.key(&keys.0);
                 call.key(&keys.1)
-                    .key(&keys.2)
                     .arg(token)
                     .arg(lock_ttl_ms)
                     .arg(if past_value { "1" } else { "0" })
-                    .arg(new_token())
-                    .arg(GENERATION_TTL.as_millis() as u64);
-                invoke_echoed(&call, &mut c, echo).await
+                    .arg(self.marker(&keys.0))
+                    .arg(GENERATION_TTL.as_millis() as u64)
+                    .arg(&mark);
+                invoke_marked(&call, &mark, &mut c).await
             })
             .await?;
         let Some(reply) = reply else {
@@ -168,7 +178,7 @@ impl RedisTier {
             self.misdelivered("lock", key);
             return Err(Unavailable);
         };
-        let generation = reply.get(1).and_then(text).unwrap_or_default();
+        let generation = reply.get(1).and_then(fence_bytes).unwrap_or_default();
         Ok(match reply.get(2).map(number) {
             Some(0) => match reply.first() {
                 Some(Value::BulkString(b)) => Look::Value(b.clone()),
@@ -311,24 +321,21 @@ impl RedisTier {
         let token = new_token();
         let lock_ttl_ms = self.lock.ttl_ms();
         let stamp = self.inbox.stamp(key);
-        let keys = (
-            self.value_key(key),
-            self.lock_key(key),
-            self.generation_key(key),
-        );
-        let echo = self.echo(&keys.0);
+        let keys = (self.value_key(key), self.lock_key(key));
+        let mark = next_echo();
         let reply: Result<Option<Vec<Value>>, Unavailable> = self
             .run("lock", key, |mut c| {
                 let token = token.clone();
+                let mark = &mark;
                 async move {
                     let mut call = self.scripts.refresh_gate.key(&keys.0);
                     call.key(&keys.1)
-                        .key(&keys.2)
                         .arg(token)
                         .arg(lock_ttl_ms)
-                        .arg(new_token())
-                        .arg(GENERATION_TTL.as_millis() as u64);
-                    invoke_echoed(&call, &mut c, echo).await
+                        .arg(self.marker(&keys.0))
+                        .arg(GENERATION_TTL.as_millis() as u64)
+                        .arg(mark);
+                    invoke_marked(&call, mark, &mut c).await
                 }
             })
             .await;
@@ -346,8 +353,8 @@ impl RedisTier {
             return Gate::Skip;
         }
         self.stats.lock_wins.incr();
-        let generation = reply.get(2).and_then(text).unwrap_or_default();
-        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+        let generation = reply.get(2).and_then(fence_bytes).unwrap_or_default();
+        let now = SystemClock.now_ms();
         let mut tags = Vec::new();
         if let Some(Value::BulkString(b)) = reply.get(1) {
             let found = match usable(b, self.policies.serializer, &self.value_key(key)) {
@@ -391,14 +398,16 @@ impl RedisTier {
     /// holds it).
     pub async fn force_gate(&self, key: &str) -> Gate {
         let stamp = self.inbox.stamp(key);
-        let keys = (self.value_key(key), self.generation_key(key));
-        let echo = self.echo(&keys.0);
+        let vkey = self.value_key(key);
+        let marker = self.marker(&vkey);
+        let mark = next_echo();
         let state = self.run("get", key, |mut c| async move {
-            let mut call = self.scripts.fence.key(&keys.0);
-            call.key(&keys.1)
-                .arg(new_token())
-                .arg(GENERATION_TTL.as_millis() as u64);
-            invoke_echoed::<String>(&call, &mut c, echo).await
+            let mut call = self.scripts.fence.key(&vkey);
+            call.arg(&marker)
+                .arg(GENERATION_TTL.as_millis() as u64)
+                .arg(&mark);
+            let reply = invoke_marked(&call, &mark, &mut c).await?;
+            Ok(reply.map(|r| r.first().and_then(fence_bytes).unwrap_or_default()))
         });
         let (state, born) = tokio::join!(state, self.clock_now(key));
         match state {
@@ -425,13 +434,15 @@ impl RedisTier {
         if announce {
             self.bus.carried().expect_own(key);
         }
-        let echo = self.echo(&lkey);
+        let mark = next_echo();
         let released = self
             .run("unlock", key, |mut c| async move {
                 let channel = if announce { self.bus.channel() } else { "" };
                 let mut call = self.scripts.release.key(&lkey);
-                call.arg(token).arg(channel).arg(&msg);
-                invoke_echoed::<i64>(&call, &mut c, echo).await
+                call.key(self.value_key(key))
+                    .arg(token).arg(channel).arg(&msg).arg(&mark);
+                let reply = invoke_marked(&call, &mark, &mut c).await?;
+                Ok(reply.map(|r| r.first().map_or(0, int)))
             })
             .await;
         if released == Ok(None) {
