@@ -37,7 +37,9 @@ impl RedisServer {
             .local_addr()
             .unwrap()
             .port();
-        let mut child = Command::new("redis-server")
+        // REDIS_SERVER=valkey-server runs these against Valkey.
+        let server = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let mut child = Command::new(server)
             .args([
                 "--port",
                 &port.to_string(),

@@ -18,6 +18,8 @@ const path = require('node:path')
 const { envelopeJson } = require('./envelope')
 
 const WORKER_SCRIPT = path.join(__dirname, '..', 'fixtures', 'redis-worker.js')
+/** The server binary the tests start: REDIS_SERVER=valkey-server runs them against Valkey. */
+const SERVER_BIN = process.env.REDIS_SERVER || 'redis-server'
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
 // ---- cleanup: nothing started here outlives the test process -------------------------------
@@ -217,7 +219,7 @@ class RedisServer {
       '--loglevel',
       'warning',
     ]
-    const proc = track(spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] }))
+    const proc = track(spawn(SERVER_BIN, args, { stdio: ['ignore', 'pipe', 'pipe'] }))
     this.proc = proc
     this.paused = false
     const keep = (chunk) => {
@@ -325,14 +327,19 @@ class CacheWorker {
   #pending = new Map()
   #nextId = 1
 
-  /** `script`: another worker script speaking the same IPC protocol (default fixtures/redis-worker.js). */
-  constructor(name, options, { script = WORKER_SCRIPT } = {}) {
+  /**
+   * `script`: another worker script speaking the same IPC protocol (default
+   * fixtures/redis-worker.js); `build`: the directory of another build of the library for it to
+   * require (a previous release, see helpers/previous-build.js).
+   */
+  constructor(name, options, { script = WORKER_SCRIPT, build } = {}) {
     this.name = name
     this.options = options
     this.child = track(
       fork(script, [JSON.stringify(options)], {
         stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
         serialization: 'json',
+        env: build ? { ...process.env, STAMPEDE_CACHE_BUILD: build } : process.env,
       }),
     )
     this.pid = this.child.pid
@@ -468,8 +475,8 @@ async function setupRedis(t, { workers = 0, options = {}, prefix } = {}) {
   const base = { redis: redis.url, namespace, jitter: 0, ...options }
   const spawned = []
   t.after(() => Promise.all(spawned.map((w) => w.kill('SIGKILL'))))
-  const spawnWorker = async (name, extra = {}) => {
-    const w = new CacheWorker(name, { ...base, ...extra })
+  const spawnWorker = async (name, extra = {}, workerOptions = {}) => {
+    const w = new CacheWorker(name, { ...base, ...extra }, workerOptions)
     spawned.push(w)
     await w.hello
     return w
@@ -488,6 +495,7 @@ async function setupRedis(t, { workers = 0, options = {}, prefix } = {}) {
 }
 
 module.exports = {
+  SERVER_BIN,
   setupRedis,
   newNamespace,
   RedisServer,
