@@ -114,6 +114,17 @@ impl Gate {
 }
 
 /// One look of `cold_gate.lua`.
+/// What a look asks of the key's value (`cold_gate.lua`'s ARGV[3]).
+#[derive(Clone, Copy)]
+enum LookMode {
+    /// Return it if there is one.
+    Value,
+    /// Take the lock past it (the caller could not use it).
+    PastValue,
+    /// The caller just found none: put a marker in place at once.
+    Missing,
+}
+
 enum Look {
     Value(Vec<u8>),
     Locked(Vec<u8>),
@@ -155,17 +166,33 @@ impl RedisTier {
             .encode_marker(&new_generation(), value_key)
     }
 
-    async fn look(&self, key: &str, token: &str, past_value: bool) -> Result<Look, Unavailable> {
+    /// One look (`cold_gate.lua`): what the key holds, or the lock's bid, and the namespace
+    /// clock Redis had then (`None`: not read, a Cluster's, where the meta hash is another slot).
+    async fn look(
+        &self,
+        key: &str,
+        token: &str,
+        mode: LookMode,
+    ) -> Result<(Look, Option<Option<String>>), Unavailable> {
         let keys = (self.value_key(key), self.lock_key(key));
+        let meta_key = (!self.link.topology.is_cluster()).then(|| self.meta_key());
+        let meta = meta_key.as_deref();
         let lock_ttl_ms = self.lock.ttl_ms();
         let mark = next_echo();
         let reply: Option<Vec<Value>> = self
             .run("lock", key, |mut c| async move {
                 let mut call = self.scripts.cold_gate.key(&keys.0);
-                call.key(&keys.1)
-                    .arg(token)
+                call.key(&keys.1);
+                if let Some(meta) = meta {
+                    call.key(meta);
+                }
+                call.arg(token)
                     .arg(lock_ttl_ms)
-                    .arg(if past_value { "1" } else { "0" })
+                    .arg(match mode {
+                        LookMode::Value => "0",
+                        LookMode::PastValue => "1",
+                        LookMode::Missing => "2",
+                    })
                     .arg(self.marker(&keys.0))
                     .arg(GENERATION_TTL.as_millis() as u64)
                     .arg(&mark);
@@ -179,7 +206,11 @@ impl RedisTier {
             return Err(Unavailable);
         };
         let generation = reply.get(1).and_then(fence_bytes).unwrap_or_default();
-        Ok(match reply.get(2).map(number) {
+        let clock = meta.map(|_| match reply.get(4) {
+            Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        });
+        let look = match reply.get(2).map(number) {
             Some(0) => match reply.first() {
                 Some(Value::BulkString(b)) => Look::Value(b.clone()),
                 _ => Look::Held(generation, 0),
@@ -189,7 +220,16 @@ impl RedisTier {
                 generation,
                 reply.get(3).map(number).unwrap_or(0).max(0) as u64,
             ),
-        })
+        };
+        Ok((look, clock))
+    }
+
+    /// The clock a load that passed the gate is born at: the one its look read, else Redis's now.
+    async fn born(&self, key: &str, read: Option<Option<String>>) -> Option<u64> {
+        match read {
+            Some(clock) => self.clock_read(key, clock).await,
+            None => self.clock_now(key).await,
+        }
     }
 
     /// A cold load's way through Redis: the value if another process has it; else take the
@@ -215,6 +255,9 @@ impl RedisTier {
         let token = new_token();
         let mut patience = self.lock.patience(Instant::now());
         let mut past_value = past_value;
+        // The caller's GET found nothing usable just now: the first look puts a marker in place
+        // at once (reading the key only if something is there).
+        let mut missing = looked && !past_value;
         // Most cold reads find the value: a plain GET answers them (0.3 µs of Redis time, where
         // the gate script takes 6.6 µs; measured with INFO commandstats). The script, which
         // takes the lock and reads the fence, runs only when the GET found nothing usable (dead
@@ -239,10 +282,19 @@ impl RedisTier {
 
             let stamp = self.inbox.stamp(key);
             // Past an unusable value for one look only: a holder may write a good one meanwhile.
-            let past = std::mem::take(&mut past_value);
-            let left = match self.look(key, &token, past).await {
+            let mode = if std::mem::take(&mut past_value) {
+                LookMode::PastValue
+            } else if std::mem::take(&mut missing) {
+                LookMode::Missing
+            } else {
+                LookMode::Value
+            };
+            let (look, clock) = match self.look(key, &token, mode).await {
                 Err(Unavailable) => return (Gate::unfenced(), no_lock(patience.waited())),
-                Ok(Look::Value(bytes)) => {
+                Ok(read) => read,
+            };
+            let left = match look {
+                Look::Value(bytes) => {
                     let found = match usable(&bytes, self.policies.serializer, &self.value_key(key))
                     {
                         Ok(found) => found,
@@ -270,13 +322,13 @@ impl RedisTier {
                     past_value = true;
                     continue;
                 }
-                Ok(Look::Locked(generation)) => {
+                Look::Locked(generation) => {
                     self.stats.lock_wins.incr();
                     let lead = Gate::Lead {
                         token: Some(token),
                         fence: Some(self.fences.read(generation)),
                         stamp: Some(stamp),
-                        born: self.clock_now(key).await,
+                        born: self.born(key, clock).await,
                         tags: Vec::new(),
                     };
                     let outcome = if patience.waited() {
@@ -286,7 +338,7 @@ impl RedisTier {
                     };
                     return (lead, outcome);
                 }
-                Ok(Look::Held(generation, left_ms)) => {
+                Look::Held(generation, left_ms) => {
                     if patience.begins_waiting() {
                         self.stats.lock_waits.incr();
                     }
@@ -297,7 +349,7 @@ impl RedisTier {
                                 token: None,
                                 fence: Some(self.fences.read(generation)),
                                 stamp: Some(stamp),
-                                born: self.clock_now(key).await,
+                                born: self.born(key, clock).await,
                                 tags: Vec::new(),
                             };
                             return (lead, LockOutcome::GaveUp);
