@@ -10,6 +10,9 @@
 //                            [--baseline DIR] [--json out.json]
 //   (--baseline DIR adds a side for another build of the library, a checkout of an older commit
 //   with its addon built, so a change is measured before and after in one run)
+//   node bench/redis-cost.js --large
+//   (a 100 KB HTML page, as a Next.js entry: bytes in Redis and sequential read time, with the
+//   envelope's compression and without it, STAMPEDE_CACHE_NO_COMPRESS=1, each in its own process)
 //
 // Per side and per value size, each row the mean over a few sizes so that no allocator size class
 // decides it (~100 B: 80, 100, 120 B; ~1 KB: 0.6 to 1.4 KB in steps of 100 B):
@@ -313,7 +316,72 @@ function table(results, label) {
   return lines.join('\n')
 }
 
+/** A page of about `size` bytes of HTML, distinct per `id` (a product list, as pages are). */
+function htmlPage(id, size) {
+  const rows = []
+  let n = 0
+  for (let i = 0; n < size; i++) {
+    const row = `<li class="product-card" data-id="${id}-${i}"><a href="/p/${(id * 7919 + i * 104729) % 1000003}"><img src="/img/${i % 97}.webp" alt="Item ${i}" loading="lazy"><span class="name">Product ${i} of page ${id}</span><span class="price">$${((i * 37) % 500) + 0.99}</span></a></li>\n`
+    rows.push(row)
+    n += row.length
+  }
+  return `<!DOCTYPE html><html><head><title>Page ${id}</title></head><body><ul>\n${rows.join('')}</ul></body></html>`
+}
+
+/** One --large side in this process: `pages` pages written through getOrLoad, then read back. */
+async function largeChild(pages) {
+  const redis = await startRedis()
+  try {
+    const { StampedeCache } = require('..')
+    const writer = new StampedeCache({ redis: redis.url, namespace: 'sc', ttl: TTL })
+    await writer.get('__warm__')
+    const mem0 = Number(infoFields(await redis.command('INFO', 'memory')).used_memory)
+    for (let i = 0; i < pages; i++) await writer.getOrLoad(`page:${i}`, () => htmlPage(i, 100_000))
+    const mem1 = Number(infoFields(await redis.command('INFO', 'memory')).used_memory)
+    await writer.close()
+    const reader = new StampedeCache({ redis: redis.url, namespace: 'sc', ttl: TTL, l1: false })
+    await reader.get('__warm__')
+    const times = []
+    for (let round = 0; round < 5; round++) {
+      const t0 = process.hrtime.bigint()
+      for (let i = 0; i < pages; i++) {
+        const v = await reader.getOrLoad(`page:${i}`, mustNotLoad)
+        if (v.length < 100_000) throw new Error('a page read wrong')
+      }
+      times.push(Number(process.hrtime.bigint() - t0) / 1e6 / pages)
+    }
+    await reader.close()
+    times.sort((a, b) => a - b)
+    return { bytes: (mem1 - mem0) / pages, readMs: times[2], pageBytes: JSON.stringify(htmlPage(0, 100_000)).length }
+  } finally {
+    redis.stop()
+  }
+}
+
+async function large() {
+  const { execFileSync } = require('node:child_process')
+  const run = (env) =>
+    JSON.parse(
+      execFileSync(process.execPath, [__filename, '--large-child'], { env: { ...process.env, ...env }, encoding: 'utf8' })
+        .trim()
+        .split('\n')
+        .pop(),
+    )
+  const on = run({})
+  const off = run({ STAMPEDE_CACHE_NO_COMPRESS: '1' })
+  console.log(`\n### a ${on.pageBytes.toLocaleString('en-US')}-byte HTML page (as its JSON), 200 pages, sequential reads, l1: false\n`)
+  console.log('| | compressed (default) | not compressed | ratio |')
+  console.log('|---|---:|---:|---:|')
+  console.log(`| Redis bytes per entry | ${Math.round(on.bytes).toLocaleString('en-US')} | ${Math.round(off.bytes).toLocaleString('en-US')} | ${(on.bytes / off.bytes).toFixed(2)}x |`)
+  console.log(`| read (ms, median of 5 rounds) | ${on.readMs.toFixed(3)} | ${off.readMs.toFixed(3)} | ${(on.readMs / off.readMs).toFixed(2)}x |`)
+}
+
 async function main() {
+  if (flag('--large-child')) {
+    console.log(JSON.stringify(await largeChild(200)))
+    return
+  }
+  if (flag('--large')) return large()
   const out = {}
   for (const [label, sizes] of Object.entries(SIZES)) {
     const results = {}

@@ -7,6 +7,8 @@
 //! serialized bytes as they are; envelopes written by earlier versions as JSON
 //! (`{"sc":1,...}`) stay readable. `decode` treats anything it did not write as a miss.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -281,6 +283,10 @@ impl Envelope {
         if !body.tags.is_empty() {
             flags |= layout::TAGGED;
         }
+        let compressed = compressed(value.as_bytes());
+        if compressed.is_some() {
+            flags |= layout::COMPRESSED;
+        }
         let retry = layout::ms(self.retry_after.ceil());
         if retry > 0 {
             flags |= layout::RETRY;
@@ -295,7 +301,10 @@ impl Envelope {
             out.extend_from_slice(&(tags.len() as u32).to_be_bytes());
             out.extend_from_slice(&tags);
         }
-        out.extend_from_slice(value.as_bytes());
+        match compressed {
+            Some(c) => out.extend_from_slice(&c),
+            None => out.extend_from_slice(value.as_bytes()),
+        }
         out
     }
 
@@ -535,7 +544,11 @@ impl Envelope {
                 retry_after: head.retry_after,
                 born: head.born,
             },
-            value_json: if head.undefined { None } else { Some(value) },
+            value_json: if head.undefined {
+                None
+            } else {
+                Some(Cow::Borrowed(value))
+            },
             tags: head.tags,
             fmt,
             // A mark that is not 16 hex digits (garbled) names no key of ours.
@@ -588,8 +601,9 @@ pub struct Decoded<'a> {
     /// The write that made it (empty for none): 8 bytes in the binary layout, the JSON's `gen`
     /// in the old one.
     pub generation: &'a [u8],
-    /// `None` when the cached value is `undefined`.
-    pub value_json: Option<&'a str>,
+    /// `None` when the cached value is `undefined`; borrowed from the input unless it was
+    /// compressed.
+    pub value_json: Option<Cow<'a, str>>,
     pub tags: Vec<String>,
     pub fmt: Fmt,
     /// The mark of the key it was written for (16 hex digits); `None` in envelopes written
@@ -609,7 +623,7 @@ impl Decoded<'_> {
     /// What to write to put it back as it was (see `Envelope::encode`).
     pub fn body(&self) -> Body<'_> {
         Body {
-            value_json: self.value_json,
+            value_json: self.value_json.as_deref(),
             tags: &self.tags,
             fmt: self.fmt,
         }
@@ -677,6 +691,38 @@ pub mod layout {
     }
 }
 
+/// Values of at least this many bytes are stored LZ4-compressed when that saves an eighth or more
+/// (`bench/redis-cost.js --large`: a 100 KB HTML page took about a quarter of the bytes in Redis
+/// and read no slower). `STAMPEDE_CACHE_NO_COMPRESS=1` turns it off for a process (to measure).
+pub const COMPRESS_ABOVE: usize = 16 * 1024;
+
+fn compression_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("STAMPEDE_CACHE_NO_COMPRESS").is_none_or(|v| v != "1"))
+}
+
+/// `value` compressed (its length, 4 bytes, then an LZ4 block), if that pays (see
+/// [`COMPRESS_ABOVE`]).
+fn compressed(value: &[u8]) -> Option<Vec<u8>> {
+    if value.len() < COMPRESS_ABOVE || value.len() > u32::MAX as usize || !compression_on() {
+        return None;
+    }
+    let c = lz4_flex::block::compress_prepend_size(value);
+    (c.len() <= value.len() - value.len() / 8).then_some(c)
+}
+
+/// What [`compressed`] wrote, decompressed; `None` for anything else. The length it declares is
+/// untrusted: it must be one LZ4 can reach from that many bytes (at most 255 times as many), so a
+/// short reply cannot make a large allocation.
+fn decompressed(b: &[u8]) -> Option<Vec<u8>> {
+    let len = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
+    if len > (b.len() - 4).saturating_mul(255) || len > 512 * 1024 * 1024 {
+        return None;
+    }
+    let out = lz4_flex::block::decompress(&b[4..], len).ok()?;
+    (out.len() == len).then_some(out)
+}
+
 /// Reads the binary layout (see [`layout`]); `None` for anything that does not hold together.
 fn decode_binary(b: &[u8]) -> Option<Decoded<'_>> {
     use layout::*;
@@ -711,11 +757,11 @@ fn decode_binary(b: &[u8]) -> Option<Decoded<'_>> {
     }
     let fmt = Fmt::from_code(u32::from(flags >> FMT_SHIFT));
     let marker = flags & MARKER != 0;
-    // Compression is a flag this version does not write: such an entry is a miss here.
-    if flags & COMPRESSED != 0 {
-        return None;
-    }
-    let value = std::str::from_utf8(&b[at..]).ok()?;
+    let value: Cow<'_, str> = if flags & COMPRESSED != 0 {
+        Cow::Owned(String::from_utf8(decompressed(&b[at..])?).ok()?)
+    } else {
+        Cow::Borrowed(std::str::from_utf8(&b[at..]).ok()?)
+    };
     let undefined = flags & UNDEFINED != 0;
     let value_json = if marker || undefined {
         None
@@ -949,7 +995,7 @@ mod tests {
         );
         let back = Envelope::decode_json(&text).unwrap();
         assert_eq!(back.envelope, e);
-        assert_eq!(back.value_json, Some(value));
+        assert_eq!(back.value_json.as_deref(), Some(value));
         assert_eq!(back.generation, b"g1");
     }
 
@@ -959,10 +1005,10 @@ mod tests {
         let null_text = e.encode_json(&Body::json(Some("null")), "g", "sc:v:{k}");
         let null = Envelope::decode_json(&null_text).unwrap();
         assert!(null.envelope.negative);
-        assert_eq!(null.value_json, Some("null"));
+        assert_eq!(null.value_json.as_deref(), Some("null"));
         let undef_text = e.encode_json(&Body::json(None), "g", "sc:v:{k}");
         let undef = Envelope::decode_json(&undef_text).unwrap();
-        assert_eq!(undef.value_json, None);
+        assert_eq!(undef.value_json.as_deref(), None);
     }
 
     #[test]
@@ -978,7 +1024,7 @@ mod tests {
         };
         let text = e.encode_json(&body, "g1", "sc:v:{k}");
         let back = Envelope::decode_json(&text).unwrap();
-        assert_eq!(back.value_json, Some(big.as_str()));
+        assert_eq!(back.value_json.as_deref(), Some(big.as_str()));
         assert_eq!(back.tags, tags);
         assert_eq!(back.generation, b"g1");
 
@@ -986,17 +1032,17 @@ mod tests {
         let head = r#"{"sc":1,"gen":"g2","born":0,"freshUntil":1,"hardUntil":2,"computeMs":0,"retryAfter":0"#;
         let corrupt = format!(r#"{head},"value":{{oops}}"#);
         assert_eq!(
-            Envelope::decode_json(&corrupt).unwrap().value_json,
+            Envelope::decode_json(&corrupt).unwrap().value_json.as_deref(),
             Some("{oops")
         );
 
         // Another writer's layout (the value first, spaces): parsed whole.
         let first = r#"{"value":[1,2],"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0}"#;
-        assert_eq!(Envelope::decode_json(first).unwrap().value_json, Some("[1,2]"));
+        assert_eq!(Envelope::decode_json(first).unwrap().value_json.as_deref(), Some("[1,2]"));
         let spaced =
             r#"{"sc": 1, "freshUntil": 1, "hardUntil": 2, "computeMs": 0, "value": {"a": 1}}"#;
         assert_eq!(
-            Envelope::decode_json(spaced).unwrap().value_json,
+            Envelope::decode_json(spaced).unwrap().value_json.as_deref(),
             Some(r#"{"a": 1}"#)
         );
         let v8 = r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0,"fmt":"v8","value":"AAE="}"#;
@@ -1056,7 +1102,7 @@ mod tests {
             let fast = Envelope::decode_written(&text).unwrap_or_else(|| panic!("{text}"));
             assert_eq!(Some(&fast), Envelope::decode_any(&text).as_ref(), "{text}");
             assert_eq!(fast.envelope, e, "{text}");
-            assert_eq!(fast.value_json, body.value_json);
+            assert_eq!(fast.value_json.as_deref(), body.value_json.as_deref());
             assert_eq!((fast.generation, fast.fmt), (&b"ab12"[..], fmt));
         }
     }
@@ -1201,7 +1247,7 @@ mod tests {
             let text = e.encode_json(&Body::json(Some(&json)), "g1", &key);
             let d = Envelope::decode_json(&text).expect("what encode wrote is read");
             proptest::prop_assert_eq!(d.envelope, e);
-            proptest::prop_assert_eq!(d.value_json, Some(json.as_str()));
+            proptest::prop_assert_eq!(d.value_json.as_deref(), Some(json.as_str()));
             proptest::prop_assert!(d.written_for(&key));
             proptest::prop_assert_eq!(d.written_for(&other), key == other);
         }
@@ -1220,7 +1266,7 @@ mod tests {
         assert_eq!(&bytes[layout::GENERATION..layout::GENERATION + 8], b"ABCDefgh");
         let d = Envelope::decode(&bytes).unwrap();
         assert_eq!(d.envelope, e);
-        assert_eq!(d.value_json, Some(value));
+        assert_eq!(d.value_json.as_deref(), Some(value));
         assert_eq!(d.generation, b"ABCDefgh");
         assert!(d.written_for("sc:v:{k}") && !d.written_for("sc:v:{j}"));
         assert!(!d.marker);
@@ -1238,7 +1284,7 @@ mod tests {
         let d_bytes = neg.encode(&Body::json(Some("null")), &g, "sc:v:{k}");
         let d = Envelope::decode(&d_bytes).unwrap();
         assert!(d.envelope.negative);
-        assert_eq!(d.value_json, Some("null"));
+        assert_eq!(d.value_json.as_deref(), Some("null"));
         // A marker is an envelope with no value, for its key only.
         let m = e.encode_marker(&g, "sc:v:{k}");
         assert_eq!(m.len(), layout::FIXED);
@@ -1252,7 +1298,36 @@ mod tests {
         // Old JSON envelopes are still read.
         let old = r#"{"sc":1,"gen":"g1","born":0,"freshUntil":1100,"hardUntil":2000,"computeMs":5,"retryAfter":0,"value":1}"#;
         let d = Envelope::decode(old.as_bytes()).unwrap();
-        assert_eq!((d.value_json, d.generation), (Some("1"), &b"g1"[..]));
+        assert_eq!((d.value_json.as_deref(), d.generation), (Some("1"), &b"g1"[..]));
+    }
+
+    #[test]
+    fn large_values_are_compressed_and_read_back_as_written() {
+        let e = Envelope::new(1_000.0, 10.0, 20.0, 1.0, false);
+        let g: Generation = *b"01234567";
+        let page = format!("\"{}\"", "<div class=\\\"row\\\">héllo</div>".repeat(4_000));
+        let bytes = e.encode(&Body::json(Some(&page)), &g, "sc:v:{k}");
+        assert_ne!(bytes[1] & layout::COMPRESSED, 0, "compressed");
+        assert!(bytes.len() < page.len() / 4, "{} of {}", bytes.len(), page.len());
+        let d = Envelope::decode(&bytes).unwrap();
+        assert_eq!(d.value_json.as_deref(), Some(page.as_str()));
+        // Small, or not worth it (random-looking): stored as given.
+        let small = e.encode(&Body::json(Some("[1,2,3]")), &g, "k");
+        assert_eq!(small[1] & layout::COMPRESSED, 0);
+        use rand::{rngs::SmallRng, Rng, SeedableRng};
+        let mut rng = SmallRng::seed_from_u64(3);
+        let noise: String = (0..40_000)
+            .map(|_| char::from(rng.random_range(b'#'..=b'~')))
+            .filter(|&c| c != '\\')
+            .collect();
+        let noise = format!("\"{noise}\"");
+        let raw = e.encode(&Body::json(Some(&noise)), &g, "k");
+        assert_eq!(raw[1] & layout::COMPRESSED, 0);
+        // A compressed body that lies about its length, or is cut: a miss, never a large allocation.
+        let mut lying = bytes.clone();
+        lying[layout::FIXED..layout::FIXED + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Envelope::decode(&lying).is_none());
+        assert!(Envelope::decode(&bytes[..bytes.len() - 10]).is_none());
     }
 
     #[test]
@@ -1269,10 +1344,11 @@ mod tests {
         let mut other = bytes.clone();
         other[layout::MARK] ^= 1;
         assert!(!Envelope::decode(&other).unwrap().written_for("sc:v:{k}"));
-        // hardUntil before freshUntil: a miss. A compressed flag this version does not write: a miss.
+        // hardUntil before freshUntil: a miss.
         let mut bad = bytes.clone();
         bad[layout::HARD..layout::HARD + 6].copy_from_slice(&[0; 6]);
         assert!(Envelope::decode(&bad).is_none());
+        // A compressed flag over bytes that are not what compression writes: a miss.
         let mut comp = bytes.clone();
         comp[1] |= layout::COMPRESSED;
         assert!(Envelope::decode(&comp).is_none());

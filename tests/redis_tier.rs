@@ -152,7 +152,7 @@ async fn value_in(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Optio
     let bytes: Option<Vec<u8>> = redis::cmd("GET").arg(key).query_async(c).await.unwrap();
     let bytes = bytes?;
     let d = Envelope::decode(&bytes)?;
-    d.value_json.map(str::to_string)
+    d.value_json.map(std::borrow::Cow::into_owned)
 }
 
 fn envelope(ttl: f64) -> Envelope {

@@ -264,7 +264,7 @@ pub fn usable(
     }
     Ok(Some(Usable {
         envelope: d.envelope,
-        value_json: d.value_json.map(str::to_string),
+        value_json: d.value_json.map(std::borrow::Cow::into_owned),
         tags: d.tags,
         fmt: d.fmt,
     }))
