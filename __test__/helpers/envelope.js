@@ -10,6 +10,41 @@ const FMTS = [null, 'v8', 'custom', 'custom-b64']
 
 const u48 = (b, at) => b.readUIntBE(at, 6)
 
+/** An LZ4 block (the format lz4_flex writes) decompressed into `size` bytes. */
+function lz4Block(src, size) {
+  const out = Buffer.alloc(size)
+  let i = 0
+  let o = 0
+  while (i < src.length) {
+    const token = src[i++]
+    let literals = token >> 4
+    if (literals === 15) {
+      let b
+      do {
+        b = src[i++]
+        literals += b
+      } while (b === 255)
+    }
+    src.copy(out, o, i, i + literals)
+    i += literals
+    o += literals
+    if (i >= src.length) break
+    const offset = src[i] | (src[i + 1] << 8)
+    i += 2
+    let match = (token & 15) + 4
+    if ((token & 15) === 15) {
+      let b
+      do {
+        b = src[i++]
+        match += b
+      } while (b === 255)
+    }
+    for (let k = 0; k < match; k++, o++) out[o] = out[o - offset]
+  }
+  if (o !== size) throw new Error(`lz4: ${o} bytes, ${size} declared`)
+  return out
+}
+
 /** The fields of a binary envelope, or null when `buf` is not one. */
 function decodeEnvelope(buf) {
   if (!Buffer.isBuffer(buf) || buf.length < FIXED || buf[0] !== MAGIC) return null
@@ -40,7 +75,7 @@ function decodeEnvelope(buf) {
   }
   const fmt = FMTS[flags >> 6]
   if (fmt) out.fmt = fmt
-  out.valueText = buf.toString('utf8', at)
+  out.valueText = out.compressed ? lz4Block(buf.subarray(at + 4), buf.readUInt32LE(at)).toString('utf8') : buf.toString('utf8', at)
   return out
 }
 
