@@ -300,14 +300,54 @@ function table(results, label) {
         })
         .join(' | ')} |`,
     )
-  row('Redis keys per entry', (r) => r.keys, (x) => x.toFixed(2), false)
-  row('Redis bytes per entry', (r) => r.bytes, (x) => Math.round(x).toLocaleString('en-US'), true)
-  row('commands per cold load', (r) => r.cold?.commands, (x) => x.toFixed(2), false)
-  row('server CPU per cold load (µs)', (r) => r.cold?.cpuUs, (x) => x.toFixed(1), true)
-  row('commands per sequential read', (r) => r.read?.commands, (x) => x.toFixed(2), false)
-  row('server CPU per sequential read (µs)', (r) => r.read?.cpuUs, (x) => x.toFixed(1), true)
-  row(`commands per warm ${BATCH}-key batch`, (r) => r.batch?.commands, (x) => x.toFixed(1), false)
-  row(`server CPU per warm ${BATCH}-key batch (µs)`, (r) => r.batch?.cpuUs, (x) => x.toFixed(0), true)
+  row(
+    'Redis keys per entry',
+    (r) => r.keys,
+    (x) => x.toFixed(2),
+    false,
+  )
+  row(
+    'Redis bytes per entry',
+    (r) => r.bytes,
+    (x) => Math.round(x).toLocaleString('en-US'),
+    true,
+  )
+  row(
+    'commands per cold load',
+    (r) => r.cold?.commands,
+    (x) => x.toFixed(2),
+    false,
+  )
+  row(
+    'server CPU per cold load (µs)',
+    (r) => r.cold?.cpuUs,
+    (x) => x.toFixed(1),
+    true,
+  )
+  row(
+    'commands per sequential read',
+    (r) => r.read?.commands,
+    (x) => x.toFixed(2),
+    false,
+  )
+  row(
+    'server CPU per sequential read (µs)',
+    (r) => r.read?.cpuUs,
+    (x) => x.toFixed(1),
+    true,
+  )
+  row(
+    `commands per warm ${BATCH}-key batch`,
+    (r) => r.batch?.commands,
+    (x) => x.toFixed(1),
+    false,
+  )
+  row(
+    `server CPU per warm ${BATCH}-key batch (µs)`,
+    (r) => r.batch?.cpuUs,
+    (x) => x.toFixed(0),
+    true,
+  )
   lines.push('')
   for (const s of sides) {
     const r = results[s]
@@ -372,7 +412,9 @@ async function large() {
   console.log(`\n### a ${on.pageBytes.toLocaleString('en-US')}-byte HTML page (as its JSON), 200 pages, sequential reads, l1: false\n`)
   console.log('| | compressed (default) | not compressed | ratio |')
   console.log('|---|---:|---:|---:|')
-  console.log(`| Redis bytes per entry | ${Math.round(on.bytes).toLocaleString('en-US')} | ${Math.round(off.bytes).toLocaleString('en-US')} | ${(on.bytes / off.bytes).toFixed(2)}x |`)
+  console.log(
+    `| Redis bytes per entry | ${Math.round(on.bytes).toLocaleString('en-US')} | ${Math.round(off.bytes).toLocaleString('en-US')} | ${(on.bytes / off.bytes).toFixed(2)}x |`,
+  )
   console.log(`| read (ms, median of 5 rounds) | ${on.readMs.toFixed(3)} | ${off.readMs.toFixed(3)} | ${(on.readMs / off.readMs).toFixed(2)}x |`)
 }
 

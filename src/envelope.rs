@@ -552,7 +552,9 @@ impl Envelope {
             tags: head.tags,
             fmt,
             // A mark that is not 16 hex digits (garbled) names no key of ours.
-            key_mark: head.kh.map(|k| k.as_bytes().try_into().unwrap_or([b'!'; 16])),
+            key_mark: head
+                .kh
+                .map(|k| k.as_bytes().try_into().unwrap_or([b'!'; 16])),
             marker: false,
         })
     }
@@ -940,7 +942,9 @@ mod tests {
         assert!(Envelope::decode_json(old).unwrap().written_for("sc:v:{b}"));
         // A mark that is not one (garbled) names no key of ours.
         let garbled = text.replacen("\"kh\":\"", "\"kh\":\"z", 1);
-        assert!(!Envelope::decode_json(&garbled).unwrap().written_for("sc:v:{a}"));
+        assert!(!Envelope::decode_json(&garbled)
+            .unwrap()
+            .written_for("sc:v:{a}"));
         assert_ne!(key_mark("sc:v:{a}"), key_mark("sc:v:{b}"));
         assert!(key_mark("x").iter().all(u8::is_ascii_hexdigit));
     }
@@ -1032,13 +1036,19 @@ mod tests {
         let head = r#"{"sc":1,"gen":"g2","born":0,"freshUntil":1,"hardUntil":2,"computeMs":0,"retryAfter":0"#;
         let corrupt = format!(r#"{head},"value":{{oops}}"#);
         assert_eq!(
-            Envelope::decode_json(&corrupt).unwrap().value_json.as_deref(),
+            Envelope::decode_json(&corrupt)
+                .unwrap()
+                .value_json
+                .as_deref(),
             Some("{oops")
         );
 
         // Another writer's layout (the value first, spaces): parsed whole.
         let first = r#"{"value":[1,2],"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0}"#;
-        assert_eq!(Envelope::decode_json(first).unwrap().value_json.as_deref(), Some("[1,2]"));
+        assert_eq!(
+            Envelope::decode_json(first).unwrap().value_json.as_deref(),
+            Some("[1,2]")
+        );
         let spaced =
             r#"{"sc": 1, "freshUntil": 1, "hardUntil": 2, "computeMs": 0, "value": {"a": 1}}"#;
         assert_eq!(
@@ -1102,7 +1112,7 @@ mod tests {
             let fast = Envelope::decode_written(&text).unwrap_or_else(|| panic!("{text}"));
             assert_eq!(Some(&fast), Envelope::decode_any(&text).as_ref(), "{text}");
             assert_eq!(fast.envelope, e, "{text}");
-            assert_eq!(fast.value_json.as_deref(), body.value_json.as_deref());
+            assert_eq!(fast.value_json.as_deref(), body.value_json);
             assert_eq!((fast.generation, fast.fmt), (&b"ab12"[..], fmt));
         }
     }
@@ -1263,7 +1273,10 @@ mod tests {
         assert_eq!(bytes.len(), layout::FIXED + value.len());
         assert_eq!(&bytes[layout::FIXED..], value.as_bytes());
         assert_eq!(bytes[0], layout::MAGIC);
-        assert_eq!(&bytes[layout::GENERATION..layout::GENERATION + 8], b"ABCDefgh");
+        assert_eq!(
+            &bytes[layout::GENERATION..layout::GENERATION + 8],
+            b"ABCDefgh"
+        );
         let d = Envelope::decode(&bytes).unwrap();
         assert_eq!(d.envelope, e);
         assert_eq!(d.value_json.as_deref(), Some(value));
@@ -1273,14 +1286,25 @@ mod tests {
         // Retry-after, tags, another format, undefined, negative.
         e.retry_after = 1_700_000_005_000.0;
         let tags = vec!["user:1".to_string(), "a \"quoted\" tag".to_string()];
-        for (fmt, v) in [(Fmt::V8, Some("\"AAEC\"")), (Fmt::Json, None), (Fmt::Bytes, Some("\"AA==\""))] {
-            let body = Body { value_json: v, tags: &tags, fmt };
+        for (fmt, v) in [
+            (Fmt::V8, Some("\"AAEC\"")),
+            (Fmt::Json, None),
+            (Fmt::Bytes, Some("\"AA==\"")),
+        ] {
+            let body = Body {
+                value_json: v,
+                tags: &tags,
+                fmt,
+            };
             let bytes = e.encode(&body, &g, "sc:v:{k}");
             let d = Envelope::decode(&bytes).unwrap();
             assert_eq!(d.envelope, e);
             assert_eq!(d.body(), body);
         }
-        let neg = Envelope { negative: true, ..e };
+        let neg = Envelope {
+            negative: true,
+            ..e
+        };
         let d_bytes = neg.encode(&Body::json(Some("null")), &g, "sc:v:{k}");
         let d = Envelope::decode(&d_bytes).unwrap();
         assert!(d.envelope.negative);
@@ -1294,11 +1318,17 @@ mod tests {
         // computeMs is kept to the microsecond.
         let c = Envelope::new(0.0, 1.0, 1.0, 0.123_456_7, false);
         let d_bytes = c.encode(&Body::json(Some("1")), &g, "k");
-        assert_eq!(Envelope::decode(&d_bytes).unwrap().envelope.compute_ms, 0.123);
+        assert_eq!(
+            Envelope::decode(&d_bytes).unwrap().envelope.compute_ms,
+            0.123
+        );
         // Old JSON envelopes are still read.
         let old = r#"{"sc":1,"gen":"g1","born":0,"freshUntil":1100,"hardUntil":2000,"computeMs":5,"retryAfter":0,"value":1}"#;
         let d = Envelope::decode(old.as_bytes()).unwrap();
-        assert_eq!((d.value_json.as_deref(), d.generation), (Some("1"), &b"g1"[..]));
+        assert_eq!(
+            (d.value_json.as_deref(), d.generation),
+            (Some("1"), &b"g1"[..])
+        );
     }
 
     #[test]
@@ -1308,7 +1338,12 @@ mod tests {
         let page = format!("\"{}\"", "<div class=\\\"row\\\">héllo</div>".repeat(4_000));
         let bytes = e.encode(&Body::json(Some(&page)), &g, "sc:v:{k}");
         assert_ne!(bytes[1] & layout::COMPRESSED, 0, "compressed");
-        assert!(bytes.len() < page.len() / 4, "{} of {}", bytes.len(), page.len());
+        assert!(
+            bytes.len() < page.len() / 4,
+            "{} of {}",
+            bytes.len(),
+            page.len()
+        );
         let d = Envelope::decode(&bytes).unwrap();
         assert_eq!(d.value_json.as_deref(), Some(page.as_str()));
         // Small, or not worth it (random-looking): stored as given.
@@ -1413,8 +1448,12 @@ mod tests {
         assert!(Custom.reads(Fmt::Text) && Custom.reads(Fmt::Bytes) && !Custom.reads(Fmt::V8));
         // An unknown marker, or a non-string value under a marker, is not ours at all.
         let base = r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0,"#;
-        assert!(Envelope::decode_json(&format!(r#"{base}"fmt":"msgpack","value":"x"}}"#)).is_none());
-        assert!(Envelope::decode_json(&format!(r#"{base}"fmt":"v8","value":{{"a":1}}}}"#)).is_none());
+        assert!(
+            Envelope::decode_json(&format!(r#"{base}"fmt":"msgpack","value":"x"}}"#)).is_none()
+        );
+        assert!(
+            Envelope::decode_json(&format!(r#"{base}"fmt":"v8","value":{{"a":1}}}}"#)).is_none()
+        );
         assert!(Envelope::decode_json(&format!(r#"{base}"fmt":"v8","value":"AAE="}}"#)).is_some());
     }
 

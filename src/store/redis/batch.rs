@@ -35,8 +35,8 @@ use futures_util::future::join_all;
 use redis::{ErrorKind, ServerErrorKind, Value};
 
 use super::envelopes::{new_token, usable, Fetched, Misdelivered};
-use super::gates::{Gate, LockOutcome};
 use super::fence::GENERATION_TTL;
+use super::gates::{Gate, LockOutcome};
 use super::slots::{slot_of_key, SlotMap};
 use super::{RedisTier, Unavailable};
 use crate::envelope::Serializer;

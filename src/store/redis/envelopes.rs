@@ -259,7 +259,10 @@ pub fn usable(
     if !d.written_for(value_key) {
         return Err(Misdelivered);
     }
-    if d.marker || d.envelope.state(SystemClock.now_ms()) == State::Expired || !serializer.reads(d.fmt) {
+    if d.marker
+        || d.envelope.state(SystemClock.now_ms()) == State::Expired
+        || !serializer.reads(d.fmt)
+    {
         return Ok(None);
     }
     Ok(Some(Usable {

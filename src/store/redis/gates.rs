@@ -11,14 +11,12 @@ use std::time::Instant;
 
 use redis::Value;
 
-use super::envelopes::{
-    int, invoke_marked, new_token, next_echo, usable, Fetched, Misdelivered,
-};
+use super::envelopes::{int, invoke_marked, new_token, next_echo, usable, Fetched, Misdelivered};
 use super::fence::{Fence, GENERATION_TTL};
-use crate::clock::{Clock, SystemClock};
-use crate::envelope::{new_generation, Envelope};
 use super::lock::Patience;
 use super::{RedisTier, Remote, Unavailable};
+use crate::clock::{Clock, SystemClock};
+use crate::envelope::{new_generation, Envelope};
 use crate::inbox::Stamp;
 
 /// A lock this instance holds for a running load: released (and announced, so waiters take
@@ -492,7 +490,10 @@ impl RedisTier {
                 let channel = if announce { self.bus.channel() } else { "" };
                 let mut call = self.scripts.release.key(&lkey);
                 call.key(self.value_key(key))
-                    .arg(token).arg(channel).arg(&msg).arg(&mark);
+                    .arg(token)
+                    .arg(channel)
+                    .arg(&msg)
+                    .arg(&mark);
                 let reply = invoke_marked(&call, &mark, &mut c).await?;
                 Ok(reply.map(|r| r.first().map_or(0, int)))
             })

@@ -16,7 +16,10 @@ pub(super) static ECHO: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
 /// A script with `envelope.lua`'s functions in front of it.
 macro_rules! with_envelope {
     ($path:literal) => {
-        Script::new(concat!(include_str!("scripts/envelope.lua"), include_str!($path)))
+        Script::new(concat!(
+            include_str!("scripts/envelope.lua"),
+            include_str!($path)
+        ))
     };
 }
 
