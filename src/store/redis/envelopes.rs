@@ -198,6 +198,12 @@ pub(super) fn marked(reply: Value, mark: &str) -> Option<Vec<Value>> {
 }
 
 impl RedisTier {
+    /// Counts a write of this process (see `lane_changes`), before it is sent.
+    pub(super) fn wrote_here(&self) {
+        self.local_writes
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
     /// The echo for the next call whose command routes by `redis_key` (see [`Echo`]).
     pub(super) fn echo(&self, redis_key: impl AsRef<[u8]>) -> Echo {
         if self.link.topology.is_cluster() {
@@ -403,6 +409,7 @@ impl RedisTier {
             return WriteBack::Dropped;
         }
         let px = envelope.remaining_ms(SystemClock.now_ms());
+        self.wrote_here();
         let keys = (self.value_key(key), self.lock_key(key));
         let text = envelope.encode(body, &new_generation(), &keys.0);
         let msg = self.bus.announcement(key);
@@ -472,6 +479,7 @@ impl RedisTier {
         key: &str,
         written: Option<(&Envelope, &Body<'_>)>,
     ) -> Result<bool, Unavailable> {
+        self.wrote_here();
         let generation = new_generation();
         let (text, px, born) = match written {
             Some((envelope, body)) => {

@@ -174,6 +174,9 @@ pub struct RedisTier {
     scripts: Scripts,
     /// The clock fences are read by.
     fences: Fences,
+    /// Counts this process's writes to Redis (sets, deletes, write-backs): a read lane marks
+    /// the first read after one (see `lane_changes`).
+    local_writes: std::sync::atomic::AtomicU64,
 }
 
 impl RedisTier {
@@ -206,6 +209,7 @@ impl RedisTier {
             shutdown,
             scripts: Scripts::new(),
             fences: Fences::new(),
+            local_writes: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
