@@ -1,6 +1,7 @@
 //! After a lost bus connection, the in-process copies are checked against Redis instead of all
 //! dropped: one pipelined round trip per node reads the start of each copy's value key
-//! (`GETRANGE 0 HEADER_BYTES-1`) and each of their tags' records (`GET`), and a copy goes only if
+//! (`GETRANGE 0 HEADER_BYTES-1`: the 40-byte header; an old JSON envelope's first 256 bytes, in
+//! a second round trip for those alone) and each of their tags' records (`GET`), and a copy goes only if
 //! its key now holds another write (or none), or a tag of its was deleted after it was born.
 //! When the check cannot complete (Redis still unavailable after a few probes' time, replies out
 //! of step) every copy goes, as before.
@@ -17,8 +18,8 @@ use std::collections::HashMap;
 use redis::Value;
 
 use super::batch::Grouping;
-use super::{RedisTier, PROBE_INTERVAL};
-use crate::envelope::{same_write, HEADER_BYTES};
+use super::{RedisTier, Unavailable, PROBE_INTERVAL};
+use crate::envelope::{same_write, HEADER_BYTES, JSON_HEADER_BYTES};
 use crate::inbox::tag_bucket;
 use crate::store::memory::Held;
 
@@ -62,48 +63,48 @@ impl RedisTier {
             }
         }
         let copies = held.len();
-        let command = |i: usize| {
-            let mut c;
-            if i < copies {
-                c = redis::cmd("GETRANGE");
-                c.arg(&redis_keys[i]).arg(0).arg(HEADER_BYTES - 1);
-            } else {
-                c = redis::cmd("GET");
-                c.arg(&redis_keys[i]);
+        let header = |bytes: usize| {
+            let redis_keys = &redis_keys;
+            move |i: usize| {
+                let mut c;
+                if i < copies {
+                    c = redis::cmd("GETRANGE");
+                    c.arg(&redis_keys[i]).arg(0).arg(bytes - 1);
+                } else {
+                    c = redis::cmd("GET");
+                    c.arg(&redis_keys[i]);
+                }
+                c
             }
-            c
         };
         let all: Vec<usize> = (0..redis_keys.len()).collect();
-        let Ok(mut piped) = self
-            .pipelined("bus", &redis_keys, &names, &all, Grouping::ByNode, command)
+        let Some(mut replies) = self
+            .read_each(&redis_keys, &names, &all, header(HEADER_BYTES))
             .await
         else {
             return false;
         };
-        if !piped.moved.is_empty() {
-            let Ok(mut again) = self
-                .pipelined(
-                    "bus",
-                    &redis_keys,
-                    &names,
-                    &piped.moved,
-                    Grouping::BySlot,
-                    command,
-                )
+        // A value an earlier version wrote as JSON (during a rolling deploy) spells its fields
+        // out: those few are read again, further.
+        let json: Vec<usize> = (0..copies)
+            .filter(
+                |&i| matches!(&replies[i], Ok(Value::BulkString(b)) if b.first() == Some(&b'{')),
+            )
+            .collect();
+        if !json.is_empty() {
+            let Some(mut again) = self
+                .read_each(&redis_keys, &names, &json, header(JSON_HEADER_BYTES))
                 .await
             else {
                 return false;
             };
-            for &i in &piped.moved {
-                piped.replies[i] = std::mem::replace(&mut again.replies[i], Ok(Value::Nil));
+            for &i in &json {
+                replies[i] = std::mem::replace(&mut again[i], Ok(Value::Nil));
             }
-        }
-        if piped.replies.iter().any(Result::is_err) {
-            return false;
         }
         // Deletions of the copies' tags first: the copies born before them read as dead.
         for (tag, &i) in &tags {
-            let clock = match &piped.replies[i] {
+            let clock = match &replies[i] {
                 Ok(Value::BulkString(b)) => std::str::from_utf8(b)
                     .ok()
                     .and_then(|t| t.trim().parse::<u64>().ok()),
@@ -113,8 +114,9 @@ impl RedisTier {
                 self.inbox.invalidate_tag(tag_bucket(tag), clock);
             }
         }
-        for (h, reply) in held.iter().zip(&piped.replies) {
-            let same = matches!(reply, Ok(Value::BulkString(b)) if same_write(b, &h.envelope));
+        for ((h, reply), vkey) in held.iter().zip(&replies).zip(&redis_keys) {
+            let same =
+                matches!(reply, Ok(Value::BulkString(b)) if same_write(b, &h.envelope, vkey));
             // A copy of this instance's own write that Redis has not taken yet (queued for
             // replay, or unanswered) differs from Redis and is the newer: it stays.
             if !same && !self.writing(&h.key) {
@@ -122,5 +124,41 @@ impl RedisTier {
             }
         }
         true
+    }
+
+    /// `command(i)` for each `i` of `which`, one pipeline per node (a node's pipeline it
+    /// redirected goes again by slot): the replies by index of `redis_keys` (`Err` for those not
+    /// in `which`); `None` when they could not all be read.
+    async fn read_each(
+        &self,
+        redis_keys: &[String],
+        names: &[&str],
+        which: &[usize],
+        command: impl Fn(usize) -> redis::Cmd,
+    ) -> Option<Vec<Result<Value, Unavailable>>> {
+        let mut piped = self
+            .pipelined("bus", redis_keys, names, which, Grouping::ByNode, &command)
+            .await
+            .ok()?;
+        if !piped.moved.is_empty() {
+            let mut again = self
+                .pipelined(
+                    "bus",
+                    redis_keys,
+                    names,
+                    &piped.moved,
+                    Grouping::BySlot,
+                    &command,
+                )
+                .await
+                .ok()?;
+            for &i in &piped.moved {
+                piped.replies[i] = std::mem::replace(&mut again.replies[i], Ok(Value::Nil));
+            }
+        }
+        which
+            .iter()
+            .all(|&i| piped.replies[i].is_ok())
+            .then_some(piped.replies)
     }
 }
