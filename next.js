@@ -36,9 +36,128 @@ const MAX_PLAIN_KEY_BYTES = 400
 const ONE_YEAR_MS = 31_536_000_000
 const DEFAULT_LOCK_TTL = 10_000
 const DEFAULT_COMMAND_TIMEOUT = 1_000
+// The largest entry stored (bytes; README, "Next.js"). Storing costs the process several times an
+// entry's size and holds the event loop while it is serialized: measured (bench/next-entry-size.js)
+// about 10 ms and 6 MB of RSS per MiB, so 64 MiB stalled it for half a second. 4 MiB stays near the
+// 50 ms a batch may hold the loop, and is twice the 2 MB Next.js itself caps a fetch entry at.
+const DEFAULT_MAX_ENTRY_BYTES = 4 * 1024 * 1024
 
 function invalid(message) {
   return new StampedeCacheError('ERR_INVALID_OPTION', message)
+}
+
+// ---- Entry size: maxEntryBytes ----------------------------------------------------------------
+
+/** The handlers' `maxEntryBytes` option (removed from the StampedeCache options), checked. */
+function takeMaxEntryBytes(cacheOptions, where) {
+  const max = cacheOptions.maxEntryBytes === undefined ? DEFAULT_MAX_ENTRY_BYTES : cacheOptions.maxEntryBytes
+  delete cacheOptions.maxEntryBytes
+  if (typeof max !== 'number' || Number.isNaN(max) || max < 1 || (Number.isFinite(max) && !Number.isInteger(max))) {
+    throw invalid(`${where}: option \`maxEntryBytes\` must be a whole number of bytes >= 1 (or Infinity), got ${typeof max === 'number' ? max : typeof max}`)
+  }
+  return max
+}
+
+/**
+ * The size of `value` as stored, in bytes (strings as UTF-8, byte arrays as their length, a few
+ * bytes per other item), counted only until it passes `limit`: a huge entry costs a walk of its
+ * first `limit` bytes' worth of parts, never a serialization. Shared parts count once.
+ */
+function sizeUpTo(value, limit) {
+  let total = 0
+  const stack = [value]
+  const seen = new Set()
+  while (stack.length > 0 && total <= limit) {
+    const v = stack.pop()
+    if (typeof v === 'string') total += Buffer.byteLength(v)
+    else if (ArrayBuffer.isView(v) || v instanceof ArrayBuffer) total += v.byteLength
+    else if (typeof v !== 'object' || v === null) total += 8
+    else if (!seen.has(v)) {
+      seen.add(v)
+      if (v instanceof Map) for (const [k, x] of v) stack.push(k, x)
+      else if (v instanceof Set) for (const x of v) stack.push(x)
+      else
+        for (const k of Object.keys(v)) {
+          total += k.length
+          stack.push(v[k])
+        }
+    }
+  }
+  return total
+}
+
+/** A stream's bytes, or `{ over }` (the bytes read when it passed `limit`: the rest is not read). */
+async function readUpTo(stream, limit) {
+  const chunks = []
+  let size = 0
+  const reader = stream.getReader()
+  for (;;) {
+    const { done, value } = await reader.read()
+    if (done) break
+    size += value.byteLength
+    if (size > limit) {
+      // Next reads its own branch of the stream; this one stops here and keeps nothing.
+      reader.cancel().catch(() => {})
+      return { over: size }
+    }
+    chunks.push(value)
+  }
+  return { bytes: Buffer.concat(chunks, size) }
+}
+
+// `size`: what was counted when the entry passed `max` (a lower bound: counting stops there).
+function tooLargeError(size, max) {
+  return new StampedeCacheError('ERR_ENTRY_TOO_LARGE', `an entry of ${size} bytes or more is over maxEntryBytes (${max}): served from its render, not stored`)
+}
+
+// ---- Records handed back to Next ----------------------------------------------------------------
+//
+// What Redis holds at a key is not trusted to be what `set` stored (another writer, a corrupt or
+// hostile value): a record is handed to Next only if every field has the type Next reads it as;
+// anything else is a miss, so Next computes the entry again.
+
+const isString = (v) => typeof v === 'string'
+const isBytes = (v) => v instanceof Uint8Array
+const isFiniteNumber = (v) => typeof v === 'number' && Number.isFinite(v)
+const optional = (v, check) => v === undefined || check(v)
+const isObject = (v) => typeof v === 'object' && v !== null && !Array.isArray(v)
+const isStatus = (v) => Number.isInteger(v) && v >= 100 && v <= 999
+const isStrings = (v) => Array.isArray(v) && v.every(isString)
+const isHeaders = (v) => isObject(v) && Object.values(v).every((h) => h === undefined || isString(h) || isFiniteNumber(h) || isStrings(h))
+
+// Next.js 16's CachedRouteKind values and the fields each is read with.
+const INCREMENTAL_KINDS = {
+  APP_PAGE: (v) =>
+    isString(v.html) &&
+    optional(v.rscData, isBytes) &&
+    optional(v.status, isStatus) &&
+    optional(v.postponed, isString) &&
+    optional(v.headers, isHeaders) &&
+    optional(v.segmentData, (m) => m instanceof Map && [...m].every(([k, b]) => isString(k) && isBytes(b))),
+  APP_ROUTE: (v) => isBytes(v.body) && optional(v.status, isStatus) && optional(v.headers, isHeaders),
+  PAGES: (v) => isString(v.html) && isObject(v.pageData) && optional(v.status, isStatus) && optional(v.headers, isHeaders),
+  FETCH: (v) =>
+    isObject(v.data) &&
+    isString(v.data.body) &&
+    isString(v.data.url) &&
+    optional(v.data.status, isStatus) &&
+    optional(v.data.headers, isHeaders) &&
+    optional(v.revalidate, isFiniteNumber) &&
+    optional(v.tags, isStrings),
+  REDIRECT: (v) => isObject(v.props),
+  IMAGE: (v) => isString(v.etag) && isBytes(v.buffer) && isString(v.extension) && optional(v.upstreamEtag, isString) && optional(v.revalidate, isFiniteNumber),
+}
+
+function isCacheControl(c) {
+  return isObject(c) && (c.revalidate === false || (isFiniteNumber(c.revalidate) && c.revalidate >= 0)) && optional(c.expire, isFiniteNumber)
+}
+
+/** A record the incremental handler's `set` stored: { lastModified, value, cacheControl }. */
+function isIncrementalRecord(r) {
+  if (!isObject(r) || !isFiniteNumber(r.lastModified) || !('value' in r) || !optional(r.cacheControl, isCacheControl)) return false
+  const v = r.value
+  if (v === null) return true
+  return isObject(v) && Object.hasOwn(INCREMENTAL_KINDS, v.kind) && INCREMENTAL_KINDS[v.kind](v)
 }
 
 // The shared machinery of both handlers: one StampedeCache, the loads waiting for this instance's
@@ -49,6 +168,7 @@ function createStore(options, kind, where) {
     throw invalid(`${where}: options must be an object`)
   }
   const cacheOptions = { ...options }
+  const maxEntryBytes = takeMaxEntryBytes(cacheOptions, where)
   // Entries must round-trip exactly: bytes stay bytes, Buffers and Maps keep their types.
   if ('serializer' in cacheOptions) throw invalid(`${where}: serializer is chosen by the handler ('v8'); remove the option`)
   cacheOptions.serializer = 'v8'
@@ -68,6 +188,39 @@ function createStore(options, kind, where) {
   // process; StampedeCache retries it or reports it to onError).
   const writeBound = 2 * commandTimeout + 500
   const onError = typeof cacheOptions.onError === 'function' ? cacheOptions.onError : () => {}
+
+  /** What the handler turned away: entries over maxEntryBytes, stored records that were not valid. */
+  const counts = { oversizedEntries: 0, invalidRecords: 0 }
+
+  // An entry over maxEntryBytes: counted and reported; the caller stores nothing.
+  function tooLarge(key, size) {
+    counts.oversizedEntries++
+    onError(tooLargeError(size, maxEntryBytes), { op: 'next:set', key: key.join(':') })
+  }
+
+  // `record` as it may be stored: undefined when it is over maxEntryBytes.
+  function capped(key, record) {
+    if (record === undefined || maxEntryBytes === Infinity) return record
+    const size = sizeUpTo(record, maxEntryBytes)
+    if (size <= maxEntryBytes) return record
+    tooLarge(key, size)
+    return undefined
+  }
+
+  /** A "use cache" entry's bytes, or undefined when they pass maxEntryBytes (counted, reported). */
+  async function readEntry(key, stream) {
+    const read = await readUpTo(stream, maxEntryBytes)
+    if (read.over === undefined) return read.bytes
+    tooLarge(key, read.over)
+    return undefined
+  }
+
+  // A stored record `valid` refused: counted; the caller answers a miss.
+  function refused(record, valid) {
+    if (record === undefined || record === null || valid(record)) return false
+    counts.invalidRecords++
+    return true
+  }
 
   /** key -> { ctx, resolve, reject, softTags, written } of the load this instance leads. */
   const leading = new Map()
@@ -137,7 +290,8 @@ function createStore(options, kind, where) {
 
   // Stores `record` for `key` for `ttl` ms with `tags`; `record === undefined`: nothing to store
   // (the load this instance leads, if any, frees the key). Resolves within writeBound.
-  async function store(key, record, ttl, tags) {
+  async function store(key, entry, ttl, tags) {
+    const record = capped(key, entry)
     const id = key.join('\0')
     const lead = leading.get(id)
     if (lead) leading.delete(id)
@@ -190,20 +344,7 @@ function createStore(options, kind, where) {
     await bounded(cache.deleteByTag(list), 'next:revalidateTag')
   }
 
-  return { cache, keyOf, lookup, store, trackSet, invalidate }
-}
-
-async function readAll(stream) {
-  const chunks = []
-  let size = 0
-  const reader = stream.getReader()
-  for (;;) {
-    const { done, value } = await reader.read()
-    if (done) break
-    chunks.push(value)
-    size += value.byteLength
-  }
-  return Buffer.concat(chunks, size)
+  return { cache, keyOf, lookup, store, trackSet, invalidate, readEntry, refused, stats: () => ({ ...cache.stats(), ...counts }) }
 }
 
 function streamOf(bytes) {
@@ -217,11 +358,10 @@ function streamOf(bytes) {
 
 function isUseCacheRecord(r) {
   return (
-    typeof r === 'object' &&
-    r !== null &&
-    r.value instanceof Uint8Array &&
-    Array.isArray(r.tags) &&
-    ['stale', 'timestamp', 'expire', 'revalidate'].every((field) => typeof r[field] === 'number')
+    isObject(r) &&
+    isBytes(r.value) &&
+    isStrings(r.tags) &&
+    ['stale', 'timestamp', 'expire', 'revalidate'].every((field) => isFiniteNumber(r[field]) && r[field] >= 0)
   )
 }
 
@@ -237,7 +377,7 @@ function createUseCacheHandler(options) {
       if (key === null) return undefined
       const record = await store.lookup(key, Array.isArray(softTags) ? softTags : [])
       // Anything but what `set` stored (another writer's value at the key) is a miss.
-      if (!isUseCacheRecord(record)) return undefined
+      if (store.refused(record, isUseCacheRecord) || !isUseCacheRecord(record)) return undefined
       // Past `revalidate` is a miss, as in Next's own handler in production; StampedeCache's ttl
       // already ends there, this only guards against clocks that disagree.
       if (Date.now() > record.timestamp + record.revalidate * 1000) return undefined
@@ -256,15 +396,18 @@ function createUseCacheHandler(options) {
       if (key === null) return Promise.resolve()
       return store.trackSet(key, async () => {
         const entry = await pendingEntry
-        // The stream may error: nothing partial is kept, and the key is freed (abandon()).
-        const value = await readAll(entry.value)
+        // The stream may error: nothing partial is kept, and the key is freed (abandon()). Past
+        // maxEntryBytes it is not read further, and nothing is stored.
+        const value = await store.readEntry(key, entry.value)
         const tags = Array.isArray(entry.tags) ? entry.tags : []
         // An `expire: 0` or `revalidate: 0` entry is dynamic: Next regenerates it on every read.
         const lifetime = Math.min(entry.revalidate, entry.expire) * 1000
         // At most a year, as ISR entries: every entry of these handlers lives a year at the most.
         const ttl = Math.min(Math.floor(entry.timestamp + lifetime - Date.now()), ONE_YEAR_MS)
         const record =
-          lifetime > 0 ? { value, tags, stale: entry.stale, timestamp: entry.timestamp, expire: entry.expire, revalidate: entry.revalidate } : undefined
+          lifetime > 0 && value !== undefined
+            ? { value, tags, stale: entry.stale, timestamp: entry.timestamp, expire: entry.expire, revalidate: entry.revalidate }
+            : undefined
         await store.store(key, record, ttl, tags)
       })
     },
@@ -287,6 +430,9 @@ function createUseCacheHandler(options) {
 
     /** The StampedeCache under this handler (stats, close). */
     cache: store.cache,
+
+    /** The cache's stats(), and what the handler turned away: oversizedEntries, invalidRecords. */
+    stats: store.stats,
   }
 }
 
@@ -310,6 +456,11 @@ function createIncrementalCacheHandler(options) {
   return class StampedeIncrementalCacheHandler {
     static cache = store.cache
 
+    /** The cache's stats(), and what the handler turned away: oversizedEntries, invalidRecords. */
+    static stats() {
+      return store.stats()
+    }
+
     constructor(context) {
       this.context = context
     }
@@ -319,7 +470,7 @@ function createIncrementalCacheHandler(options) {
       if (key === null) return null
       const softTags = [...(Array.isArray(ctx?.tags) ? ctx.tags : []), ...(Array.isArray(ctx?.softTags) ? ctx.softTags : [])]
       const record = await store.lookup(key, softTags)
-      if (typeof record !== 'object' || record === null || typeof record.lastModified !== 'number' || !('value' in record)) return null
+      if (store.refused(record, isIncrementalRecord) || !isIncrementalRecord(record)) return null
       return { lastModified: record.lastModified, value: record.value, cacheControl: record.cacheControl }
     }
 
