@@ -13,6 +13,10 @@
 //!   load that began before the invalidation is born too early to be kept. Buckets are shared
 //!   by tags that hash alike, so a `deleteByTag` may also drop a few entries of an unrelated tag
 //!   (a reload, never a stale value).
+//! - per bucket of tag names, the clock of the newest `expireByTag` heard of one of them: an
+//!   entry born before it is *stale* (kept and served while one refresh runs), not dead; its
+//!   refresh is born at or after that clock, so it is fresh again. A shared bucket may make an
+//!   unrelated entry stale too (one early refresh, never a stale value served as fresh).
 
 use crate::sync::LockOrRecover;
 use std::collections::hash_map::DefaultHasher;
@@ -67,6 +71,8 @@ pub struct Inbox {
     clock: AtomicU64,
     /// Per bucket of tag names, the clock of the newest deleteByTag heard for one of them.
     tag_clocks: Box<[AtomicU64]>,
+    /// Per bucket of tag names, the clock of the newest expireByTag heard for one of them.
+    tag_stale: Box<[AtomicU64]>,
     /// The clock of the newest clear heard.
     cleared: AtomicU64,
     /// Shared with the embedder's index of fresh entries: whatever is heard here voids it at
@@ -86,20 +92,23 @@ impl Default for Inbox {
             epoch: AtomicU64::new(0),
             clock: AtomicU64::new(0),
             tag_clocks: (0..TAG_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            tag_stale: (0..TAG_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             cleared: AtomicU64::new(0),
             fresh: Arc::default(),
         }
     }
 }
 
-/// A `deleteByTag` or `clear` applied here before Redis took it: the clock it was marked at
-/// (one past the clock known here), and what each mark replaced, to put back if Redis cannot
-/// take it (while Redis is unreachable, entries stay usable rather than all dead here).
+/// A `deleteByTag`, `expireByTag` or `clear` applied here before Redis took it: the clock it was
+/// marked at (one past the clock known here), and what each mark replaced, to put back if Redis
+/// cannot take it (while Redis is unreachable, entries stay usable rather than all dead here).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tentative {
     pub clock: u64,
     /// `(bucket, its clock before)`.
     pub tags: Vec<(u16, u64)>,
+    /// The marks in `tags` are expireByTag's (stale), not deleteByTag's (dead).
+    pub stale: bool,
     /// The clear clock before (a clear).
     pub cleared: Option<u64>,
 }
@@ -237,6 +246,26 @@ impl Inbox {
         self.tag_clocks[bucket as usize].load(Ordering::Acquire)
     }
 
+    /// An expireByTag of a tag in `bucket` at clock `c`: entries of the bucket born before `c`
+    /// turn stale.
+    pub fn stale_tag(&self, bucket: u16, c: u64) {
+        if self.tag_stale[bucket as usize].fetch_max(c, Ordering::AcqRel) < c {
+            self.fresh.bump();
+        }
+    }
+
+    #[inline]
+    pub fn tag_stale_clock(&self, bucket: u16) -> u64 {
+        self.tag_stale[bucket as usize].load(Ordering::Acquire)
+    }
+
+    /// Whether an entry born at `born` with tags in `buckets` was tag-expired since (it is then
+    /// stale, whatever its freshUntil says).
+    #[inline]
+    pub fn expired(&self, born: u64, buckets: &[u16]) -> bool {
+        buckets.iter().any(|b| self.tag_stale_clock(*b) > born)
+    }
+
     /// A clear at clock `c`: every entry born before `c` is dead.
     pub fn clear_at(&self, c: u64) {
         if self.cleared.fetch_max(c, Ordering::AcqRel) < c {
@@ -250,8 +279,13 @@ impl Inbox {
 
     /// Puts back what `t` marked, where nothing newer replaced it since.
     pub fn revert(&self, t: &Tentative) {
+        let marks = if t.stale {
+            &self.tag_stale
+        } else {
+            &self.tag_clocks
+        };
         for (b, before) in &t.tags {
-            let _ = self.tag_clocks[*b as usize].compare_exchange(
+            let _ = marks[*b as usize].compare_exchange(
                 t.clock,
                 *before,
                 Ordering::AcqRel,

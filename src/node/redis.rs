@@ -478,23 +478,76 @@ pub fn has_redis(id: u32) -> bool {
     engine(id).is_some_and(|e| e.borrow().redis.is_some())
 }
 
+/// `expire(key)`: applied here at once (the entry stale from now, its running load superseded),
+/// then in Redis after this instance's earlier writes of the key. Resolves with bit 0 set when a
+/// live entry was here and bit 1 when the value key existed in Redis, or `UNAVAILABLE` when
+/// Redis could not take it (the effect here is kept).
+#[napi]
+pub fn expire_entry(env: &Env, id: u32, key: String) -> Result<PromiseRaw<'_, i32>, JsErr> {
+    let (tx, rx) = oneshot::channel();
+    let (here, tier) = with_engine(id, |e| {
+        let now = e.cache.now().floor();
+        let here = e.cache.expire(&key, now)?;
+        Ok((here, e.redis.clone().map(|tier| (tier, now))))
+    })?;
+    let queued = tier.map(|(tier, now)| {
+        let job_tier = tier.clone();
+        let job_key = key.clone();
+        tier.in_order(&key, async move {
+            let _ = tx.send(job_tier.expire(&job_key, now).await);
+        });
+    });
+    settle::spawn_settled(env, async move {
+        let here = here as i32;
+        if queued.is_none() {
+            return Ok(here);
+        }
+        Ok(match rx.await {
+            Ok(Ok(there)) => here | (there as i32) << 1,
+            _ => UNAVAILABLE,
+        })
+    })
+    .map_err(|e| napi_fail(ErrorCode::Redis, e))
+}
+
+/// `expireByTag(tags)`: as `delete_tags`, marking the entries carrying them stale instead of
+/// dead (served while one refresh runs).
+#[napi]
+pub fn expire_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'_, i32>, JsErr> {
+    mark_tags(env, id, tags, true)
+}
+
 /// `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
 /// that began before and will carry one, is dead), then in Redis after this instance's earlier
 /// writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis,
 /// `UNAVAILABLE` when Redis could not take it (the effect here is kept; see `Cache::revert_tags`).
 #[napi]
 pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'_, i32>, JsErr> {
+    mark_tags(env, id, tags, false)
+}
+
+/// `deleteByTag` (`stale`: `expireByTag`) here, then in Redis.
+fn mark_tags(
+    env: &Env,
+    id: u32,
+    tags: Vec<String>,
+    stale: bool,
+) -> Result<PromiseRaw<'_, i32>, JsErr> {
     let (tx, rx) = oneshot::channel();
     let tier = with_engine(id, |e| {
         let owns_clock = e.redis.is_none();
-        let tentative = e.cache.delete_tags(&tags, owns_clock)?;
+        let tentative = if stale {
+            e.cache.expire_tags(&tags, owns_clock)?
+        } else {
+            e.cache.delete_tags(&tags, owns_clock)?
+        };
         Ok(e.redis.clone().map(|tier| (tier, tentative)))
     })?;
     let (queued, tentative) = match tier {
         Some((tier, tentative)) => {
             let job_tier = tier.clone();
             tier.in_order_global(async move {
-                let _ = tx.send(job_tier.delete_tags(&tags).await);
+                let _ = tx.send(job_tier.mark_tags(&tags, stale).await);
             });
             (true, Some(tentative))
         }

@@ -327,7 +327,8 @@ impl RedisTier {
                 }
             },
         };
-        match self.alive(key, found.envelope.born, &found.tags).await {
+        let mut found = found;
+        match self.alive(key, &mut found.envelope, &found.tags).await {
             Ok(true) => Fetched::Found(found.remote(stamp)),
             Ok(false) => Fetched::Missing,
             Err(Unavailable) => Fetched::Unavailable,
@@ -500,6 +501,36 @@ impl RedisTier {
                 }
             }
         }
+        Ok(existed == 1)
+    }
+
+    /// `expire(key)` in Redis, already applied here: the entry keeps its value and expiry but its
+    /// freshUntil becomes `now` (`expire.lua`), the key's fence changes (a load that began before
+    /// never writes back), and other processes drop their copies. Returns whether the value key
+    /// existed. Run it through `in_order`.
+    pub async fn expire(&self, key: &str, now: f64) -> Result<bool, Unavailable> {
+        let keys = (self.value_key(key), self.generation_key(key));
+        let msg = self.bus.announcement(key);
+        self.bus.carried().expect_own(key);
+        let echo = self.echo(&keys.0);
+        let expired = self
+            .run("expire", key, |mut c| async move {
+                let mut call = self.scripts.expire.key(&keys.0);
+                call.key(&keys.1)
+                    .arg(now as u64)
+                    .arg(new_token())
+                    .arg(GENERATION_TTL.as_millis() as u64)
+                    .arg(self.bus.channel())
+                    .arg(&msg);
+                invoke_echoed::<i64>(&call, &mut c, echo).await
+            })
+            .await;
+        // A read sent before this, answered after, must not be kept over it.
+        self.inbox.touch(key);
+        let Some(existed) = expired? else {
+            self.misdelivered("expire", key);
+            return Err(Unavailable);
+        };
         Ok(existed == 1)
     }
 

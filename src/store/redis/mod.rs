@@ -247,6 +247,10 @@ impl RedisTier {
         key::redis_tag_key(&self.policies.namespace, tag)
     }
 
+    pub fn tag_stale_key(&self, tag: &str) -> String {
+        key::redis_tag_stale_key(&self.policies.namespace, tag)
+    }
+
     pub fn meta_key(&self) -> String {
         key::redis_meta_key(&self.policies.namespace)
     }

@@ -1,5 +1,6 @@
 //! The Lua scripts (`scripts/*.lua`, each naming its KEYS/ARGV), sent by EVALSHA with a load
-//! on NOSCRIPT. The fence's test (`fence_of.lua`) is shared by the scripts that check it.
+//! on NOSCRIPT. The fence's test (`fence_of.lua`), a tag's record (`tag_record.lua`) and the clock's advance
+//! (`advance_of.lua`) are prepended to the scripts that share them.
 
 use redis::Script;
 
@@ -27,6 +28,8 @@ pub struct Scripts {
     pub(super) sweep: Script,
     pub(super) reborn: Script,
     pub(super) advance: Script,
+    pub(super) tags: Script,
+    pub(super) expire: Script,
 }
 
 impl Scripts {
@@ -48,11 +51,26 @@ impl Scripts {
             write: Script::new(include_str!("scripts/write.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
             replace: Script::new(include_str!("scripts/replace.lua")),
-            tag: Script::new(include_str!("scripts/tag.lua")),
+            tag: Script::new(concat!(
+                include_str!("scripts/tag_record.lua"),
+                include_str!("scripts/tag.lua")
+            )),
+            tags: Script::new(concat!(
+                include_str!("scripts/advance_of.lua"),
+                include_str!("scripts/tag_record.lua"),
+                include_str!("scripts/tags.lua")
+            )),
+            expire: Script::new(concat!(
+                include_str!("scripts/stale_at.lua"),
+                include_str!("scripts/expire.lua")
+            )),
             clear: Script::new(include_str!("scripts/clear.lua")),
             sweep: Script::new(include_str!("scripts/sweep.lua")),
             reborn: Script::new(include_str!("scripts/reborn.lua")),
-            advance: Script::new(include_str!("scripts/advance.lua")),
+            advance: Script::new(concat!(
+                include_str!("scripts/advance_of.lua"),
+                include_str!("scripts/advance.lua")
+            )),
         }
     }
 }
