@@ -11,7 +11,7 @@
 // serializer (once per write or Redis read).
 
 const native = require('../binding.js')
-const { engine, deleteTags, clearEntries } = require('./engine.js')
+const { engine, deleteTags, expireTags, expireEntry, clearEntries } = require('./engine.js')
 const {
   StampedeCacheError,
   invalidArgument,
@@ -1343,6 +1343,25 @@ class StampedeCache {
     return removed === 1 || removedRemote === 1
   }
 
+  /**
+   * Soft invalidation: the entry keeps its value but is stale from now on, in this process at once
+   * and, with Redis, in every instance sharing it. The next read anywhere is served the old value
+   * and starts one refresh for the whole fleet; a load that began before never writes its result.
+   * Resolves true when there was an entry.
+   */
+  async expire(key) {
+    if (this.#closed) throw closedError()
+    const k = engine.encodeKey(key)
+    this.#watchInvalidations()
+    const sent = expireEntry(this.#id, k)
+    this.#publishInvalidations()
+    this.#publishInvalidation(k, 'local')
+    const outcome = await sent
+    this.#drainRedisReports()
+    if (outcome === UNAVAILABLE) throw redisError('expire')
+    return outcome !== 0
+  }
+
   async inspect(key) {
     if (this.#closed) throw closedError()
     const k = engine.encodeKey(key)
@@ -1367,19 +1386,34 @@ class StampedeCache {
    * instance sharing it; a load that began before never writes its result back. Costs one Redis
    * key per tag, however many entries carry it.
    */
-  async deleteByTag(tags) {
+  deleteByTag(tags) {
+    return this.#markTags(tags, 'deleteByTag', deleteTags)
+  }
+
+  /**
+   * expire() for every entry carrying one of `tags`, in this process at once and, with Redis, in
+   * every instance sharing it: each is served stale once while one refresh runs. Costs one Redis
+   * key per tag, however many entries carry it.
+   */
+  expireByTag(tags) {
+    return this.#markTags(tags, 'expireByTag', expireTags)
+  }
+
+  // deleteByTag or expireByTag (`op`), through the engine's `mark`. Any number of tags: applied
+  // whole (see tags.rs), never partly.
+  async #markTags(tags, op, mark) {
     if (this.#closed) throw closedError()
     const list = checkTags(typeof tags === 'string' ? [tags] : tags, (why) => {
-      throw invalidArgument(`deleteByTag takes a tag or an array of tags: tags ${why}`)
+      throw invalidArgument(`${op} takes a tag or an array of tags: tags ${why}`)
     })
     if (list.length === 0) return
     this.#watchInvalidations()
-    const sent = deleteTags(this.#id, list)
+    const sent = mark(this.#id, list)
     this.#publishInvalidations()
     this.#publishInvalidation(undefined, 'local', list)
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('deleteByTag')
+    if (outcome === UNAVAILABLE) throw redisError(op)
   }
 
   /**

@@ -862,11 +862,21 @@ impl<C: Clock> Cache<C> {
         Ok(true)
     }
 
-    /// A `deleteByTag` Redis did not take: its effect here is kept (the entries it killed are
-    /// removed now, as `delete` would), and its marks are put back, so entries loaded from now
+    /// A `deleteByTag` or `expireByTag` Redis did not take: its effect here is kept (the entries
+    /// it killed are removed now, as `delete` would; those it made stale stay stale), and its
+    /// marks are put back, so entries loaded from now
     /// on are not dead for a deletion that never happened in Redis.
     pub fn revert_tags(&mut self, tentative: &Tentative) {
         let inbox = &self.inbox;
+        if tentative.stale {
+            // An expireByTag: the entries it made stale here stay stale.
+            let now = self.clock.now_ms().floor();
+            self.store.stale_where(now, |e| {
+                e.tags
+                    .as_ref()
+                    .is_some_and(|t| inbox.expired(e.envelope.born, &t.buckets))
+            });
+        }
         self.store.remove_where(|e| {
             e.tags
                 .as_ref()
@@ -1938,6 +1948,7 @@ mod tag_tests {
     #[test]
     fn a_stale_mark_redis_did_not_take_is_put_back() {
         let mut c = cache(|_| {});
+        load(&mut c, "k", tags(&["t"])).unwrap();
         let t = c.expire_tags(&["t".to_string()], false).unwrap();
         assert!(t.stale);
         let b = tag_bucket("t");
@@ -1945,6 +1956,13 @@ mod tag_tests {
         c.revert_tags(&t);
         assert_eq!(c.inbox().tag_stale_clock(b), 0);
         assert_eq!(c.inbox().tag_clock(b), 0, "the dead marks untouched");
+        assert_eq!(
+            c.inspect("k").unwrap().unwrap().state,
+            EntryState::Stale,
+            "its effect here is kept"
+        );
+        load(&mut c, "k2", tags(&["t"])).unwrap();
+        assert_eq!(c.inspect("k2").unwrap().unwrap().state, EntryState::Fresh);
     }
 
     #[test]
