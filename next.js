@@ -168,8 +168,7 @@ function createStore(options, kind, where) {
     const lead = leading.get(id)
     if (lead) leading.delete(id)
     const allTags = [...new Set([...tags, ...(lead?.softTags ?? [])].filter((t) => typeof t === 'string' && t.length > 0))]
-    const storable =
-      record !== undefined && Number.isFinite(ttl) && ttl >= 1 && hardTtl >= ttl && allTags.every((t) => Buffer.byteLength(t) <= MAX_TAG_BYTES)
+    const storable = record !== undefined && Number.isFinite(ttl) && ttl >= 1 && hardTtl >= ttl && allTags.every((t) => Buffer.byteLength(t) <= MAX_TAG_BYTES)
     if (lead) {
       if (storable) {
         lead.ctx.setTtl(ttl, hardTtl)

@@ -101,10 +101,7 @@ test('expireByTag: every entry carrying one of the tags turns stale (index inclu
   for (const k of ['c', 'u']) assert.equal((await cache.inspect(k)).state, 'fresh', k)
   for (const k of Object.keys(loaders)) assert.equal(await read(k), `${k}1`, 'the old value at once')
   await cache.settle()
-  assert.deepEqual(
-    Object.fromEntries(Object.entries(loaders).map(([k, l]) => [k, l.calls])),
-    { a: 2, b: 2, c: 1, u: 1 },
-  )
+  assert.deepEqual(Object.fromEntries(Object.entries(loaders).map(([k, l]) => [k, l.calls])), { a: 2, b: 2, c: 1, u: 1 })
   for (const k of ['a', 'b']) assert.equal(await read(k), `${k}2`)
   for (const k of ['a', 'b']) assert.equal((await cache.inspect(k)).state, 'fresh', `${k}: its refresh is fresh`)
   // A string is one tag; an empty list does nothing.

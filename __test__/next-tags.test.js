@@ -66,7 +66,9 @@ async function computedIn(instances) {
 
 const render = (i, args) => i.call('render', args)
 
-test('"use cache": revalidateTag(tag, \'max\') on one instance: each entry is served stale once, everywhere, while one instance regenerates it', { timeout: TEST_TIMEOUT }, async (t) => {
+test('"use cache": revalidateTag(tag, \'max\') on one instance: each entry is served stale once, everywhere, while one instance regenerates it', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const [A, B] = await two(t)
   assert.equal((await render(A, { key: 'posts', value: 'v1', tags: ['posts'] })).state, 'miss')
   assert.equal((await render(A, { key: 'users', value: 'u1', tags: ['users'] })).state, 'miss')
@@ -75,7 +77,10 @@ test('"use cache": revalidateTag(tag, \'max\') on one instance: each entry is se
   // Next calls updateTags with the profile's durations ('max': its expire, in seconds).
   await A.call('updateTags', { tags: ['posts'], durations: { expire: 31_536_000 } })
   await sleep(BUS)
-  const [a, b] = await Promise.all([render(A, { key: 'posts', value: 'v2', tags: ['posts'], ms: 300 }), render(B, { key: 'posts', value: 'v2', tags: ['posts'], ms: 300 })])
+  const [a, b] = await Promise.all([
+    render(A, { key: 'posts', value: 'v2', tags: ['posts'], ms: 300 }),
+    render(B, { key: 'posts', value: 'v2', tags: ['posts'], ms: 300 }),
+  ])
   assert.deepEqual([a.value, b.value], ['v1', 'v1'], 'the old value at once in both')
   assert.deepEqual([a.state, b.state].sort(), ['hit', 'stale'], 'one instance regenerates it, the other serves it as it is')
   assert.equal(await computedIn([A, B]), 3, 'one regeneration for both instances')
@@ -87,7 +92,7 @@ test('"use cache": revalidateTag(tag, \'max\') on one instance: each entry is se
 
 for (const [form, durations] of [
   ['updateTag / the profile-less revalidateTag (no durations)', undefined],
-  ["revalidateTag(tag, { expire: 0 })", { expire: 0 }],
+  ['revalidateTag(tag, { expire: 0 })', { expire: 0 }],
 ]) {
   test(`"use cache": ${form} expires the entries at once, on both instances`, { timeout: TEST_TIMEOUT }, async (t) => {
     const [A, B] = await two(t)
@@ -103,7 +108,9 @@ for (const [form, durations] of [
   })
 }
 
-test('"use cache": past its revalidate and before its expire, an entry is served stale on both instances while one regenerates it', { timeout: TEST_TIMEOUT }, async (t) => {
+test('"use cache": past its revalidate and before its expire, an entry is served stale on both instances while one regenerates it', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const [A, B] = await two(t)
   await render(A, { key: 'short', value: 'v1', revalidate: 1, expire: 60 })
   await sleep(BUS)
@@ -120,7 +127,9 @@ test('"use cache": past its revalidate and before its expire, an entry is served
   for (const i of [A, B]) assert.equal((await render(i, { key: 'short', value: 'never', revalidate: 1, expire: 60 })).value, 'v2', i.name)
 })
 
-test("incremental cache: revalidateTag(tag, profile) serves a fetch entry stale once while one instance refetches; revalidateTag(tag) drops it", { timeout: TEST_TIMEOUT }, async (t) => {
+test('incremental cache: revalidateTag(tag, profile) serves a fetch entry stale once while one instance refetches; revalidateTag(tag) drops it', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const [A, B] = await two(t)
   assert.equal((await A.call('fetchEntry', { key: 'f', value: 'b1', tags: ['feed'] })).state, 'miss')
   await sleep(BUS)
@@ -139,7 +148,9 @@ test("incremental cache: revalidateTag(tag, profile) serves a fetch entry stale 
 })
 
 for (const count of [65, 200]) {
-  test(`${count} tags: entries carrying them are stored, and updateTags / revalidateTag of the whole list reach them on the other instance`, { timeout: TEST_TIMEOUT }, async (t) => {
+  test(`${count} tags: entries carrying them are stored, and updateTags / revalidateTag of the whole list reach them on the other instance`, {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
     const [A, B] = await two(t)
     const tags = Array.from({ length: count }, (_, i) => `tag${i}`)
     const last = tags[count - 1]

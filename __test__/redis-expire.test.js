@@ -87,7 +87,9 @@ for (const form of ['expire', 'expireByTag']) {
   })
 }
 
-test('expire: a load that began before it, elsewhere, never writes its result (the next read starts the refresh after it)', { timeout: TEST_TIMEOUT }, async (t) => {
+test('expire: a load that began before it, elsewhere, never writes its result (the next read starts the refresh after it)', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const { spawnWorker } = await setup(t, { ttl: 300, hardTtl: 60_000 })
   const [A, B] = await Promise.all(['A', 'B'].map((n) => spawnWorker(n)))
   assert.equal(await run(A, READ, { key: 'k', value: 'v1' }), 'v1')
@@ -108,7 +110,9 @@ test('expire: a load that began before it, elsewhere, never writes its result (t
   assert.equal((await run(A, CALLS)) + (await run(B, CALLS)), 3)
 })
 
-test('expire of a key nobody holds resolves false; Redis down: expire and expireByTag reject ERR_REDIS, applied in process', { timeout: TEST_TIMEOUT }, async (t) => {
+test('expire of a key nobody holds resolves false; Redis down: expire and expireByTag reject ERR_REDIS, applied in process', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
   const { spawnWorker, redis } = await setup(t)
   const A = await spawnWorker('A')
   assert.equal(await run(A, 'return cache.expire("none")'), false)

@@ -1851,7 +1851,11 @@ mod tag_tests {
         assert_eq!(info.hard_until, 100_000.0, "hardTtl as before");
         // Served stale, the same value, with one refresh asked for; a second read asks none
         // while it runs.
-        let Some(Hit::Stale { slot: s, refresh: true }) = c.peek("k", 0.0) else {
+        let Some(Hit::Stale {
+            slot: s,
+            refresh: true,
+        }) = c.peek("k", 0.0)
+        else {
             panic!("stale with a refresh")
         };
         assert_eq!(s, slot);
@@ -1929,8 +1933,14 @@ mod tag_tests {
                 "{key}: served stale, refresh asked"
             );
         }
-        assert!(matches!(c.peek("c", 0.0), Some(Hit::Fresh { .. })), "another tag");
-        assert!(matches!(c.peek("u", 0.0), Some(Hit::Fresh { .. })), "untagged");
+        assert!(
+            matches!(c.peek("c", 0.0), Some(Hit::Fresh { .. })),
+            "another tag"
+        );
+        assert!(
+            matches!(c.peek("u", 0.0), Some(Hit::Fresh { .. })),
+            "untagged"
+        );
         // The load begun before is written, but stale: it may predate what changed.
         c.complete("l", late, with_extra(1.0, p, tags(&["t1"])))
             .unwrap();
