@@ -522,3 +522,102 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
     let s = b_stats.snapshot();
     assert_eq!((s.lock_wins, s.lock_waits), (2, 3));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_ends_an_entry_s_freshness_keeps_its_value_and_expiry_and_fences_older_loads() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let (b, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let written = envelope(60_000.0);
+    assert_eq!(
+        a.write("k", Some((&written, &Body::json(Some("\"v\"")))))
+            .await,
+        Ok(false)
+    );
+    let pttl_before: i64 = redis::cmd("PTTL")
+        .arg("t:v:{k}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // A load of the key begins (its fence is read now), then the key is expired elsewhere.
+    let gate = a.force_gate("k").await;
+    let now = now_ms().floor();
+    assert_eq!(b.expire("k", now).await, Ok(true));
+    let text = get(&mut c, "t:v:{k}").await.unwrap();
+    let d = Envelope::decode(&text).expect("still an envelope this reads");
+    assert_eq!(d.envelope.fresh_until, now, "stale from now");
+    assert_eq!(d.envelope.hard_until, written.hard_until, "its expiry kept");
+    assert!(text.ends_with(r#""value":"v"}"#), "its value kept");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("t:v:{k}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(
+        pttl > 0 && pttl <= pttl_before,
+        "its Redis expiry kept: {pttl}"
+    );
+    // The load that began before the expire is not written over it.
+    let Gate::Lead { fence, .. } = &gate else {
+        panic!("{gate:?}")
+    };
+    let result = a
+        .write_back(
+            "k",
+            Some((&envelope(60_000.0), &Body::json(Some("\"old\"")))),
+            None,
+            fence.as_ref(),
+            true,
+        )
+        .await;
+    assert_eq!(result, WriteBack::Dropped);
+    // A second expire changes nothing but the fence; a missing key answers false.
+    assert_eq!(b.expire("k", now + 5.0).await, Ok(true));
+    let again = get(&mut c, "t:v:{k}").await.unwrap();
+    assert_eq!(Envelope::decode(&again).unwrap().envelope.fresh_until, now);
+    assert_eq!(b.expire("none", now).await, Ok(false));
+    // Something this library did not write is left as it is.
+    let _: () = redis::cmd("SET")
+        .arg("t:v:{foreign}")
+        .arg("{\"x\":1}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(b.expire("foreign", now).await, Ok(true));
+    assert_eq!(
+        get(&mut c, "t:v:{foreign}").await.as_deref(),
+        Some("{\"x\":1}")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tag_list_of_any_length_is_recorded_at_one_clock_by_one_script() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let tags: Vec<String> = (0..300).map(|i| format!("tag{i}")).collect();
+    for stale in [false, true] {
+        a.mark_tags(&tags, stale).await.unwrap();
+        let clock: String = redis::cmd("HGET")
+            .arg("t:meta")
+            .arg("clock")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let kind = if stale { "stale" } else { "tag" };
+        for tag in &tags {
+            assert_eq!(
+                get(&mut c, &format!("t:{kind}:{{{tag}}}")).await.as_deref(),
+                Some(clock.as_str()),
+                "{kind} {tag}"
+            );
+        }
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(format!("t:{kind}:{{tag299}}"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(pttl > 0, "the records expire");
+    }
+}
