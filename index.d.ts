@@ -419,8 +419,10 @@ export class StampedeCache<S extends SerializerOption = 'json'> {
   /**
    * `expire()` for every entry carrying one of the tags, in every instance: each is served stale
    * while one refresh runs. Any number of tags, never partly applied. One Redis key per tag.
+   * `hardTtl` (ms from now): past it, those not refreshed meanwhile are gone (default: each until
+   * its own hardTtl), as Next.js's `revalidateTag(tag, { expire })`.
    */
-  expireByTag(tags: string | string[]): Promise<void>
+  expireByTag(tags: string | string[], options?: { hardTtl?: number | undefined }): Promise<void>
   /**
    * Removes every entry of this namespace, in every instance; a load that began before never
    * writes back. No `KEYS`: Redis is swept with `SCAN`, one batch at a time. Other namespaces are

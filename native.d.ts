@@ -179,9 +179,10 @@ export declare function expireEntry(id: number, key: string): Promise<number>
 
 /**
  * `expireByTag(tags)`: as `delete_tags`, marking the entries carrying them stale instead of
- * dead (served while one refresh runs).
+ * dead (served while one refresh runs). `within` (ms from now; absent: none) ends the window in
+ * which they are served stale: past it, those not refreshed are dead.
  */
-export declare function expireTags(id: number, tags: Array<string>): Promise<number>
+export declare function expireTags(id: number, tags: Array<string>, within?: number | undefined | null): Promise<number>
 
 /**
  * The loader of `flight` failed. For a background refresh, returns its retry-after (epoch

@@ -209,7 +209,8 @@ function createStore(options, kind, where) {
 
   // revalidateTag, updateTag, revalidatePath: Next 16's meanings. With a profile's durations
   // (`revalidateTag(tag, 'max')`, `revalidateTag(tag, { expire })`), the entries carrying a tag turn
-  // stale: each is served stale once while one instance regenerates it, until its own expiry.
+  // stale: each is served stale once while one instance regenerates it, for the profile's `expire`
+  // window ('max': until each entry's own expiry); past it, those not regenerated are gone.
   // Without durations (updateTag, the profile-less revalidateTag, revalidatePath) or with
   // `expire: 0`, they expire at once: the next read computes them. Any number of tags, applied
   // whole (one step in Redis).
@@ -219,7 +220,12 @@ function createStore(options, kind, where) {
     ]
     if (list.length === 0) return
     const soft = typeof durations === 'object' && durations !== null && !(durations.expire === 0)
-    await bounded(soft ? cache.expireByTag(list) : cache.deleteByTag(list), 'next:revalidateTag')
+    if (!soft) return bounded(cache.deleteByTag(list), 'next:revalidateTag')
+    // The profile's `expire` (seconds) ends the window in which they are served stale; none
+    // given, or past the year every entry here lives at most: each entry's own expiry.
+    const window = typeof durations.expire === 'number' && durations.expire >= 0 ? durations.expire * 1000 : Infinity
+    const options = window < ONE_YEAR_MS ? { hardTtl: window } : undefined
+    await bounded(cache.expireByTag(list, options), 'next:revalidateTag')
   }
 
   return { cache, keyOf, lookup, store, trackSet, invalidate }

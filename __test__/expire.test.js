@@ -116,6 +116,9 @@ test('expire and expireByTag refuse bad input with a code, and reject once close
   await assert.rejects(cache.expire({}), { code: 'ERR_INVALID_KEY' })
   await assert.rejects(cache.expireByTag(42), { code: 'ERR_INVALID_ARGUMENT' })
   await assert.rejects(cache.expireByTag(['ok', '']), { code: 'ERR_INVALID_ARGUMENT' })
+  for (const options of [null, 1, { hardTtl: -1 }, { hardTtl: '1s' }, { hardTtl: Number.NaN }]) {
+    await assert.rejects(cache.expireByTag('t', options), { code: 'ERR_INVALID_ARGUMENT' }, JSON.stringify(options))
+  }
   await cache.close()
   await assert.rejects(cache.expire('k'), { code: 'ERR_CLOSED' })
   await assert.rejects(cache.expireByTag('t'), { code: 'ERR_CLOSED' })

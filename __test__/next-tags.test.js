@@ -90,6 +90,26 @@ test('"use cache": revalidateTag(tag, \'max\') on one instance: each entry is se
   assert.equal(await computedIn([A, B]), 3)
 })
 
+test('"use cache": revalidateTag(tag, { expire: 1 }): stale for the profile\'s window, gone after it on both instances', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const [A, B] = await two(t)
+  await render(A, { key: 'read', value: 'r1', tags: ['posts'] })
+  await render(A, { key: 'unread', value: 'u1', tags: ['posts'] })
+  await sleep(BUS)
+  await B.call('updateTags', { tags: ['posts'], durations: { expire: 1 } })
+  await sleep(BUS)
+  // Read within the window: served stale, regenerated once.
+  const read = await render(B, { key: 'read', value: 'r2', tags: ['posts'] })
+  assert.equal(read.value, 'r1')
+  await B.call('settle')
+  await sleep(1_200)
+  for (const i of [A, B]) {
+    assert.deepEqual(await render(i, { key: 'read', value: 'never', tags: ['posts'] }), { state: 'hit', value: 'r2' }, `${i.name}: regenerated in the window`)
+  }
+  assert.deepEqual(await render(A, { key: 'unread', value: 'u2', tags: ['posts'] }), { state: 'miss', value: 'u2' }, 'past the window: a miss')
+})
+
 for (const [form, durations] of [
   ['updateTag / the profile-less revalidateTag (no durations)', undefined],
   ['revalidateTag(tag, { expire: 0 })', { expire: 0 }],

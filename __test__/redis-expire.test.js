@@ -131,6 +131,27 @@ test('expire of a key nobody holds resolves false; Redis down: expire and expire
   assert.deepEqual(outcome, { codes: ['ERR_REDIS', 'ERR_REDIS'], k: 'stale', j: 'stale', value: 'j1' })
 })
 
+test('expireByTag with a hardTtl: stale everywhere within the window; past it, what was not refreshed is gone everywhere', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { spawnWorker } = await setup(t, { ttl: 60_000 })
+  const [A, B] = await Promise.all(['A', 'B'].map((n) => spawnWorker(n)))
+  for (const key of ['read', 'unread']) assert.equal(await run(A, READ, { key, value: `${key}1`, tags: ['t'] }), `${key}1`)
+  await busFlushed([A, B])
+  for (const key of ['read', 'unread']) assert.equal(await run(B, READ, { key, value: 'never', tags: ['t'] }), `${key}1`)
+  await run(A, 'await cache.expireByTag("t", { hardTtl: 1_500 }); return null')
+  await busFlushed([A, B])
+  for (const w of [A, B]) for (const key of ['read', 'unread']) assert.equal(await run(w, STATE, { key }), 'stale', `${w.name} ${key}`)
+  // "read" is read in the window: served stale, refreshed once.
+  assert.equal(await run(B, READ, { key: 'read', value: 'read2', tags: ['t'] }), 'read1')
+  await run(B, CALLS)
+  await new Promise((r) => setTimeout(r, 1_700))
+  for (const w of [A, B]) {
+    assert.equal(await run(w, 'return (await cache.get(args.key)) ?? null', { key: 'unread' }), null, `${w.name}: the window is over`)
+    assert.equal(await run(w, READ, { key: 'read', value: 'never', tags: ['t'] }), 'read2', `${w.name}: refreshed within it`)
+  }
+})
+
 for (const count of [65, 200]) {
   test(`${count} tags with Redis: deleteByTag and expireByTag apply every one, in every process, in one step`, { timeout: TEST_TIMEOUT }, async (t) => {
     const { spawnWorker, redis, namespace } = await setup(t)

@@ -1393,22 +1393,33 @@ class StampedeCache {
   /**
    * expire() for every entry carrying one of `tags`, in this process at once and, with Redis, in
    * every instance sharing it: each is served stale once while one refresh runs. Costs one Redis
-   * key per tag, however many entries carry it.
+   * key per tag, however many entries carry it. `options.hardTtl` (ms from now): past it, those
+   * not refreshed meanwhile are gone (default: each stays until its own hardTtl).
    */
-  expireByTag(tags) {
-    return this.#markTags(tags, 'expireByTag', expireTags)
+  expireByTag(tags, options) {
+    return this.#markTags(tags, 'expireByTag', expireTags, options)
   }
 
   // deleteByTag or expireByTag (`op`), through the engine's `mark`. Any number of tags: applied
-  // whole (see tags.rs), never partly.
-  async #markTags(tags, op, mark) {
+  // whole (see tags.rs), never partly. expireByTag's `options.hardTtl`: ms from now the entries
+  // it makes stale are served at most (then, unless refreshed, they are gone).
+  async #markTags(tags, op, mark, options) {
     if (this.#closed) throw closedError()
     const list = checkTags(typeof tags === 'string' ? [tags] : tags, (why) => {
       throw invalidArgument(`${op} takes a tag or an array of tags: tags ${why}`)
     })
+    let within
+    if (options !== undefined) {
+      if (options === null || typeof options !== 'object') throw invalidArgument(`${op}: options must be an object`)
+      within = options.hardTtl
+      if (within !== undefined && (typeof within !== 'number' || Number.isNaN(within) || within < 0)) {
+        throw invalidArgument(`${op}: hardTtl must be a number of ms >= 0, got ${String(within)}`)
+      }
+      if (within === Number.POSITIVE_INFINITY) within = undefined
+    }
     if (list.length === 0) return
     this.#watchInvalidations()
-    const sent = mark(this.#id, list)
+    const sent = within === undefined ? mark(this.#id, list) : mark(this.#id, list, within)
     this.#publishInvalidations()
     this.#publishInvalidation(undefined, 'local', list)
     const outcome = await sent

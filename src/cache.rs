@@ -329,7 +329,7 @@ impl<C: Clock> Cache<C> {
         let mut env = env;
         if let Some(tags) = &entry.tags {
             // Cleared or tag-deleted since it was born: gone.
-            if self.inbox.dead(env.born, &tags.buckets) {
+            if self.inbox.gone(env.born, &tags.buckets, now) {
                 self.store.remove(key);
                 return None;
             }
@@ -585,7 +585,13 @@ impl<C: Clock> Cache<C> {
         match prepared {
             // A clear, or a deleteByTag of one of its tags, since the load began: the result
             // is older than that, and so is any copy here.
-            Some(p) if self.inbox.dead(p.envelope.born, &buckets(&p.extra.tags)) => {
+            Some(p)
+                if self.inbox.gone(
+                    p.envelope.born,
+                    &buckets(&p.extra.tags),
+                    self.clock.now_ms(),
+                ) =>
+            {
                 self.store.remove(key);
                 None
             }
@@ -627,7 +633,10 @@ impl<C: Clock> Cache<C> {
         if stamp.is_some_and(|s| s != self.inbox.stamp(key)) {
             return None;
         }
-        if self.inbox.dead(envelope.born, &buckets(&extra.tags)) {
+        if self
+            .inbox
+            .gone(envelope.born, &buckets(&extra.tags), self.clock.now_ms())
+        {
             // Redis checked it against what it knew; an invalidation heard since wins.
             self.store.remove(key);
             return None;
@@ -797,18 +806,31 @@ impl<C: Clock> Cache<C> {
     /// the deleteByTag's own clock; the [`Tentative`] says what to put back if Redis cannot
     /// take it.
     pub fn delete_tags(&mut self, tags: &[String], owns_clock: bool) -> Result<Tentative> {
-        self.mark_tags(tags, owns_clock, false)
+        self.mark_tags(tags, owns_clock, None)
     }
 
     /// `expireByTag` here, at once: every entry carrying one of `tags` and born before now is
     /// stale (served while one refresh runs; the refresh is born after, so fresh). A load that
     /// began before writes its result stale too: it may carry what the expiry was about, so it
-    /// does not count as the refresh after it. Marked as [`Cache::delete_tags`] marks.
-    pub fn expire_tags(&mut self, tags: &[String], owns_clock: bool) -> Result<Tentative> {
-        self.mark_tags(tags, owns_clock, true)
+    /// does not count as the refresh after it. `until` (epoch ms; infinity: none) ends the
+    /// window in which they are served stale: past it, those not refreshed are dead (Next.js's
+    /// `revalidateTag(tag, { expire })`). Marked as [`Cache::delete_tags`] marks.
+    pub fn expire_tags(
+        &mut self,
+        tags: &[String],
+        owns_clock: bool,
+        until: f64,
+    ) -> Result<Tentative> {
+        self.mark_tags(tags, owns_clock, Some(until))
     }
 
-    fn mark_tags(&mut self, tags: &[String], owns_clock: bool, stale: bool) -> Result<Tentative> {
+    /// `stale_until`: an expireByTag's window end; `None`: a deleteByTag.
+    fn mark_tags(
+        &mut self,
+        tags: &[String],
+        owns_clock: bool,
+        stale_until: Option<f64>,
+    ) -> Result<Tentative> {
         self.ensure_open()?;
         self.apply_inbox();
         let clock = if owns_clock {
@@ -816,11 +838,14 @@ impl<C: Clock> Cache<C> {
         } else {
             self.inbox.clock() + 1
         };
+        let now = self.clock.now_ms();
         let mut before = Vec::with_capacity(tags.len());
+        let mut untils = Vec::new();
         for b in buckets(tags) {
-            if stale {
+            if let Some(until) = stale_until {
                 before.push((b, self.inbox.tag_stale_clock(b)));
-                self.inbox.stale_tag(b, clock);
+                untils.push(self.inbox.tag_stale_until(b).to_bits());
+                self.inbox.stale_tag(b, clock, until, now);
             } else {
                 before.push((b, self.inbox.tag_clock(b)));
                 self.inbox.invalidate_tag(b, clock);
@@ -829,7 +854,8 @@ impl<C: Clock> Cache<C> {
         Ok(Tentative {
             clock,
             tags: before,
-            stale,
+            stale: stale_until.is_some(),
+            untils,
             cleared: None,
         })
     }
@@ -852,7 +878,7 @@ impl<C: Clock> Cache<C> {
         let dead = e
             .tags
             .as_ref()
-            .is_some_and(|t| inbox.dead(e.envelope.born, &t.buckets));
+            .is_some_and(|t| inbox.gone(e.envelope.born, &t.buckets, now));
         if dead || e.envelope.state(now) == State::Expired {
             return Ok(false);
         }
@@ -877,10 +903,11 @@ impl<C: Clock> Cache<C> {
                     .is_some_and(|t| inbox.expired(e.envelope.born, &t.buckets))
             });
         }
+        let now = self.clock.now_ms();
         self.store.remove_where(|e| {
             e.tags
                 .as_ref()
-                .is_some_and(|t| inbox.dead(e.envelope.born, &t.buckets))
+                .is_some_and(|t| inbox.gone(e.envelope.born, &t.buckets, now))
         });
         self.inbox.revert(tentative);
     }
@@ -906,6 +933,7 @@ impl<C: Clock> Cache<C> {
             clock,
             tags: Vec::new(),
             stale: false,
+            untils: Vec::new(),
             cleared: Some(before),
         })
     }
@@ -963,9 +991,10 @@ impl<C: Clock> Cache<C> {
 
     /// A tagged entry cleared or tag-deleted since it was born (what a hit checks).
     fn tagged_dead(&self, e: &crate::store::memory::Entry) -> bool {
-        e.tags
-            .as_ref()
-            .is_some_and(|t| self.inbox.dead(e.envelope.born, &t.buckets))
+        e.tags.as_ref().is_some_and(|t| {
+            self.inbox
+                .gone(e.envelope.born, &t.buckets, self.clock.now_ms())
+        })
     }
 
     /// Drops every entry and flight; later calls fail with `ERR_CLOSED`.
@@ -1924,7 +1953,8 @@ mod tag_tests {
         let epoch = c.inbox().fresh().epoch();
         // A load of "l" began before the expiry; it carries the tag only as it returns.
         let late = lead(&mut c, "l");
-        c.expire_tags(&["t1".to_string()], true).unwrap();
+        c.expire_tags(&["t1".to_string()], true, f64::INFINITY)
+            .unwrap();
         assert_ne!(c.inbox().fresh().epoch(), epoch, "the fresh index is void");
         assert_eq!(c.inspect("a").unwrap().unwrap().state, EntryState::Stale);
         for key in ["a", "b"] {
@@ -1956,10 +1986,57 @@ mod tag_tests {
     }
 
     #[test]
+    fn expire_tags_with_a_window_ends_what_was_not_refreshed_when_it_is_over() {
+        let mut c = cache(|r| {
+            r.ttls.ttl = Some(10_000.0);
+            r.ttls.hard_ttl = Some(1_000_000.0);
+        });
+        let p = c.options().defaults;
+        load(&mut c, "read", tags(&["t"])).unwrap();
+        load(&mut c, "unread", tags(&["t"])).unwrap();
+        load(&mut c, "other", tags(&["u"])).unwrap();
+        let until = c.now() + 5_000.0;
+        c.expire_tags(&["t".to_string()], true, until).unwrap();
+        // Within the window: stale; "read" is refreshed (born after the mark: untouched by it).
+        assert!(matches!(
+            c.peek("read", 0.0),
+            Some(Hit::Stale { refresh: true, .. })
+        ));
+        let id = c.begin_refresh("read", None).unwrap();
+        c.complete("read", id, with_extra(1.0, p, tags(&["t"])));
+        c.clock.advance(5_000.0);
+        assert_eq!(c.peek("unread", 0.0), None, "the window is over: gone");
+        assert_eq!(c.inspect("unread").unwrap(), None);
+        assert!(
+            matches!(c.peek("read", 0.0), Some(Hit::Fresh { .. })),
+            "refreshed in it"
+        );
+        assert!(matches!(c.peek("other", 0.0), Some(Hit::Fresh { .. })));
+        // A later mark once the window is over keeps what the first one ended dead, and gives
+        // entries born since their own window.
+        load(&mut c, "unread", tags(&["t"])).unwrap();
+        let before_second = c.inbox().tag_clock(tag_bucket("t"));
+        c.expire_tags(&["t".to_string()], true, f64::INFINITY)
+            .unwrap();
+        assert!(
+            c.inbox().tag_clock(tag_bucket("t")) > before_second,
+            "folded into a death"
+        );
+        assert!(matches!(c.peek("unread", 0.0), Some(Hit::Stale { .. })));
+        c.clock.advance(100_000.0);
+        assert!(
+            matches!(c.peek("unread", 0.0), Some(Hit::Stale { .. })),
+            "no window: stale until its own expiry"
+        );
+    }
+
+    #[test]
     fn a_stale_mark_redis_did_not_take_is_put_back() {
         let mut c = cache(|_| {});
         load(&mut c, "k", tags(&["t"])).unwrap();
-        let t = c.expire_tags(&["t".to_string()], false).unwrap();
+        let t = c
+            .expire_tags(&["t".to_string()], false, f64::INFINITY)
+            .unwrap();
         assert!(t.stale);
         let b = tag_bucket("t");
         assert_eq!(c.inbox().tag_stale_clock(b), t.clock);

@@ -73,6 +73,12 @@ pub struct Inbox {
     tag_clocks: Box<[AtomicU64]>,
     /// Per bucket of tag names, the clock of the newest expireByTag heard for one of them.
     tag_stale: Box<[AtomicU64]>,
+    /// Per bucket, the time (epoch ms, f64 bits) after which what its expireByTags made stale is
+    /// dead (an expireByTag given a window); infinity: each entry's own expiry.
+    tag_stale_until: Box<[AtomicU64]>,
+    /// Serializes the writers of `tag_stale` and `tag_stale_until` (a bucket's pair changes
+    /// together; readers load them without it).
+    stale_marks: Mutex<()>,
     /// The clock of the newest clear heard.
     cleared: AtomicU64,
     /// Shared with the embedder's index of fresh entries: whatever is heard here voids it at
@@ -93,6 +99,10 @@ impl Default for Inbox {
             clock: AtomicU64::new(0),
             tag_clocks: (0..TAG_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             tag_stale: (0..TAG_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            tag_stale_until: (0..TAG_BUCKETS)
+                .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
+                .collect(),
+            stale_marks: Mutex::new(()),
             cleared: AtomicU64::new(0),
             fresh: Arc::default(),
         }
@@ -109,6 +119,8 @@ pub struct Tentative {
     pub tags: Vec<(u16, u64)>,
     /// The marks in `tags` are expireByTag's (stale), not deleteByTag's (dead).
     pub stale: bool,
+    /// For stale marks, each bucket's window end before (f64 bits), in the order of `tags`.
+    pub untils: Vec<u64>,
     /// The clear clock before (a clear).
     pub cleared: Option<u64>,
 }
@@ -246,10 +258,28 @@ impl Inbox {
         self.tag_clocks[bucket as usize].load(Ordering::Acquire)
     }
 
-    /// An expireByTag of a tag in `bucket` at clock `c`: entries of the bucket born before `c`
-    /// turn stale.
-    pub fn stale_tag(&self, bucket: u16, c: u64) {
-        if self.tag_stale[bucket as usize].fetch_max(c, Ordering::AcqRel) < c {
+    /// An expireByTag of a tag in `bucket` at clock `c`, heard at `now`: entries of the bucket
+    /// born before `c` turn stale, and dead after `until` (epoch ms; infinity: at their own
+    /// expiry). A bucket keeps one window: the earliest of those not yet over (an entry dies
+    /// early at worst: a reload, never a stale value served too long); one that is over is
+    /// folded into the deleteByTag clock first, so what it made stale stays dead.
+    pub fn stale_tag(&self, bucket: u16, c: u64, until: f64, now: f64) {
+        let b = bucket as usize;
+        let _writer = self.stale_marks.lock_or_recover();
+        let old = self.tag_stale[b].load(Ordering::Acquire);
+        let old_until = f64::from_bits(self.tag_stale_until[b].load(Ordering::Acquire));
+        let mut until = until;
+        if old > 0 {
+            if old_until <= now {
+                self.invalidate_tag(bucket, old);
+            } else {
+                until = until.min(old_until);
+            }
+        }
+        if until != old_until {
+            self.tag_stale_until[b].store(until.to_bits(), Ordering::Release);
+        }
+        if self.tag_stale[b].fetch_max(c, Ordering::AcqRel) < c || until != old_until {
             self.fresh.bump();
         }
     }
@@ -259,11 +289,27 @@ impl Inbox {
         self.tag_stale[bucket as usize].load(Ordering::Acquire)
     }
 
+    /// The end of the bucket's stale window (epoch ms; infinity: none).
+    #[inline]
+    pub fn tag_stale_until(&self, bucket: u16) -> f64 {
+        f64::from_bits(self.tag_stale_until[bucket as usize].load(Ordering::Acquire))
+    }
+
     /// Whether an entry born at `born` with tags in `buckets` was tag-expired since (it is then
     /// stale, whatever its freshUntil says).
     #[inline]
     pub fn expired(&self, born: u64, buckets: &[u16]) -> bool {
         buckets.iter().any(|b| self.tag_stale_clock(*b) > born)
+    }
+
+    /// Whether an entry born at `born` with tags in `buckets` is dead at `now`: cleared or
+    /// tag-deleted since it was born, or tag-expired with a window that is over.
+    #[inline]
+    pub fn gone(&self, born: u64, buckets: &[u16], now: f64) -> bool {
+        self.dead(born, buckets)
+            || buckets
+                .iter()
+                .any(|b| self.tag_stale_clock(*b) > born && self.tag_stale_until(*b) <= now)
     }
 
     /// A clear at clock `c`: every entry born before `c` is dead.
@@ -284,13 +330,14 @@ impl Inbox {
         } else {
             &self.tag_clocks
         };
-        for (b, before) in &t.tags {
-            let _ = marks[*b as usize].compare_exchange(
-                t.clock,
-                *before,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
+        let _writer = t.stale.then(|| self.stale_marks.lock_or_recover());
+        for (i, (b, before)) in t.tags.iter().enumerate() {
+            let put_back = marks[*b as usize]
+                .compare_exchange(t.clock, *before, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+            if let (true, Some(until)) = (put_back && t.stale, t.untils.get(i)) {
+                self.tag_stale_until[*b as usize].store(*until, Ordering::Release);
+            }
         }
         if let Some(before) = t.cleared {
             let _ =

@@ -598,7 +598,9 @@ async fn a_tag_list_of_any_length_is_recorded_at_one_clock_by_one_script() {
     let mut c = server.conn().await;
     let tags: Vec<String> = (0..300).map(|i| format!("tag{i}")).collect();
     for stale in [false, true] {
-        a.mark_tags(&tags, stale).await.unwrap();
+        a.mark_tags(&tags, stale.then_some(f64::INFINITY))
+            .await
+            .unwrap();
         let clock: String = redis::cmd("HGET")
             .arg("t:meta")
             .arg("clock")
@@ -620,4 +622,44 @@ async fn a_tag_list_of_any_length_is_recorded_at_one_clock_by_one_script() {
             .unwrap();
         assert!(pttl > 0, "the records expire");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expire_by_tag_window_is_recorded_and_once_over_folded_into_a_deletion() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let tags = vec!["w".to_string()];
+    let until = now_ms().floor() + 300.0;
+    a.mark_tags(&tags, Some(until)).await.unwrap();
+    let first: String = redis::cmd("HGET")
+        .arg("t:meta")
+        .arg("clock")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&mut c, "t:stale:{w}").await,
+        Some(format!("{first} {}", until as u64)),
+        "the clock and the window's end"
+    );
+    assert_eq!(get(&mut c, "t:tag:{w}").await, None, "nothing dead yet");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    a.mark_tags(&tags, Some(f64::INFINITY)).await.unwrap();
+    let second: String = redis::cmd("HGET")
+        .arg("t:meta")
+        .arg("clock")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&mut c, "t:stale:{w}").await,
+        Some(second),
+        "a new window: none"
+    );
+    assert_eq!(
+        get(&mut c, "t:tag:{w}").await,
+        Some(first),
+        "the window that was over: what it made stale is dead"
+    );
 }

@@ -511,10 +511,17 @@ pub fn expire_entry(env: &Env, id: u32, key: String) -> Result<PromiseRaw<'_, i3
 }
 
 /// `expireByTag(tags)`: as `delete_tags`, marking the entries carrying them stale instead of
-/// dead (served while one refresh runs).
+/// dead (served while one refresh runs). `within` (ms from now; absent: none) ends the window in
+/// which they are served stale: past it, those not refreshed are dead.
 #[napi]
-pub fn expire_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'_, i32>, JsErr> {
-    mark_tags(env, id, tags, true)
+pub fn expire_tags(
+    env: &Env,
+    id: u32,
+    tags: Vec<String>,
+    within: Option<f64>,
+) -> Result<PromiseRaw<'_, i32>, JsErr> {
+    let within = within.filter(|w| w.is_finite()).map(|w| w.max(0.0));
+    mark_tags(env, id, tags, Some(within))
 }
 
 /// `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
@@ -523,23 +530,28 @@ pub fn expire_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'
 /// `UNAVAILABLE` when Redis could not take it (the effect here is kept; see `Cache::revert_tags`).
 #[napi]
 pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'_, i32>, JsErr> {
-    mark_tags(env, id, tags, false)
+    mark_tags(env, id, tags, None)
 }
 
-/// `deleteByTag` (`stale`: `expireByTag`) here, then in Redis.
+/// `deleteByTag` (`stale: None`) or `expireByTag` (`stale: Some(window in ms, if any)`) here,
+/// then in Redis.
 fn mark_tags(
     env: &Env,
     id: u32,
     tags: Vec<String>,
-    stale: bool,
+    stale: Option<Option<f64>>,
 ) -> Result<PromiseRaw<'_, i32>, JsErr> {
     let (tx, rx) = oneshot::channel();
+    let mut stale_until = None;
     let tier = with_engine(id, |e| {
         let owns_clock = e.redis.is_none();
-        let tentative = if stale {
-            e.cache.expire_tags(&tags, owns_clock)?
-        } else {
-            e.cache.delete_tags(&tags, owns_clock)?
+        let tentative = match stale {
+            Some(within) => {
+                let until = within.map_or(f64::INFINITY, |w| (e.cache.now() + w).floor());
+                stale_until = Some(until);
+                e.cache.expire_tags(&tags, owns_clock, until)?
+            }
+            None => e.cache.delete_tags(&tags, owns_clock)?,
         };
         Ok(e.redis.clone().map(|tier| (tier, tentative)))
     })?;
@@ -547,7 +559,7 @@ fn mark_tags(
         Some((tier, tentative)) => {
             let job_tier = tier.clone();
             tier.in_order_global(async move {
-                let _ = tx.send(job_tier.mark_tags(&tags, stale).await);
+                let _ = tx.send(job_tier.mark_tags(&tags, stale_until).await);
             });
             (true, Some(tentative))
         }

@@ -5,7 +5,7 @@
 //!
 //! Namespace-wide messages start with the byte 0xFF, which no UTF-8 key can start with (older
 //! instances, which read messages as UTF-8, ignore them): `0xFF T <origin> <clock> <tag>` (a
-//! deleteByTag), `0xFF S <origin> <clock> <tag>` (an expireByTag) and `0xFF C <origin> <clock>`
+//! deleteByTag), `0xFF S <origin> <clock> <until> <tag>` (an expireByTag; until `-` for none) and `0xFF C <origin> <clock>`
 //! (a clear). Each subscription first learns the
 //! namespace clock and the clear clock, which were decided before it (see `tags.rs`).
 //!
@@ -128,7 +128,8 @@ impl Bus {
         Some(key)
     }
 
-    /// A deleteByTag (`T <origin> <clock> <tag>`), expireByTag (`S …`, as `T`) or clear
+    /// A deleteByTag (`T <origin> <clock> <tag>`), expireByTag (`S <origin> <clock> <until> <tag>`)
+    /// or clear
     /// (`C <origin> <clock>`) anywhere,
     /// this instance's own included (the clock it was given may be newer than the mark it made).
     fn hear_namespace_message(&self, text: &[u8]) {
@@ -143,14 +144,21 @@ impl Bus {
         let Ok(clock) = clock.parse::<u64>() else {
             return;
         };
+        if kind == "S" {
+            // `S <origin> <clock> <until> <tag>` (until `-`: none).
+            let Some((until, tag)) = parts.next().and_then(|rest| rest.split_once(' ')) else {
+                return;
+            };
+            self.inbox.observe_clock(clock);
+            let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+            self.inbox
+                .stale_tag(tag_bucket(tag), clock, super::tags::until_of(until), now);
+            return;
+        }
         match (kind, parts.next()) {
             ("T", Some(tag)) => {
                 self.inbox.observe_clock(clock);
                 self.inbox.invalidate_tag(tag_bucket(tag), clock);
-            }
-            ("S", Some(tag)) => {
-                self.inbox.observe_clock(clock);
-                self.inbox.stale_tag(tag_bucket(tag), clock);
             }
             ("C", None) => {
                 self.inbox.observe_clock(clock);
@@ -220,7 +228,7 @@ mod tests {
         assert_eq!(inbox.clock(), 7);
         assert_eq!(inbox.tag_clock(tag_bucket("t")), 7);
         let mut staled = bus.tag_prefix(true);
-        staled.extend_from_slice(b"8 t");
+        staled.extend_from_slice(b"8 - t");
         assert_eq!(bus.hear(&staled), None);
         assert_eq!(inbox.clock(), 8);
         assert_eq!(inbox.tag_stale_clock(tag_bucket("t")), 8);

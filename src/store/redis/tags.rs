@@ -55,6 +55,59 @@ pub enum TagFailure {
     Partial,
 }
 
+/// What a tag method records: a deleteByTag's death, or an expireByTag's staleness with the end
+/// of its window as text (whole epoch ms, `-` for none), as records and messages spell it.
+#[derive(Debug, Clone, PartialEq)]
+enum TagMark {
+    Dead,
+    Stale(String),
+}
+
+impl TagMark {
+    fn of(stale_until: Option<f64>) -> TagMark {
+        match stale_until {
+            None => TagMark::Dead,
+            Some(u) if u.is_finite() => TagMark::Stale(format!("{}", u.max(0.0).floor() as u64)),
+            Some(_) => TagMark::Stale("-".to_string()),
+        }
+    }
+
+    fn is_stale(&self) -> bool {
+        matches!(self, TagMark::Stale(_))
+    }
+
+    fn op(&self) -> &'static str {
+        if self.is_stale() {
+            "expireByTag"
+        } else {
+            "deleteByTag"
+        }
+    }
+
+    /// The announcement after the bus prefix: `<clock> <tag>`, or `<clock> <until> <tag>`.
+    fn message(&self, clock: u64, tag: &str) -> String {
+        match self {
+            TagMark::Dead => format!("{clock} {tag}"),
+            TagMark::Stale(until) => format!("{clock} {until} {tag}"),
+        }
+    }
+}
+
+/// A window's end as records and messages spell it (`-`, or anything unreadable: none).
+pub(super) fn until_of(text: &str) -> f64 {
+    text.parse::<u64>().map_or(f64::INFINITY, |u| u as f64)
+}
+
+/// An expireByTag's record (`<clock>` or `<clock> <until>`): its clock and its window's end.
+fn stale_record_of(text: Option<String>) -> (u64, f64) {
+    let Some(text) = text else {
+        return (0, f64::INFINITY);
+    };
+    let mut parts = text.split_whitespace();
+    let clock = parts.next().and_then(|c| c.parse().ok()).unwrap_or(0);
+    (clock, parts.next().map_or(f64::INFINITY, until_of))
+}
+
 /// A clock stored as text (a missing or foreign value counts as 0).
 fn clock_of(text: Option<String>) -> u64 {
     text.and_then(|t| t.trim().parse().ok()).unwrap_or(0)
@@ -152,7 +205,8 @@ impl RedisTier {
 
     async fn alive_at(&self, key: &str, born: u64, tags: &[String]) -> Result<bool, Unavailable> {
         let buckets: Vec<u16> = tags.iter().map(|t| tag_bucket(t)).collect();
-        if self.inbox.dead(born, &buckets) {
+        let now = SystemClock.now_ms();
+        if self.inbox.gone(born, &buckets, now) {
             return Ok(false);
         }
         let bus_up = self.bus_up();
@@ -204,43 +258,58 @@ impl RedisTier {
             let mut records = records.into_iter();
             self.inbox
                 .invalidate_tag(*bucket, clock_of(records.next().flatten()));
-            self.inbox
-                .stale_tag(*bucket, clock_of(records.next().flatten()));
+            let (stale, until) = stale_record_of(records.next().flatten());
+            if stale > 0 {
+                self.inbox.stale_tag(*bucket, stale, until, now);
+            }
         }
-        Ok(!self.inbox.dead(born, &buckets))
+        Ok(!self.inbox.gone(born, &buckets, now))
     }
 
-    /// `deleteByTag(tags)` (or, `stale`, `expireByTag(tags)`) in Redis, already applied here:
-    /// advances the namespace clock, records it at each tag's record key and announces it.
-    /// `Err(NotTaken)`: Redis gave no clock, so nothing happened there; the caller keeps the
-    /// effect here and puts its marks back (`Cache::revert_tags`, on the thread that owns the
-    /// in-process tier). `Err(Partial)`: the clock advanced but a tag's record may not have been
-    /// written (a Cluster only). The caller rejects with ERR_REDIS either way. Run it through
-    /// `in_order_global`.
+    /// `deleteByTag(tags)` (`stale_until: None`) or `expireByTag(tags)` (its window's end, epoch
+    /// ms, infinity for none) in Redis, already applied here: advances the namespace clock,
+    /// records it at each tag's record key and announces it. `Err(NotTaken)`: Redis gave no
+    /// clock, so nothing happened there; the caller keeps the effect here and puts its marks
+    /// back (`Cache::revert_tags`, on the thread that owns the in-process tier). `Err(Partial)`:
+    /// the clock advanced but a tag's record may not have been written (a Cluster only). The
+    /// caller rejects with ERR_REDIS either way. Run it through `in_order_global`.
     ///
     /// On one server (or a Sentinel's master) every tag goes in one script (`tags.lua`), so a
-    /// list of any length is applied whole or not at all. On a Cluster each tag's record is on
-    /// its own slot: the clock advances first, then each record is written on its node.
-    pub async fn mark_tags(&self, tags: &[String], stale: bool) -> Result<(), TagFailure> {
-        let op = if stale { "expireByTag" } else { "deleteByTag" };
+    /// list of any length is applied whole or not at all. On a Cluster each tag's records are on
+    /// its own slot: the clock advances first, then each tag's record is written on its node.
+    pub async fn mark_tags(
+        &self,
+        tags: &[String],
+        stale_until: Option<f64>,
+    ) -> Result<(), TagFailure> {
+        let mark = TagMark::of(stale_until);
         if !self.link.topology.is_cluster() {
-            return self.mark_tags_at_once(op, tags, stale).await;
+            return self.mark_tags_at_once(tags, &mark).await;
         }
+        let op = mark.op();
         let first = tags.first().map_or("", String::as_str);
         let clock = self.advance_clock(op, first, 1).await;
         let Ok(clock) = clock else {
             return Err(TagFailure::NotTaken);
         };
-        self.heard_tags(tags, clock, stale);
+        self.heard_tags(tags, clock, &mark);
         let px = self.tag_key_px();
+        let now = SystemClock.now_ms().floor();
+        let mark = &mark;
         let writes = tags.iter().map(|tag| {
-            let tkey = self.tag_record_key(tag, stale);
-            let mut msg = self.bus.tag_prefix(stale);
-            msg.extend_from_slice(format!("{clock} {tag}").as_bytes());
-            let echo = self.echo(&tkey);
+            let keys = (self.tag_record_key(tag, mark), self.tag_key(tag));
+            let mut msg = self.bus.tag_prefix(mark.is_stale());
+            msg.extend_from_slice(mark.message(clock, tag).as_bytes());
+            let echo = self.echo(&keys.0);
             self.run(op, tag, |mut c| async move {
-                let mut call = self.scripts.tag.key(&tkey);
-                call.arg(clock).arg(self.bus.channel()).arg(msg).arg(px);
+                let mut call = self.scripts.tag.key(&keys.0);
+                if let TagMark::Stale(until) = mark {
+                    call.key(&keys.1);
+                    call.arg(clock).arg(self.bus.channel()).arg(msg).arg(px);
+                    call.arg(until).arg(now as u64);
+                } else {
+                    call.arg(clock).arg(self.bus.channel()).arg(msg).arg(px);
+                }
                 invoke_echoed::<i64>(&call, &mut c, echo).await
             })
         });
@@ -257,27 +326,34 @@ impl RedisTier {
     }
 
     /// `mark_tags` where every key is on one server: one `tags.lua` call for the whole list.
-    async fn mark_tags_at_once(
-        &self,
-        op: &'static str,
-        tags: &[String],
-        stale: bool,
-    ) -> Result<(), TagFailure> {
+    async fn mark_tags_at_once(&self, tags: &[String], mark: &TagMark) -> Result<(), TagFailure> {
+        let op = mark.op();
         let first = tags.first().map_or("", String::as_str);
         let meta = self.meta_key();
         let known = self.inbox.clock();
         let px = self.tag_key_px();
+        let now = SystemClock.now_ms().floor();
         let echo = self.echo(&meta);
         let clock = self
             .run(op, first, |mut c| async move {
                 let mut call = self.scripts.tags.key(&meta);
                 for tag in tags {
-                    call.key(self.tag_record_key(tag, stale));
+                    call.key(self.tag_record_key(tag, mark));
+                    if mark.is_stale() {
+                        call.key(self.tag_key(tag));
+                    }
                 }
+                let until = match mark {
+                    TagMark::Stale(until) => until.as_str(),
+                    TagMark::Dead => "-",
+                };
                 call.arg(known)
                     .arg(px)
                     .arg(self.bus.channel())
-                    .arg(self.bus.tag_prefix(stale));
+                    .arg(self.bus.tag_prefix(mark.is_stale()))
+                    .arg(if mark.is_stale() { "1" } else { "0" })
+                    .arg(until)
+                    .arg(now as u64);
                 for tag in tags {
                     call.arg(tag.as_str());
                 }
@@ -286,8 +362,7 @@ impl RedisTier {
             .await;
         match clock {
             Ok(Some(clock)) => {
-                self.inbox.observe_clock(clock);
-                self.heard_tags(tags, clock, stale);
+                self.heard_tags(tags, clock, mark);
                 Ok(())
             }
             Ok(None) => {
@@ -301,20 +376,23 @@ impl RedisTier {
     }
 
     /// Marks `tags` here at `clock`, as their announcements will.
-    fn heard_tags(&self, tags: &[String], clock: u64, stale: bool) {
+    fn heard_tags(&self, tags: &[String], clock: u64, mark: &TagMark) {
         self.inbox.observe_clock(clock);
+        let now = SystemClock.now_ms();
         for tag in tags {
-            if stale {
-                self.inbox.stale_tag(tag_bucket(tag), clock);
-            } else {
-                self.inbox.invalidate_tag(tag_bucket(tag), clock);
+            match mark {
+                TagMark::Stale(until) => {
+                    self.inbox
+                        .stale_tag(tag_bucket(tag), clock, until_of(until), now)
+                }
+                TagMark::Dead => self.inbox.invalidate_tag(tag_bucket(tag), clock),
             }
         }
     }
 
-    /// The key a deleteByTag (`stale`: an expireByTag) of `tag` records its clock at.
-    fn tag_record_key(&self, tag: &str, stale: bool) -> String {
-        if stale {
+    /// The key a deleteByTag (or an expireByTag) of `tag` records its clock at.
+    fn tag_record_key(&self, tag: &str, mark: &TagMark) -> String {
+        if mark.is_stale() {
             self.tag_stale_key(tag)
         } else {
             self.tag_key(tag)
@@ -555,6 +633,21 @@ mod tests {
     fn glob_characters_of_a_namespace_are_escaped() {
         assert_eq!(glob_escape("app"), "app");
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+
+    #[test]
+    fn stale_records_and_marks_spell_their_window() {
+        assert_eq!(stale_record_of(Some("7".into())), (7, f64::INFINITY));
+        assert_eq!(stale_record_of(Some("7 1500".into())), (7, 1500.0));
+        assert_eq!(stale_record_of(Some("x".into())), (0, f64::INFINITY));
+        assert_eq!(stale_record_of(None), (0, f64::INFINITY));
+        assert_eq!(TagMark::of(None), TagMark::Dead);
+        assert_eq!(
+            TagMark::of(Some(f64::INFINITY)).message(3, "a b"),
+            "3 - a b"
+        );
+        assert_eq!(TagMark::of(Some(1500.7)).message(3, "t"), "3 1500 t");
+        assert_eq!(until_of("-"), f64::INFINITY);
     }
 
     #[test]
