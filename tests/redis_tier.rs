@@ -145,6 +145,16 @@ async fn get(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<Str
     redis::cmd("GET").arg(key).query_async(c).await.unwrap()
 }
 
+/// The namespace clock of the tiers' namespace (`t`), as Redis holds it.
+async fn namespace_clock(c: &mut redis::aio::MultiplexedConnection) -> String {
+    redis::cmd("HGET")
+        .arg("t:meta")
+        .arg("clock")
+        .query_async(c)
+        .await
+        .unwrap()
+}
+
 fn envelope(ttl: f64) -> Envelope {
     Envelope::new(now_ms(), ttl, ttl * 10.0, 5.0, false)
 }
@@ -601,12 +611,7 @@ async fn a_tag_list_of_any_length_is_recorded_at_one_clock_by_one_script() {
         a.mark_tags(&tags, stale.then_some(f64::INFINITY))
             .await
             .unwrap();
-        let clock: String = redis::cmd("HGET")
-            .arg("t:meta")
-            .arg("clock")
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let clock = namespace_clock(&mut c).await;
         let kind = if stale { "stale" } else { "tag" };
         for tag in &tags {
             assert_eq!(
@@ -632,12 +637,7 @@ async fn an_expire_by_tag_window_is_recorded_and_once_over_folded_into_a_deletio
     let tags = vec!["w".to_string()];
     let until = now_ms().floor() + 300.0;
     a.mark_tags(&tags, Some(until)).await.unwrap();
-    let first: String = redis::cmd("HGET")
-        .arg("t:meta")
-        .arg("clock")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let first = namespace_clock(&mut c).await;
     assert_eq!(
         get(&mut c, "t:stale:{w}").await,
         Some(format!("{first} {}", until as u64)),
@@ -646,12 +646,7 @@ async fn an_expire_by_tag_window_is_recorded_and_once_over_folded_into_a_deletio
     assert_eq!(get(&mut c, "t:tag:{w}").await, None, "nothing dead yet");
     tokio::time::sleep(Duration::from_millis(400)).await;
     a.mark_tags(&tags, Some(f64::INFINITY)).await.unwrap();
-    let second: String = redis::cmd("HGET")
-        .arg("t:meta")
-        .arg("clock")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let second = namespace_clock(&mut c).await;
     assert_eq!(
         get(&mut c, "t:stale:{w}").await,
         Some(second),
