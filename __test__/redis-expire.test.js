@@ -152,6 +152,28 @@ test('expireByTag with a hardTtl: stale everywhere within the window; past it, w
   }
 })
 
+test('expire and expireByTag of a not-found: every instance loads it again (no not-found is served stale)', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { spawnWorker } = await setup(t, { negativeTtl: 60_000 })
+  const [A, B] = await Promise.all(['A', 'B'].map((n) => spawnWorker(n)))
+  const NOT_FOUND = `
+    globalThis.__calls ??= 0
+    return (await cache.getOrLoad(args.key, () => (globalThis.__calls++, args.value), args.tags ? { tags: args.tags } : undefined)) ?? 'null'
+  `
+  for (const key of ['n', 'tn']) {
+    const tags = key === 'tn' ? ['t'] : undefined
+    assert.equal(await run(A, NOT_FOUND, { key, value: null, tags }), 'null')
+    await busFlushed([A, B])
+    assert.equal(await run(B, NOT_FOUND, { key, value: 'never', tags }), 'null', 'shared')
+    if (key === 'n') await run(A, 'return cache.expire(args.key)', { key })
+    else await run(A, 'await cache.expireByTag("t"); return null')
+    await busFlushed([A, B])
+    assert.equal(await run(B, NOT_FOUND, { key, value: `found:${key}`, tags }), `found:${key}`, `${key}: loaded again, not served null`)
+    await busFlushed([A, B])
+    assert.equal(await run(A, NOT_FOUND, { key, value: 'never', tags }), `found:${key}`)
+  }
+  assert.equal((await run(A, CALLS)) + (await run(B, CALLS)), 4)
+})
+
 for (const count of [65, 200]) {
   test(`${count} tags with Redis: deleteByTag and expireByTag apply every one, in every process, in one step`, { timeout: TEST_TIMEOUT }, async (t) => {
     const { spawnWorker, redis, namespace } = await setup(t)

@@ -333,7 +333,8 @@ impl<C: Clock> Cache<C> {
                 self.store.remove(key);
                 return None;
             }
-            // Tag-expired since it was born: stale from now on (its refresh is born after).
+            // Tag-expired since it was born: stale from now on (its refresh is born after); a
+            // not-found turns stale too, and is then loaded again (below).
             if env.fresh_until > now && self.inbox.expired(env.born, &tags.buckets) {
                 entry.envelope.fresh_until = now.floor();
                 env = entry.envelope;

@@ -587,6 +587,14 @@ async fn expire_ends_an_entry_s_freshness_keeps_its_value_and_expiry_and_fences_
     let again = get(&mut c, "t:v:{k}").await.unwrap();
     assert_eq!(Envelope::decode(&again).unwrap().envelope.fresh_until, now);
     assert_eq!(b.expire("none", now).await, Ok(false));
+    // A not-found has no value to serve stale: it goes.
+    let negative = Envelope::new(now_ms(), 60_000.0, 60_000.0, 1.0, true);
+    b.write("n", Some((&negative, &Body::json(None))))
+        .await
+        .unwrap();
+    assert!(get(&mut c, "t:v:{n}").await.is_some());
+    assert_eq!(b.expire("n", now).await, Ok(true));
+    assert_eq!(get(&mut c, "t:v:{n}").await, None);
     // Something this library did not write is left as it is.
     let _: () = redis::cmd("SET")
         .arg("t:v:{foreign}")

@@ -185,7 +185,7 @@ impl RedisTier {
     ///
     /// An entry alive but tag-expired (an expireByTag of one of its tags since it was born) has
     /// its freshness ended in `envelope` (its freshUntil becomes now): it is served stale and
-    /// refreshed, as in process.
+    /// refreshed, as in process; a tag-expired not-found is dead (loaded again).
     pub(super) async fn alive(
         &self,
         key: &str,
@@ -196,6 +196,10 @@ impl RedisTier {
         if alive && !tags.is_empty() {
             let buckets: Vec<u16> = tags.iter().map(|t| tag_bucket(t)).collect();
             if self.inbox.expired(envelope.born, &buckets) {
+                // A not-found has no value to serve stale: loaded again, as in process.
+                if envelope.negative {
+                    return Ok(false);
+                }
                 let now = SystemClock.now_ms().floor();
                 envelope.fresh_until = envelope.fresh_until.min(now);
             }
