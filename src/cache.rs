@@ -16,7 +16,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Envelope, State};
 use crate::error::{Error, ErrorCode, Result};
 use crate::fresh::FreshWords;
-use crate::inbox::{tag_bucket, Inbox, Stamp, Tentative};
+use crate::inbox::{tag_bucket, Inbox, Stamp, Tentative, Verdict};
 use crate::jitter;
 use crate::policy::{self, EntryPolicy, Options};
 use crate::singleflight::{FlightId, FlightKind, Role, Singleflight};
@@ -329,15 +329,18 @@ impl<C: Clock> Cache<C> {
         let mut env = env;
         if let Some(tags) = &entry.tags {
             // Cleared or tag-deleted since it was born: gone.
-            if self.inbox.gone(env.born, &tags.buckets, now) {
-                self.store.remove(key);
-                return None;
-            }
-            // Tag-expired since it was born: stale from now on (its refresh is born after); a
-            // not-found turns stale too, and is then loaded again (below).
-            if env.fresh_until > now && self.inbox.expired(env.born, &tags.buckets) {
-                entry.envelope.fresh_until = now.floor();
-                env = entry.envelope;
+            match self.inbox.judge(env.born, &tags.buckets, now) {
+                Verdict::Dead => {
+                    self.store.remove(key);
+                    return None;
+                }
+                // Tag-expired since it was born: stale from now on (its refresh is born after);
+                // a not-found turns stale too, and is then loaded again (below).
+                Verdict::Stale if env.fresh_until > now => {
+                    entry.envelope.fresh_until = now.floor();
+                    env = entry.envelope;
+                }
+                _ => {}
             }
             if !env.negative
                 && now

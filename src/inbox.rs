@@ -125,6 +125,17 @@ pub struct Tentative {
     pub cleared: Option<u64>,
 }
 
+/// What clears and tags since an entry's birth make of it (see [`Inbox::judge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Neither: as its own times say.
+    Live,
+    /// Tag-expired: stale from now on, whatever its freshUntil says.
+    Stale,
+    /// Cleared, tag-deleted, or tag-expired with a window that is over.
+    Dead,
+}
+
 /// 20 bits of epoch over 32 of sequence: enough to tell "changed" from "unchanged", and under
 /// 2^53, so the stamp survives a trip through a JS number.
 fn compose(epoch: u64, seq: u64) -> Stamp {
@@ -306,10 +317,29 @@ impl Inbox {
     /// tag-deleted since it was born, or tag-expired with a window that is over.
     #[inline]
     pub fn gone(&self, born: u64, buckets: &[u16], now: f64) -> bool {
-        self.dead(born, buckets)
-            || buckets
-                .iter()
-                .any(|b| self.tag_stale_clock(*b) > born && self.tag_stale_until(*b) <= now)
+        self.judge(born, buckets, now) == Verdict::Dead
+    }
+
+    /// What clears and tags since `born` make of an entry with tags in `buckets` at `now`, in one
+    /// pass over its buckets (a tagged hit's whole cost).
+    #[inline]
+    pub fn judge(&self, born: u64, buckets: &[u16], now: f64) -> Verdict {
+        if self.cleared() > born {
+            return Verdict::Dead;
+        }
+        let mut verdict = Verdict::Live;
+        for b in buckets {
+            if self.tag_clock(*b) > born {
+                return Verdict::Dead;
+            }
+            if self.tag_stale_clock(*b) > born {
+                if self.tag_stale_until(*b) <= now {
+                    return Verdict::Dead;
+                }
+                verdict = Verdict::Stale;
+            }
+        }
+        verdict
     }
 
     /// A clear at clock `c`: every entry born before `c` is dead.
