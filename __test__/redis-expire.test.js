@@ -174,6 +174,22 @@ test('expire and expireByTag of a not-found: every instance loads it again (no n
   assert.equal((await run(A, CALLS)) + (await run(B, CALLS)), 4)
 })
 
+test('l1: false: expire and expireByTag are seen in Redis by another instance (inspect says stale), served stale and refreshed once', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { spawnWorker } = await setup(t, { l1: false })
+  const [A, B] = await Promise.all(['A', 'B'].map((n) => spawnWorker(n)))
+  await run(A, 'await cache.set("k", 1, { tags: ["t"] }); await cache.set("j", 2); return null')
+  const states = (w) => run(w, 'return Promise.all(["k", "j"].map(async (k) => (await cache.inspect(k))?.state ?? null))')
+  assert.deepEqual(await states(B), ['fresh', 'fresh'])
+  await run(A, 'await cache.expireByTag("t"); await cache.expire("j"); return null')
+  assert.deepEqual(await states(B), ['stale', 'stale'])
+  assert.deepEqual(await Promise.all(['k', 'j'].map((key) => run(B, READ, { key, value: `${key}2`, tags: key === 'k' ? ['t'] : undefined }))), [1, 2])
+  assert.equal(await run(B, CALLS), 2, 'one refresh each')
+  assert.deepEqual(await states(A), ['fresh', 'fresh'])
+  assert.deepEqual(await run(A, 'return Promise.all([cache.get("k"), cache.get("j")])'), ['k2', 'j2'])
+})
+
 for (const count of [65, 200]) {
   test(`${count} tags with Redis: deleteByTag and expireByTag apply every one, in every process, in one step`, { timeout: TEST_TIMEOUT }, async (t) => {
     const { spawnWorker, redis, namespace } = await setup(t)
