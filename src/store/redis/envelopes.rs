@@ -1,6 +1,6 @@
 //! Envelopes in Redis: reads, and writes fenced against newer state. A key's fence is its
-//! generation key (written by `set` and `delete`) plus the generation inside its envelope (new
-//! with every write). A load's result is written only if the fence is still the one the load
+//! generation key (written by `set`, `delete` and `expire`) plus the generation inside its
+//! envelope (new with every write). A load's result is written only if the fence is still the one the load
 //! began from (`write_back.lua`), so neither a `set` or `delete` since, nor the result of a
 //! load that took over an expired lock, is ever overwritten. A `clear` or `deleteByTag` since
 //! the load began makes its result dead on arrival instead (see `tags.rs`).
