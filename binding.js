@@ -90,6 +90,33 @@ function nativeBindingError(cause) {
   return err
 }
 
+// The runtime this is, when it cannot load a native addon at all (no N-API): the Next.js Edge
+// runtime (it defines EdgeRuntime), Cloudflare Workers, a browser bundle, any host without Node's
+// process.dlopen. null under Node.js, Bun and Deno, which load addons. Building from source cannot
+// help there, so the error says which runtime to use instead.
+function runtimeWithoutNapi() {
+  if (typeof EdgeRuntime === 'string') return `the Next.js Edge runtime (EdgeRuntime = ${JSON.stringify(EdgeRuntime)})`
+  if (typeof navigator === 'object' && navigator !== null && navigator.userAgent === 'Cloudflare-Workers') return 'Cloudflare Workers'
+  const proc = typeof process === 'object' && process !== null ? process : undefined
+  const browser = typeof window === 'object' || typeof document === 'object'
+  if (typeof proc?.versions?.node !== 'string') return browser ? 'a browser bundle' : 'a JavaScript runtime that is not Node.js-compatible'
+  if (typeof proc.dlopen !== 'function') return browser ? 'a browser bundle' : 'a runtime without native addons (no process.dlopen)'
+  return null
+}
+
+function unsupportedRuntimeError(runtime) {
+  const err = new Error(
+    `${PACKAGE} cannot run under ${runtime}: it is a native addon (loaded through N-API), and this runtime cannot ` +
+      "load native addons. Use the Node.js runtime: in Next.js, `export const runtime = 'nodejs'` in the route or page that " +
+      'imports it (the cacheHandler and cacheHandlers files always run under Node.js); Bun and Deno work too.',
+  )
+  err.code = 'ERR_UNSUPPORTED_RUNTIME'
+  return err
+}
+
+const unsupported = runtimeWithoutNapi()
+if (unsupported !== null) throw unsupportedRuntimeError(unsupported)
+
 let native
 try {
   native = require('./native.js')

@@ -84,6 +84,15 @@ export interface CacheModuleOptions extends Omit<StampedeCacheOptions, 'hardTtl'
    * background (stale-while-revalidate). Absent: an expired entry is a miss, loaded once.
    */
   refreshThreshold?: number | undefined
+  /**
+   * cache-manager's stores: in-memory Keyv stores and at most one `@keyv/redis` store (what
+   * `createKeyv(url)` returns), taken as `redis: <its URL>`. Any other store throws ERR_INVALID_OPTION.
+   */
+  stores?: unknown
+  /** cache-manager's default (false) only: `true` throws ERR_INVALID_OPTION. */
+  nonBlocking?: false | undefined
+  /** What `cacheId()` answers (default: the namespace). */
+  cacheId?: string | undefined
 }
 
 /** What `useClass`/`useExisting` provide: the options, made by `createCacheOptions()`. */
@@ -131,11 +140,17 @@ export interface WrapOptions<T> {
 
 /** cache-manager 7's event payloads (error present when the operation failed). */
 export interface CacheEvents {
-  set: <T>(data: { key: string; value: T; error?: unknown }) => void
+  /** When a key was found (`store: 'primary'`), or a read failed. */
+  get: <T>(data: { key: string; value?: T; error?: unknown; store?: string }) => void
+  mget: <T>(data: { keys: string[]; values?: Array<T | undefined>; error?: unknown }) => void
+  /** Once with `store: 'primary'` and once without, per set (as cache-manager emits per store, then per call). */
+  set: <T>(data: { key: string; value: T; error?: unknown; store?: string }) => void
   mset: <T>(data: { list: Array<{ key: string; value: T; ttl?: number | undefined }>; error?: unknown }) => void
   del: (data: { key: string; error?: unknown }) => void
   mdel: (data: { keys: string[]; error?: unknown }) => void
   clear: (error?: unknown) => void
+  /** When a key was found: its stored record. */
+  ttl: <T>(data: { key: string; value?: { value: T; expires: number | undefined }; error?: unknown }) => void
   refresh: <T>(data: { key: string; value: T; error?: unknown }) => void
 }
 
@@ -162,7 +177,7 @@ export interface Cache {
   off<E extends keyof CacheEvents>(event: E, listener: CacheEvents[E]): import('node:events').EventEmitter
   /** Closes the StampedeCache; later calls reject with ERR_CLOSED. */
   disconnect(): Promise<undefined>
-  /** The cache's namespace. */
+  /** The `cacheId` option, or the cache's namespace. */
   cacheId(): string
 }
 

@@ -144,14 +144,85 @@ const FOREVER = 365 * 24 * 3600 * 1000
 
 // cache-manager's own store options: meaningless over a StampedeCache. Each names what to use.
 const STORE_OPTIONS = {
-  stores: 'stampede-cache keeps entries in process and, with the `redis` option, in Redis: use `redis` instead',
   store: 'stampede-cache keeps entries in process and, with the `redis` option, in Redis: use `redis` instead',
   nonBlocking: 'there is one store (Redis answers or the in-process tier does), so there is nothing to race',
   refreshAllStores: 'there is one store; a refresh replaces the entry in every tier and every instance',
-  cacheId: 'coalescing is per key and namespace: use `namespace` to separate caches',
   hardTtl: "in CacheModule, `ttl` is an entry's whole life (as in cache-manager); use `refreshThreshold` for stale-while-revalidate",
 }
 const ASYNC_KEYS = ['imports', 'inject', 'useFactory', 'useClass', 'useExisting', 'isGlobal', 'extraProviders']
+
+// ---- `stores`: the original's documented Redis set-up, taken as the `redis` option ----
+//
+// cache-manager 7 is given Keyv stores: `stores: [createKeyv(url)]` (@keyv/redis) is how the
+// original's documentation connects Redis, often behind an in-memory Keyv (`new Keyv()`,
+// `new Keyv({ store: new CacheableMemory() })`) or as a `Cacheable` of both. That layout is what a
+// StampedeCache is (its in-process tier in front of Redis), so in-memory stores are dropped and the
+// one Redis store becomes `redis`. Anything else (another store, two Redis stores, a Redis client
+// whose address cannot be read) throws, naming `stores` and `redis`. A @keyv/redis client connects
+// on its first command, so the dropped stores hold no connection.
+
+// A Keyv instance, told as @nestjs/cache-manager tells one (Keyv is not loaded here).
+const isKeyv = (s) => typeof s === 'object' && s !== null && 'opts' in s && 'hooks' in s && typeof s.get === 'function' && typeof s.set === 'function'
+// A `Cacheable` (the cacheable package): two tiers of its own.
+const isCacheable = (s) => typeof s === 'object' && s !== null && 'primary' in s && 'secondary' in s && 'nonBlocking' in s
+const className = (v) => (typeof v === 'object' && v !== null ? v.constructor?.name : undefined)
+// A store that keeps entries in process: Keyv's default Map, cacheable's CacheableMemory.
+const isMemoryAdapter = (a) => a instanceof Map || ['CacheableMemory', 'KeyvCacheableMemory'].includes(className(a))
+// @keyv/redis's adapter: a node-redis client (or cluster) under `client`.
+const isRedisAdapter = (a) => className(a) === 'KeyvRedis' && typeof a.client === 'object' && a.client !== null
+
+// The `redis` option naming the server a node-redis client was made for (its url, or the socket
+// and credentials it was given), or null when its options say neither.
+function redisOptionOf(client) {
+  const o = client.options ?? {}
+  if (Array.isArray(o.rootNodes)) {
+    const seeds = o.rootNodes.map((n) => n?.url).filter((u) => typeof u === 'string')
+    return seeds.length > 0 && seeds.length === o.rootNodes.length ? { cluster: seeds } : null
+  }
+  if (o.sentinelRootNodes !== undefined) return null
+  if (typeof o.url === 'string') return o.url
+  const socket = o.socket ?? {}
+  if (typeof socket.path === 'string') return `unix://${socket.path}${o.database ? `?db=${o.database}` : ''}`
+  if (typeof socket.host !== 'string' && socket.port === undefined) return null
+  const auth =
+    o.username !== undefined || o.password !== undefined
+      ? `${encodeURIComponent(o.username ?? '')}${o.password !== undefined ? `:${encodeURIComponent(o.password)}` : ''}@`
+      : ''
+  const host = socket.host ?? '127.0.0.1'
+  return `${socket.tls ? 'rediss' : 'redis'}://${auth}${host.includes(':') ? `[${host}]` : host}:${socket.port ?? 6379}${o.database ? `/${o.database}` : ''}`
+}
+
+/** CacheModule options with `stores` taken as `redis` (and the Keyv namespace as `namespace`). */
+function translateStores(options, where) {
+  if (options.stores === undefined) return options
+  const { stores, ...rest } = options
+  const refuse = (why) => {
+    throw invalid(`${where}: option \`stores\` is not supported ${why}: use \`redis\` (a URL or RedisOptions) instead`)
+  }
+  const tiers = []
+  for (const s of Array.isArray(stores) ? stores : [stores]) {
+    if (isCacheable(s)) tiers.push(s.primary, ...(Array.isArray(s.secondary) ? s.secondary : [s.secondary]))
+    else tiers.push(s)
+  }
+  let redis = null
+  let namespace
+  for (const tier of tiers) {
+    if (tier === undefined || tier === null) continue
+    const adapter = isKeyv(tier) ? (tier.store ?? tier.opts?.store) : tier
+    if (isMemoryAdapter(adapter) || adapter === undefined) continue
+    if (!isRedisAdapter(adapter)) refuse(`with ${className(adapter) ?? typeof adapter} (only in-memory stores and one @keyv/redis store are)`)
+    if (redis !== null) refuse('with several Redis stores')
+    redis = redisOptionOf(adapter.client)
+    if (redis === null) refuse('with a @keyv/redis client whose address is not a URL, a host and port, or cluster root node URLs')
+    // The namespace given to createKeyv (@keyv/redis's own); a Keyv's default 'keyv' is no choice.
+    const ns = adapter.namespace
+    if (typeof ns === 'string' && ns !== '') namespace = ns
+  }
+  if (redis !== null && rest.redis !== undefined) throw invalid(`${where}: give \`redis\` or a Redis store in \`stores\`, not both`)
+  const out = redis === null ? rest : { ...rest, redis }
+  if (namespace !== undefined && out.namespace === undefined) out.namespace = namespace
+  return out
+}
 
 function nonNegativeMs(name, v, where) {
   if (v === undefined) return
@@ -182,13 +253,22 @@ function lifetimes(life, refreshThreshold, jitter) {
 function planCacheModule(options, where) {
   if (options === undefined || options === null) options = {}
   if (!isPlainObject(options)) throw invalid(`${where}: options must be an object`)
+  options = translateStores(options, where)
   for (const [name, why] of Object.entries(STORE_OPTIONS)) {
-    if (options[name] !== undefined) throw invalid(`${where}: option \`${name}\` is not supported: ${why}`)
+    // nonBlocking: false is cache-manager's default: nothing to refuse.
+    if (options[name] !== undefined && !(name === 'nonBlocking' && options[name] === false)) {
+      throw invalid(`${where}: option \`${name}\` is not supported: ${why}`)
+    }
+  }
+  if (options.cacheId !== undefined && (typeof options.cacheId !== 'string' || options.cacheId === '')) {
+    throw invalid(`${where}: option \`cacheId\` must be a non-empty string`)
   }
   // isGlobal is the module's; refreshThreshold and ttl become ttl and hardTtl. jitter defaults to 0:
-  // cache-manager's ttl is exact.
-  const { refreshThreshold, ttl, jitter = 0, negativeTtl = 5_000, ...rest } = options
+  // cache-manager's ttl is exact. cacheId names the cache-manager object only (cacheId()): in
+  // cache-manager it scopes wrap's coalescing, which here is per key and namespace.
+  const { refreshThreshold, ttl, jitter = 0, negativeTtl = 5_000, cacheId, ...rest } = options
   delete rest.isGlobal
+  delete rest.nonBlocking
   nonNegativeMs('ttl', ttl, where)
   nonNegativeMs('refreshThreshold', refreshThreshold, where)
   nonNegativeMs('negativeTtl', negativeTtl, where)
@@ -196,7 +276,8 @@ function planCacheModule(options, where) {
   const cacheOptions = { ...rest, jitter, ...life, negativeTtl: Math.min(negativeTtl, life.hardTtl) }
   return {
     cacheOptions,
-    plan: { ttl, refreshThreshold, jitter: cacheOptions.jitter, negativeTtl },
+    // json: the default serializer, under which values are JSON data (see markJson).
+    plan: { ttl, refreshThreshold, jitter: cacheOptions.jitter, negativeTtl, cacheId, json: rest.serializer === undefined || rest.serializer === 'json' },
   }
 }
 
@@ -215,11 +296,15 @@ function checkCacheOptions(cacheOptions, where) {
   made.close().catch(() => {})
 }
 
-// Each cache-manager object this module made -> its StampedeCache and its getOrLoad (`load`), for
+// Each cache-manager object this module made -> its StampedeCache, its getOrLoad (`load`), its
+// set (`put`), the in-process flights of requests with credentials, and the plan, for
 // CacheInterceptor (which is handed the object, as the original's is).
 const managers = new WeakMap()
 
-const MANAGER_EVENTS = ['set', 'mset', 'del', 'mdel', 'clear', 'refresh']
+// Every event cache-manager 7 emits.
+const MANAGER_EVENTS = ['get', 'mget', 'set', 'mset', 'del', 'mdel', 'clear', 'ttl', 'refresh']
+// The label cache-manager gives its first store in events: a StampedeCache is one store.
+const PRIMARY = 'primary'
 
 function invalidArgument(message) {
   return new StampedeCacheError('ERR_INVALID_ARGUMENT', message)
@@ -232,6 +317,41 @@ function checkTtlArgument(name, v) {
   }
 }
 
+// cache-manager (Keyv) takes keys of any length; a StampedeCache key is at most 1,024 bytes. A
+// longer string key (a long URL) is stored under its SHA-256, so it is cached, silently, as the
+// original caches it; every method maps it the same way, and events carry the key as given.
+const MAX_KEY_BYTES = 1024
+function storageKey(key) {
+  if (typeof key !== 'string' || key.length <= MAX_KEY_BYTES / 3 || Buffer.byteLength(key) <= MAX_KEY_BYTES) return key
+  return `#sha256:${require('node:crypto').createHash('sha256').update(key).digest('hex')}`
+}
+
+// Values are stored as JSON data (the default serializer), so an object whose JSON is not an
+// object (a Date, an instance whose toJSON returns a string) would come back a string: Nest
+// answers a string as text/html and an object as JSON. Such a value is stored marked, and
+// answered as the JSON it was; CACHE_MANAGER's reads hand back the JSON value (what cache-manager
+// over Redis hands back).
+const JSON_MARKER_KEY = 'stampede-cache/nestjs:json'
+const isJsonMarker = (v) => typeof v === 'object' && v !== null && !Array.isArray(v) && JSON_MARKER_KEY in v && Object.keys(v).length === 1
+const unmarked = (v) => (isJsonMarker(v) ? v[JSON_MARKER_KEY] : v)
+function markJson(value) {
+  if (typeof value !== 'object' || value === null || typeof value.toJSON !== 'function') return value
+  let json
+  try {
+    json = value.toJSON('')
+  } catch {
+    // The serializer calls toJSON again, and reports its error as its own.
+    return value
+  }
+  return json === null || ['string', 'number', 'boolean'].includes(typeof json) ? { [JSON_MARKER_KEY]: json } : value
+}
+
+// What a load stores when its result must not be cached or shared (see responseForm): callers
+// that shared the run make their own response. They get the stored copy, so it is told by shape.
+const OWN_RESPONSE_KEY = 'stampede-cache/nestjs'
+const OWN_RESPONSE = Object.freeze({ [OWN_RESPONSE_KEY]: 'own response' })
+const isOwnResponse = (v) => typeof v === 'object' && v !== null && v[OWN_RESPONSE_KEY] === 'own response' && Object.keys(v).length === 1
+
 /**
  * cache-manager 7's `Cache` over `cache`: the same methods, arguments, results and events.
  * Methods are plain functions (no `this`), so they may be destructured, as cache-manager's may.
@@ -240,6 +360,7 @@ function createCacheManager(cache, plan) {
   const { EventEmitter } = require('node:events')
   const events = new EventEmitter()
   const jitter = plan.jitter
+  const encode = plan.json ? markJson : (v) => v
   const policyOf = (life, refreshThreshold) => {
     const l = lifetimes(life, refreshThreshold, jitter)
     return { ttl: l.ttl, hardTtl: l.hardTtl, negativeTtl: Math.min(plan.negativeTtl, l.hardTtl) }
@@ -250,17 +371,42 @@ function createCacheManager(cache, plan) {
     const l = lifetimes(ttl, plan.refreshThreshold, jitter)
     return { ttl: l.ttl, hardTtl: l.hardTtl }
   }
+  // Refreshed values on their way into the cache. A background refresh's write lands a moment
+  // after its fn resolved (the store is native); cache-manager's lands within the same tick, so a
+  // read right after a refresh sees the new value there. Reads of such a key answer the value being
+  // written until every refresh started so far has ended (settle()); a write of the key ends it.
+  const landing = new Map()
+  const land = (sk, stored, written = null) => {
+    landing.set(sk, plan.json ? JSON.parse(JSON.stringify(stored) ?? 'null') : stored)
+    ;(written ?? cache.settle()).then(
+      () => landing.delete(sk),
+      () => landing.delete(sk),
+    )
+  }
+  const landed = (keys) => {
+    if (landing.size === 0) return
+    if (keys === undefined) landing.clear()
+    else for (const key of keys) landing.delete(storageKey(key))
+  }
+
+  // cache-manager's set emits once per store (with its label), then once for the call.
+  const emitSet = (key, value) => {
+    events.emit('set', { key, value, store: PRIMARY })
+    events.emit('set', { key, value })
+  }
 
   // getOrLoad with cache-manager's ttl and refreshThreshold (numbers or functions of the value).
-  // `fn` gets getOrLoad's ctx. Resolves with { value, ran }: `ran` when this call's own fn
-  // produced the value (a cold load), for the 'set' event and the interceptor's X-Cache header.
-  async function load(key, fn, ttl, refreshThreshold) {
+  // `fn` gets getOrLoad's ctx; `store(value)` is what is cached for its result (OWN_RESPONSE:
+  // nothing, and callers sharing the run make their own). Resolves with { value, ran }: `ran` when
+  // this call's own fn produced the value (a cold load), for the 'set' event and X-Cache.
+  async function load(key, fn, ttl, refreshThreshold, store = encode) {
     checkTtlArgument('ttl', ttl)
     checkTtlArgument('refreshThreshold', refreshThreshold)
     const dynamic = typeof ttl === 'function' || typeof refreshThreshold === 'function'
     const given = (ttl !== undefined && ttl !== null) || (refreshThreshold !== undefined && refreshThreshold !== null)
     const options = given && !dynamic ? policyOf(ttl ?? plan.ttl, refreshThreshold ?? plan.refreshThreshold) : undefined
     let ran = false
+    let produced
     // A result fn told not to cache (ctx.skipCache) was never set: no 'set' or 'refresh' event.
     let skipped = false
     const loader = async (ctx) => {
@@ -277,56 +423,146 @@ function createCacheManager(cache, plan) {
       try {
         value = await fn(own)
       } catch (error) {
-        if (refreshing) events.emit('refresh', { key, value: ctx.stale, error })
+        if (refreshing) events.emit('refresh', { key, value: unmarked(ctx.stale), error })
         throw error
       }
+      const stored = store(value)
+      if (isOwnResponse(stored)) own.skipCache()
       if (dynamic) {
         const life = typeof ttl === 'function' ? ttl(value) : (ttl ?? plan.ttl)
         const threshold = typeof refreshThreshold === 'function' ? refreshThreshold(value) : (refreshThreshold ?? plan.refreshThreshold)
         const l = policyOf(life, threshold)
         ctx.setTtl(l.ttl, l.hardTtl)
       }
-      if (!refreshing) ran = true
-      else if (!skipped) events.emit('refresh', { key, value })
-      return value
+      if (!refreshing) {
+        ran = true
+        produced = value
+      } else if (!skipped) {
+        land(sk, stored)
+        emitSet(key, value)
+        events.emit('refresh', { key, value })
+      }
+      return stored
     }
-    const value = await cache.getOrLoad(key, loader, options)
-    if (ran && !skipped) events.emit('set', { key, value })
-    return { value, ran }
+    const sk = storageKey(key)
+    if (landing.has(sk)) return { value: landing.get(sk), ran: false }
+    // A call's own refreshThreshold is cache-manager's: judged on each call (less than it left of
+    // the entry's life), where the stored entry turns stale at the threshold it was written with.
+    // Such a call judges the entry itself: it is served, and refreshed in the background at once
+    // (in this process, as cache-manager refreshes) only if this call's threshold says so. The
+    // module's refreshThreshold, and the interceptor's, are the cache's own: one refresh across
+    // instances, under the key's lock.
+    if (refreshThreshold !== undefined && refreshThreshold !== null) {
+      const info = await cache.inspect(sk)
+      if (info !== undefined && info.state !== 'negative') {
+        const held = await cache.get(sk)
+        const threshold = typeof refreshThreshold === 'function' ? refreshThreshold(unmarked(held)) : refreshThreshold
+        if (held !== undefined) {
+          if (info.hardUntil - Date.now() < threshold && !refreshing.has(sk)) refreshing.set(sk, refreshHere(key, sk, held, fn, ttl, threshold, store))
+          return { value: held, ran: false }
+        }
+      }
+    }
+    const value = await cache.getOrLoad(sk, loader, options)
+    if (ran && !skipped) emitSet(key, produced)
+    return { value, ran, produced }
   }
 
-  async function set(key, value, ttl) {
+  // A background refresh decided by a call (see load), as cache-manager's wrap runs it: fn once
+  // for concurrent callers (`refreshing`), then a set, and the 'refresh' event.
+  const refreshing = new Map()
+  async function refreshHere(key, sk, held, fn, ttl, threshold, store) {
+    try {
+      const value = await fn({ key: sk, stale: held, signal: new AbortController().signal, setTtl() {}, setTags() {}, skipCache() {} })
+      const stored = store(value)
+      if (isOwnResponse(stored)) return
+      const life = typeof ttl === 'function' ? ttl(value) : (ttl ?? plan.ttl)
+      const { ttl: fresh, hardTtl } = policyOf(life, threshold)
+      const written = cache.set(sk, stored, { ttl: fresh, hardTtl })
+      land(sk, stored, written)
+      await written
+      emitSet(key, value)
+      events.emit('refresh', { key, value })
+    } catch (error) {
+      events.emit('refresh', { key, value: unmarked(held), error })
+    } finally {
+      refreshing.delete(sk)
+    }
+  }
+
+  // set: `value` stored as `stored`; events carry `value`.
+  async function put(key, value, ttl, stored = encode(value)) {
     try {
       checkTtlArgument('ttl', ttl)
       if (typeof ttl === 'function') throw invalidArgument('set: ttl must be a number of ms')
-      await cache.set(key, value, setOptions(ttl))
+      landed([key])
+      await cache.set(storageKey(key), stored, setOptions(ttl))
     } catch (error) {
       events.emit('set', { key, value, error })
       throw error
     }
-    events.emit('set', { key, value })
+    emitSet(key, value)
     return value
   }
 
+  // A read that fails (a closed cache, a key the cache cannot take) is reported as cache-manager
+  // reports a store's failure, then rejects.
+  async function get(key) {
+    let value
+    try {
+      const sk = storageKey(key)
+      value = unmarked(landing.has(sk) ? landing.get(sk) : await cache.get(sk))
+    } catch (error) {
+      events.emit('get', { key, error, store: PRIMARY })
+      throw error
+    }
+    if (value !== undefined) events.emit('get', { key, value, store: PRIMARY })
+    return value
+  }
+
+  // When the entry expires (epoch ms), or undefined: missing, or kept without a ttl.
+  const expiryOf = (info) => (info === undefined || info.hardUntil - Date.now() > FOREVER / 2 ? undefined : info.hardUntil)
+
   const manager = {
-    get: (key) => cache.get(key),
+    get,
     // One get per key, concurrently (each answered by whichever tier holds it).
     mget: async (keys) => {
       if (!Array.isArray(keys)) throw invalidArgument('mget takes an array of keys')
-      return Promise.all(keys.map((key) => cache.get(key)))
+      let values
+      try {
+        const sks = keys.map(storageKey)
+        values = (await cache.getMany(sks)).map((v, i) => unmarked(landing.has(sks[i]) ? landing.get(sks[i]) : v))
+      } catch (error) {
+        events.emit('mget', { keys, error })
+        throw error
+      }
+      events.emit('mget', { keys, values })
+      return values
     },
     /** When the entry expires (epoch ms), or undefined: missing, or kept without a ttl. */
     ttl: async (key) => {
-      const info = await cache.inspect(key)
-      if (info === undefined || info.hardUntil - Date.now() > FOREVER / 2) return undefined
-      return info.hardUntil
+      let info
+      let value
+      try {
+        info = await cache.inspect(storageKey(key))
+        // The 'ttl' event carries the stored record, { value, expires }, as Keyv's raw get.
+        if (info !== undefined && events.listenerCount('ttl') > 0) value = unmarked(await cache.get(storageKey(key)))
+      } catch (error) {
+        events.emit('ttl', { key, error })
+        throw error
+      }
+      if (info === undefined) return undefined
+      const expires = expiryOf(info)
+      if (events.listenerCount('ttl') > 0) events.emit('ttl', { key, value: { value, expires } })
+      return expires
     },
-    set,
+    set: (key, value, ttl) => put(key, value, ttl),
     mset: async (list) => {
       if (!Array.isArray(list)) throw invalidArgument('mset takes an array of { key, value, ttl? }')
       const resolved = list.map(({ key, value, ttl }) => ({ key, value, ttl: ttl ?? plan.ttl }))
       try {
-        await Promise.all(list.map(({ key, value, ttl }) => cache.set(key, value, setOptions(ttl))))
+        landed(list.map(({ key }) => key))
+        await Promise.all(list.map(({ key, value, ttl }) => cache.set(storageKey(key), encode(value), setOptions(ttl))))
       } catch (error) {
         events.emit('mset', { list: resolved, error })
         throw error
@@ -336,7 +572,8 @@ function createCacheManager(cache, plan) {
     },
     del: async (key) => {
       try {
-        await cache.delete(key)
+        landed([key])
+        await cache.delete(storageKey(key))
       } catch (error) {
         events.emit('del', { key, error })
         throw error
@@ -347,7 +584,8 @@ function createCacheManager(cache, plan) {
     mdel: async (keys) => {
       if (!Array.isArray(keys)) throw invalidArgument('mdel takes an array of keys')
       try {
-        await Promise.all(keys.map((key) => cache.delete(key)))
+        landed(keys)
+        await Promise.all(keys.map((key) => cache.delete(storageKey(key))))
       } catch (error) {
         events.emit('mdel', { keys, error })
         throw error
@@ -357,6 +595,7 @@ function createCacheManager(cache, plan) {
     },
     clear: async () => {
       try {
+        landed()
         await cache.clear()
       } catch (error) {
         events.emit('clear', error)
@@ -375,14 +614,15 @@ function createCacheManager(cache, plan) {
       if (typeof fnc !== 'function') throw invalidArgument(`wrap: the function must be a function, got ${typeof fnc}`)
       const byObject = typeof ttlOrOptions === 'object' && ttlOrOptions !== null
       const { ttl, refreshThreshold, raw } = byObject ? ttlOrOptions : { ttl: ttlOrOptions, refreshThreshold: refreshThresholdArgument }
-      const { value } = await load(key, () => fnc(), ttl, refreshThreshold)
+      const loaded = await load(key, () => fnc(), ttl, refreshThreshold)
+      // The caller whose fn ran gets its result itself, as cache-manager's does.
+      const value = loaded.ran ? loaded.produced : unmarked(loaded.value)
       if (raw !== true) return value
-      const info = await cache.inspect(key)
-      return { value, expires: info && info.hardUntil - Date.now() <= FOREVER / 2 ? info.hardUntil : undefined }
+      return { value, expires: expiryOf(await cache.inspect(storageKey(key))) }
     },
     on: (event, listener) => {
       if (!MANAGER_EVENTS.includes(event)) {
-        throw invalidArgument(`on: stampede-cache/nestjs emits ${MANAGER_EVENTS.map((e) => `'${e}'`).join(', ')}, not ${JSON.stringify(event)}`)
+        throw invalidArgument(`on: cache-manager emits ${MANAGER_EVENTS.map((e) => `'${e}'`).join(', ')}, not ${JSON.stringify(event)}`)
       }
       return events.addListener(event, listener)
     },
@@ -392,9 +632,9 @@ function createCacheManager(cache, plan) {
       await cache.close()
       return undefined
     },
-    cacheId: () => cache.namespace,
+    cacheId: () => plan.cacheId ?? cache.namespace,
   }
-  managers.set(manager, { cache, load })
+  managers.set(manager, { cache, load, put, plan, flights: new Map() })
   return manager
 }
 
@@ -519,21 +759,62 @@ function markHandlerError(err) {
 }
 const unmark = (err) => (err instanceof ThrownValue ? err.value : err)
 
-// What a StreamableFile result is shared as (it is never cached, and one stream cannot answer two
-// requests): the request whose handler made it sends it, the others run their own handlers.
-const STREAM_MARKER_KEY = 'stampede-cache/nestjs'
-const STREAM_MARKER = Object.freeze({ [STREAM_MARKER_KEY]: 'StreamableFile' })
-const isStreamMarker = (v) => typeof v === 'object' && v !== null && v[STREAM_MARKER_KEY] === 'StreamableFile' && Object.keys(v).length === 1
-
 const isNil = (v) => v === undefined || v === null
+
+// A body Nest streams (a Node Readable, a web ReadableStream): one stream answers one request.
+const isStream = (v) => typeof v === 'object' && v !== null && (typeof v.pipe === 'function' || typeof v.getReader === 'function')
+
+/**
+ * What the interceptor caches for a handler's result: what Nest's reply would send, kept so a hit
+ * answers the same bytes and content type as the handler's own response (Nest sends an object,
+ * a Date included, with res.json, and anything else as String(value)). OWN_RESPONSE for results
+ * that are never cached (a StreamableFile, a stream) or that JSON cannot hold (a BigInt inside an
+ * object, a cycle): each request sharing the run then makes its own.
+ */
+function responseForm(value, json, StreamableFile) {
+  if (value instanceof StreamableFile || isStream(value)) return OWN_RESPONSE
+  if (!json || isNil(value)) return value
+  if (typeof value === 'object') {
+    let text
+    try {
+      text = JSON.stringify(value)
+    } catch {
+      return OWN_RESPONSE
+    }
+    if (text === undefined) return OWN_RESPONSE
+    const data = JSON.parse(text)
+    return typeof data === 'object' && data !== null ? data : { [JSON_MARKER_KEY]: data }
+  }
+  if (typeof value === 'function') return OWN_RESPONSE
+  // Sent as String(value): a BigInt, a symbol, NaN or Infinity (JSON has none of them) as that text.
+  if (typeof value === 'bigint' || typeof value === 'symbol' || (typeof value === 'number' && !Number.isFinite(value))) return String(value)
+  return value
+}
+
+// A cached response as Nest must be handed it to send the handler's bytes again: a marked JSON
+// primitive goes out as JSON (res.json), as the Date or toJSON instance it was did.
+const replyForm = (stored) => (isJsonMarker(stored) ? { toJSON: () => stored[JSON_MARKER_KEY] } : stored)
+
+// The credentials a request carries, compared whole (never stored, never logged): '' for none.
+const NO_CREDENTIALS = ''
+function credentialsOf(context) {
+  const type = context.getType?.()
+  // GraphQL's resolver arguments are (root, args, context, info), the request in context.req.
+  const request = type === 'http' ? context.switchToHttp().getRequest() : type === 'graphql' ? context.getArgByIndex?.(2)?.req : undefined
+  const headers = request?.headers
+  const authorization = headers?.authorization
+  const cookie = headers?.cookie
+  if (authorization === undefined && cookie === undefined) return NO_CREDENTIALS
+  return JSON.stringify([authorization ?? null, cookie ?? null])
+}
 
 // rxjs and @nestjs/common, loaded on the first intercepted request (importing this entry loads neither).
 let loadedDeps = null
 function interceptorDeps() {
   if (loadedDeps === null) {
-    const { of, from, lastValueFrom } = require('rxjs')
-    const { StreamableFile, Logger } = require('@nestjs/common')
-    loadedDeps = { of, from, lastValueFrom, StreamableFile, Logger }
+    const { of, lastValueFrom } = require('rxjs')
+    const { StreamableFile } = require('@nestjs/common')
+    loadedDeps = { of, lastValueFrom, StreamableFile }
   }
   return loadedDeps
 }
@@ -541,8 +822,10 @@ function interceptorDeps() {
 /**
  * @nestjs/cache-manager's CacheInterceptor over getOrLoad: GET handlers' results are cached under
  * the request URL (or @CacheKey) for @CacheTTL ms, and concurrent requests for one key run the
- * handler once, across instances sharing a Redis. `trackBy` and `isRequestCacheable` may be
- * overridden as in the original.
+ * handler once, across instances sharing a Redis. Sharing never crosses credentials: a request
+ * shares another's handler run (its response or its error) only when both carry the same
+ * `Authorization` and `Cookie` headers. `trackBy` and `isRequestCacheable` may be overridden as in
+ * the original.
  */
 class CacheInterceptor {
   constructor(cacheManager, reflector) {
@@ -561,43 +844,102 @@ class CacheInterceptor {
         "CacheInterceptor from 'stampede-cache/nestjs' needs CACHE_MANAGER from its CacheModule (import CacheModule from 'stampede-cache/nestjs' too)",
       )
     }
-    const { of, from, lastValueFrom, StreamableFile, Logger } = interceptorDeps()
     const ttl = typeof ttlValueOrFactory === 'function' ? await ttlValueOrFactory(context) : ttlValueOrFactory
-    // This request's own handler run, when its load was the cold one (not a background refresh).
-    let ownRun = null
-    let ownStream = null
+    const credentials = credentialsOf(context)
+    const answer =
+      credentials === NO_CREDENTIALS
+        ? await this.#shared(internals, context, next, key, ttl)
+        : await this.#ownCredentials(internals, context, next, key, ttl, credentials)
+    if (answer.error !== undefined) {
+      this.#setCacheHeader(context, undefined)
+      throw answer.error
+    }
+    if (answer.run) {
+      this.#setCacheHeader(context, undefined)
+      return next.handle()
+    }
+    this.#setCacheHeader(context, answer.own ? undefined : answer.value)
+    return interceptorDeps().of(answer.own ? answer.value : replyForm(answer.value))
+  }
+
+  // Requests without credentials: getOrLoad, so concurrent ones share one handler run in this
+  // process and, through the Redis lock, across processes (only ever with requests that carry
+  // none either: requests with credentials never take that lock). Resolves with { value, own }
+  // (own: this request's handler made it), { run } (make this request's own response), or { error }.
+  async #shared(internals, context, next, key, ttl) {
+    const { lastValueFrom, StreamableFile } = interceptorDeps()
+    let own
+    let ownRan = false
     const runHandler = async (ctx) => {
-      const run = lastValueFrom(next.handle(), { defaultValue: undefined })
-      if (ctx.stale === undefined) ownRun = run
       let value
       try {
-        value = await run
+        value = await lastValueFrom(next.handle(), { defaultValue: undefined })
       } catch (err) {
         throw markHandlerError(err)
       }
-      if (value instanceof StreamableFile) {
-        ctx.skipCache()
-        if (ctx.stale === undefined) ownStream = value
-        return STREAM_MARKER
+      if (ctx.stale === undefined) {
+        own = value
+        ownRan = true
       }
       return value
     }
-    let loaded
     try {
-      loaded = await internals.load(key, runHandler, ttl ?? undefined, undefined)
+      const loaded = await internals.load(key, runHandler, ttl ?? undefined, undefined, (value) => responseForm(value, internals.plan.json, StreamableFile))
+      if (loaded.ran) return { value: own, own: true }
+      if (isOwnResponse(loaded.value)) return { run: true }
+      return { value: loaded.value, own: false }
     } catch (err) {
-      if (handlerErrors.has(err)) {
-        this.#setCacheHeader(context)
-        throw unmark(err)
-      }
-      // The cache could not answer (a key it cannot take, a value it cannot store, a timeout,
-      // closed): answer as if uncached, with this request's own handler run if it had one.
-      Logger.error(`stampede-cache could not cache "key: ${key}": ${err?.message ?? err}`, err?.stack, 'CacheInterceptor')
-      return ownRun ? from(ownRun) : next.handle()
+      if (handlerErrors.has(err)) return { error: unmark(err) }
+      // The cache could not answer (a value it cannot store, a timeout, closed): answered as if
+      // uncached, silently (the original logs nothing per request), with this request's own
+      // handler run if it had one.
+      return ownRan ? { value: own, own: true } : { run: true }
     }
-    if (isStreamMarker(loaded.value)) return ownStream ? of(ownStream) : next.handle()
-    this.#setCacheHeader(context, loaded.ran ? undefined : loaded.value)
-    return of(loaded.value)
+  }
+
+  // Requests with credentials: an entry already cached is served by its key, as the original
+  // serves it; a miss runs this request's handler, shared only by concurrent requests with the
+  // same credentials in this process, and caches its response (never its error).
+  async #ownCredentials(internals, context, next, key, ttl, credentials) {
+    const { lastValueFrom, StreamableFile } = interceptorDeps()
+    let held
+    try {
+      held = await internals.cache.get(storageKey(key))
+    } catch {
+      return { run: true }
+    }
+    // Held: getOrLoad serves it (a stale one is refreshed in the background, by this request's
+    // handler, whose response then is cached by key as a miss's would be). Only an entry that
+    // expires between these two calls makes that getOrLoad a cold load others may join.
+    if (held !== undefined) return this.#shared(internals, context, next, key, ttl)
+    const flightKey = JSON.stringify([typeof key === 'string' ? key : String(key), credentials])
+    const joined = internals.flights.get(flightKey)
+    if (joined !== undefined) {
+      const outcome = await joined
+      if (outcome.error !== undefined) return { error: outcome.error }
+      if (isOwnResponse(outcome.stored)) return { run: true }
+      return { value: outcome.stored, own: false }
+    }
+    let release
+    const flight = new Promise((resolve) => (release = resolve))
+    internals.flights.set(flightKey, flight)
+    let outcome
+    try {
+      const value = await lastValueFrom(next.handle(), { defaultValue: undefined })
+      const stored = responseForm(value, internals.plan.json, StreamableFile)
+      outcome = { stored, value }
+      // Cached as the original caches a response, without holding it up (nil and streams are not:
+      // they are never served from the original's cache either). A value the cache cannot take is
+      // answered uncached.
+      if (!isOwnResponse(stored) && !isNil(stored)) internals.put(key, value, ttl ?? undefined, stored).catch(() => {})
+    } catch (error) {
+      outcome = { error }
+    } finally {
+      internals.flights.delete(flightKey)
+      release(outcome ?? { stored: OWN_RESPONSE })
+    }
+    if (outcome.error !== undefined) return { error: outcome.error }
+    return { value: outcome.value, own: true }
   }
 
   #setCacheHeader(context, value) {

@@ -8,7 +8,21 @@
 import { StampedeCache, StampedeCacheOptions } from './index'
 
 /** StampedeCache options; `serializer` is the handler's own ('v8'), so passing it throws ERR_INVALID_OPTION. */
-export type NextCacheHandlerOptions = Omit<StampedeCacheOptions, 'serializer'>
+export type NextCacheHandlerOptions = Omit<StampedeCacheOptions, 'serializer'> & {
+  /**
+   * The largest entry stored, in bytes; default 4 MiB (4_194_304); Infinity: no cap. A larger entry
+   * is served from its render, not stored, counted and reported to onError (ERR_ENTRY_TOO_LARGE).
+   */
+  maxEntryBytes?: number | undefined
+}
+
+/** The cache's stats(), and what the handler turned away. */
+export type NextCacheHandlerStats = ReturnType<StampedeCache['stats']> & {
+  /** Entries over maxEntryBytes: served, not stored. */
+  oversizedEntries: number
+  /** Records read back that were not what the handler stores (answered as misses). */
+  invalidRecords: number
+}
 
 /** A "use cache" entry, as Next.js 16 defines `CacheEntry`. */
 export interface UseCacheEntry {
@@ -33,6 +47,7 @@ export interface UseCacheHandler {
   updateTags(tags: string[], durations?: { expire?: number }): Promise<void>
   /** The StampedeCache under the handler (stats(), close()). */
   readonly cache: StampedeCache
+  stats(): NextCacheHandlerStats
 }
 
 /** What the incremental cache handler's `get` answers, as Next.js 16 defines `CacheHandlerValue`. */
@@ -54,6 +69,7 @@ export interface IncrementalCacheHandlerClass {
   }
   /** The StampedeCache under the handler (stats(), close()). */
   readonly cache: StampedeCache
+  stats(): NextCacheHandlerStats
 }
 
 /** The "use cache" handler: `export default createUseCacheHandler(...)` in the file `cacheHandlers` names. */

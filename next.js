@@ -35,9 +35,128 @@ const MAX_PLAIN_KEY_BYTES = 400
 const ONE_YEAR_MS = 31_536_000_000
 const DEFAULT_LOCK_TTL = 10_000
 const DEFAULT_COMMAND_TIMEOUT = 1_000
+// The largest entry stored (bytes; README, "Next.js"). Storing costs the process several times an
+// entry's size and holds the event loop while it is serialized: measured (bench/next-entry-size.js)
+// about 10 ms and 6 MB of RSS per MiB, so 64 MiB stalled it for half a second. 4 MiB stays near the
+// 50 ms a batch may hold the loop, and is twice the 2 MB Next.js itself caps a fetch entry at.
+const DEFAULT_MAX_ENTRY_BYTES = 4 * 1024 * 1024
 
 function invalid(message) {
   return new StampedeCacheError('ERR_INVALID_OPTION', message)
+}
+
+// ---- Entry size: maxEntryBytes ----------------------------------------------------------------
+
+/** The handlers' `maxEntryBytes` option (removed from the StampedeCache options), checked. */
+function takeMaxEntryBytes(cacheOptions, where) {
+  const max = cacheOptions.maxEntryBytes === undefined ? DEFAULT_MAX_ENTRY_BYTES : cacheOptions.maxEntryBytes
+  delete cacheOptions.maxEntryBytes
+  if (typeof max !== 'number' || Number.isNaN(max) || max < 1 || (Number.isFinite(max) && !Number.isInteger(max))) {
+    throw invalid(`${where}: option \`maxEntryBytes\` must be a whole number of bytes >= 1 (or Infinity), got ${typeof max === 'number' ? max : typeof max}`)
+  }
+  return max
+}
+
+/**
+ * The size of `value` as stored, in bytes (strings as UTF-8, byte arrays as their length, a few
+ * bytes per other item), counted only until it passes `limit`: a huge entry costs a walk of its
+ * first `limit` bytes' worth of parts, never a serialization. Shared parts count once.
+ */
+function sizeUpTo(value, limit) {
+  let total = 0
+  const stack = [value]
+  const seen = new Set()
+  while (stack.length > 0 && total <= limit) {
+    const v = stack.pop()
+    if (typeof v === 'string') total += Buffer.byteLength(v)
+    else if (ArrayBuffer.isView(v) || v instanceof ArrayBuffer) total += v.byteLength
+    else if (typeof v !== 'object' || v === null) total += 8
+    else if (!seen.has(v)) {
+      seen.add(v)
+      if (v instanceof Map) for (const [k, x] of v) stack.push(k, x)
+      else if (v instanceof Set) for (const x of v) stack.push(x)
+      else
+        for (const k of Object.keys(v)) {
+          total += k.length
+          stack.push(v[k])
+        }
+    }
+  }
+  return total
+}
+
+/** A stream's bytes, or `{ over }` (the bytes read when it passed `limit`: the rest is not read). */
+async function readUpTo(stream, limit) {
+  const chunks = []
+  let size = 0
+  const reader = stream.getReader()
+  for (;;) {
+    const { done, value } = await reader.read()
+    if (done) break
+    size += value.byteLength
+    if (size > limit) {
+      // Next reads its own branch of the stream; this one stops here and keeps nothing.
+      reader.cancel().catch(() => {})
+      return { over: size }
+    }
+    chunks.push(value)
+  }
+  return { bytes: Buffer.concat(chunks, size) }
+}
+
+// `size`: what was counted when the entry passed `max` (a lower bound: counting stops there).
+function tooLargeError(size, max) {
+  return new StampedeCacheError('ERR_ENTRY_TOO_LARGE', `an entry of ${size} bytes or more is over maxEntryBytes (${max}): served from its render, not stored`)
+}
+
+// ---- Records handed back to Next ----------------------------------------------------------------
+//
+// What Redis holds at a key is not trusted to be what `set` stored (another writer, a corrupt or
+// hostile value): a record is handed to Next only if every field has the type Next reads it as;
+// anything else is a miss, so Next computes the entry again.
+
+const isString = (v) => typeof v === 'string'
+const isBytes = (v) => v instanceof Uint8Array
+const isFiniteNumber = (v) => typeof v === 'number' && Number.isFinite(v)
+const optional = (v, check) => v === undefined || check(v)
+const isObject = (v) => typeof v === 'object' && v !== null && !Array.isArray(v)
+const isStatus = (v) => Number.isInteger(v) && v >= 100 && v <= 999
+const isStrings = (v) => Array.isArray(v) && v.every(isString)
+const isHeaders = (v) => isObject(v) && Object.values(v).every((h) => h === undefined || isString(h) || isFiniteNumber(h) || isStrings(h))
+
+// Next.js 16's CachedRouteKind values and the fields each is read with.
+const INCREMENTAL_KINDS = {
+  APP_PAGE: (v) =>
+    isString(v.html) &&
+    optional(v.rscData, isBytes) &&
+    optional(v.status, isStatus) &&
+    optional(v.postponed, isString) &&
+    optional(v.headers, isHeaders) &&
+    optional(v.segmentData, (m) => m instanceof Map && [...m].every(([k, b]) => isString(k) && isBytes(b))),
+  APP_ROUTE: (v) => isBytes(v.body) && optional(v.status, isStatus) && optional(v.headers, isHeaders),
+  PAGES: (v) => isString(v.html) && isObject(v.pageData) && optional(v.status, isStatus) && optional(v.headers, isHeaders),
+  FETCH: (v) =>
+    isObject(v.data) &&
+    isString(v.data.body) &&
+    isString(v.data.url) &&
+    optional(v.data.status, isStatus) &&
+    optional(v.data.headers, isHeaders) &&
+    optional(v.revalidate, isFiniteNumber) &&
+    optional(v.tags, isStrings),
+  REDIRECT: (v) => isObject(v.props),
+  IMAGE: (v) => isString(v.etag) && isBytes(v.buffer) && isString(v.extension) && optional(v.upstreamEtag, isString) && optional(v.revalidate, isFiniteNumber),
+}
+
+function isCacheControl(c) {
+  return isObject(c) && (c.revalidate === false || (isFiniteNumber(c.revalidate) && c.revalidate >= 0)) && optional(c.expire, isFiniteNumber)
+}
+
+/** A record the incremental handler's `set` stored: { lastModified, value, cacheControl }. */
+function isIncrementalRecord(r) {
+  if (!isObject(r) || !isFiniteNumber(r.lastModified) || !('value' in r) || !optional(r.cacheControl, isCacheControl)) return false
+  const v = r.value
+  if (v === null) return true
+  return isObject(v) && Object.hasOwn(INCREMENTAL_KINDS, v.kind) && INCREMENTAL_KINDS[v.kind](v)
 }
 
 // The shared machinery of both handlers: one StampedeCache, the loads waiting for this instance's
@@ -48,10 +167,11 @@ function createStore(options, kind, where) {
     throw invalid(`${where}: options must be an object`)
   }
   const cacheOptions = { ...options }
+  const maxEntryBytes = takeMaxEntryBytes(cacheOptions, where)
   // Entries must round-trip exactly: bytes stay bytes, Buffers and Maps keep their types.
   if ('serializer' in cacheOptions) throw invalid(`${where}: serializer is chosen by the handler ('v8'); remove the option`)
   cacheOptions.serializer = 'v8'
-  // Next's lifetimes are exact (an entry past `revalidate` is a miss): no jitter unless asked for.
+  // Next's lifetimes are exact (fresh until `revalidate`, gone at `expire`): no jitter unless asked for.
   cacheOptions.jitter ??= 0
   // Every entry here lives a year at most, so a revalidateTag's or revalidatePath's record in Redis
   // need not outlive it by more: tag keys expire a year after their last revalidation.
@@ -68,6 +188,39 @@ function createStore(options, kind, where) {
   const writeBound = 2 * commandTimeout + 500
   const onError = typeof cacheOptions.onError === 'function' ? cacheOptions.onError : () => {}
   const userWaitUntil = typeof cacheOptions.waitUntil === 'function' ? cacheOptions.waitUntil : undefined
+
+  /** What the handler turned away: entries over maxEntryBytes, stored records that were not valid. */
+  const counts = { oversizedEntries: 0, invalidRecords: 0 }
+
+  // An entry over maxEntryBytes: counted and reported; the caller stores nothing.
+  function tooLarge(key, size) {
+    counts.oversizedEntries++
+    onError(tooLargeError(size, maxEntryBytes), { op: 'next:set', key: key.join(':') })
+  }
+
+  // `record` as it may be stored: undefined when it is over maxEntryBytes.
+  function capped(key, record) {
+    if (record === undefined || maxEntryBytes === Infinity) return record
+    const size = sizeUpTo(record, maxEntryBytes)
+    if (size <= maxEntryBytes) return record
+    tooLarge(key, size)
+    return undefined
+  }
+
+  /** A "use cache" entry's bytes, or undefined when they pass maxEntryBytes (counted, reported). */
+  async function readEntry(key, stream) {
+    const read = await readUpTo(stream, maxEntryBytes)
+    if (read.over === undefined) return read.bytes
+    tooLarge(key, read.over)
+    return undefined
+  }
+
+  // A stored record `valid` refused: counted; the caller answers a miss.
+  function refused(record, valid) {
+    if (record === undefined || record === null || valid(record)) return false
+    counts.invalidRecords++
+    return true
+  }
 
   /** key -> { ctx, resolve, reject, softTags, written } of the load this instance leads. */
   const leading = new Map()
@@ -163,7 +316,8 @@ function createStore(options, kind, where) {
   // Stores `record` for `key`, fresh for `ttl` ms and kept (stale) until `hardTtl` ms, with `tags`;
   // `record === undefined`: nothing to store (the load this instance leads, if any, frees the key).
   // Resolves within writeBound.
-  async function store(key, record, ttl, hardTtl, tags) {
+  async function store(key, entry, ttl, hardTtl, tags) {
+    const record = capped(key, entry)
     const id = key.join('\0')
     const lead = leading.get(id)
     if (lead) leading.delete(id)
@@ -228,20 +382,7 @@ function createStore(options, kind, where) {
     await bounded(cache.expireByTag(list, options), 'next:revalidateTag')
   }
 
-  return { cache, keyOf, lookup, store, trackSet, invalidate }
-}
-
-async function readAll(stream) {
-  const chunks = []
-  let size = 0
-  const reader = stream.getReader()
-  for (;;) {
-    const { done, value } = await reader.read()
-    if (done) break
-    chunks.push(value)
-    size += value.byteLength
-  }
-  return Buffer.concat(chunks, size)
+  return { cache, keyOf, lookup, store, trackSet, invalidate, readEntry, refused, stats: () => ({ ...cache.stats(), ...counts }) }
 }
 
 function streamOf(bytes) {
@@ -255,11 +396,10 @@ function streamOf(bytes) {
 
 function isUseCacheRecord(r) {
   return (
-    typeof r === 'object' &&
-    r !== null &&
-    r.value instanceof Uint8Array &&
-    Array.isArray(r.tags) &&
-    ['stale', 'timestamp', 'expire', 'revalidate'].every((field) => typeof r[field] === 'number')
+    isObject(r) &&
+    isBytes(r.value) &&
+    isStrings(r.tags) &&
+    ['stale', 'timestamp', 'expire', 'revalidate'].every((field) => isFiniteNumber(r[field]) && r[field] >= 0)
   )
 }
 
@@ -276,7 +416,7 @@ function createUseCacheHandler(options) {
       const found = await store.lookup(key, Array.isArray(softTags) ? softTags : [])
       const record = found?.record
       // Anything but what `set` stored (another writer's value at the key) is a miss.
-      if (!isUseCacheRecord(record)) return undefined
+      if (store.refused(record, isUseCacheRecord) || !isUseCacheRecord(record)) return undefined
       const now = Date.now()
       // Past `expire` is a miss; StampedeCache's hardTtl already ends there, this only guards
       // against clocks that disagree.
@@ -306,8 +446,9 @@ function createUseCacheHandler(options) {
       if (key === null) return Promise.resolve()
       return store.trackSet(key, async () => {
         const entry = await pendingEntry
-        // The stream may error: nothing partial is kept, and the key is freed (abandon()).
-        const value = await readAll(entry.value)
+        // The stream may error: nothing partial is kept, and the key is freed (abandon()). Past
+        // maxEntryBytes it is not read further, and nothing is stored.
+        const value = await store.readEntry(key, entry.value)
         const tags = Array.isArray(entry.tags) ? entry.tags : []
         // An `expire: 0` or `revalidate: 0` entry is dynamic: Next regenerates it on every read.
         // Fresh until `revalidate`, then served stale (one instance regenerates it) until `expire`.
@@ -317,7 +458,9 @@ function createUseCacheHandler(options) {
         const ttl = Math.min(Math.floor(entry.timestamp + fresh - now), ONE_YEAR_MS)
         const hardTtl = Math.min(Math.floor(entry.timestamp + entry.expire * 1000 - now), ONE_YEAR_MS)
         const record =
-          fresh > 0 ? { value, tags, stale: entry.stale, timestamp: entry.timestamp, expire: entry.expire, revalidate: entry.revalidate } : undefined
+          fresh > 0 && value !== undefined
+            ? { value, tags, stale: entry.stale, timestamp: entry.timestamp, expire: entry.expire, revalidate: entry.revalidate }
+            : undefined
         await store.store(key, record, ttl, Math.max(ttl, hardTtl), tags)
       })
     },
@@ -343,6 +486,9 @@ function createUseCacheHandler(options) {
 
     /** The StampedeCache under this handler (stats, close). */
     cache: store.cache,
+
+    /** The cache's stats(), and what the handler turned away: oversizedEntries, invalidRecords. */
+    stats: store.stats,
   }
 }
 
@@ -366,6 +512,11 @@ function createIncrementalCacheHandler(options) {
   return class StampedeIncrementalCacheHandler {
     static cache = store.cache
 
+    /** The cache's stats(), and what the handler turned away: oversizedEntries, invalidRecords. */
+    static stats() {
+      return store.stats()
+    }
+
     constructor(context) {
       this.context = context
     }
@@ -376,7 +527,7 @@ function createIncrementalCacheHandler(options) {
       const softTags = [...(Array.isArray(ctx?.tags) ? ctx.tags : []), ...(Array.isArray(ctx?.softTags) ? ctx.softTags : [])]
       const found = await store.lookup(key, softTags)
       const record = found?.record
-      if (typeof record !== 'object' || record === null || typeof record.lastModified !== 'number' || !('value' in record)) return null
+      if (store.refused(record, isIncrementalRecord) || !isIncrementalRecord(record)) return null
       // Its tag was revalidated with a profile and this instance regenerates it: dated long ago,
       // so Next serves it stale and regenerates it in the background (1: Next reads 0 as "now").
       // Every other instance serves it as it is meanwhile.

@@ -9,6 +9,7 @@
 // diagnostics channels (README, "Observability").
 
 const { createHash } = require('node:crypto')
+const { isError } = require('./lib/errors.js')
 const { Watched, loadChannel, loadOutcome, checkCache, checkOptions } = require('./observability.js')
 
 let api
@@ -166,8 +167,9 @@ const spanHandlers = {
     if (span === undefined) return
     const err = context.error
     span.setAttribute('error.type', errorType(err))
-    if (err instanceof Error) span.recordException(err)
-    span.setStatus({ code: api.SpanStatusCode.ERROR, message: err instanceof Error ? err.message : String(err) })
+    // A loader's Error from another realm (a vm context, a test sandbox) is an Error too.
+    if (isError(err)) span.recordException(err)
+    span.setStatus({ code: api.SpanStatusCode.ERROR, message: isError(err) ? err.message : String(err) })
   },
   asyncEnd(context) {
     endSpan(context)

@@ -138,6 +138,34 @@ test('per-key results: an Error fails its key alone (not cached, joined callers 
   await cache.close()
 })
 
+test('an Error from another realm (a vm context, a test sandbox) at a position is an error, never cached as a value', async () => {
+  const vm = require('node:vm')
+  const cache = new StampedeCache({ negativeTtl: 60_000 })
+  const foreign = vm.runInNewContext('new Error("x")')
+  const foreignType = vm.runInNewContext('new TypeError("y")')
+  assert.equal(foreign instanceof Error, false, 'the premise: instanceof fails across realms')
+  let release
+  const gate = new Promise((r) => (release = r))
+  const first = cache.getOrLoadMany(['a', 'b', 'c'], async () => {
+    await gate
+    return [foreign, 1, foreignType]
+  })
+  const joined = cache.getOrLoad('a', () => 'must not load')
+  release()
+  const got = await first
+  assert.equal(got[0], foreign, 'the position holds the error itself')
+  assert.equal(got[2], foreignType)
+  await assert.rejects(joined, (err) => err === foreign)
+  assert.equal(await cache.get('a'), undefined, 'nothing cached for it')
+  const { calls, loadMany } = recorder({ value: () => 'loaded' })
+  assert.deepEqual(await cache.getOrLoadMany(['a', 'b', 'c'], loadMany), ['loaded', 1, 'loaded'])
+  assert.deepEqual(
+    calls.map((c) => c.keys),
+    [['a', 'c']],
+  )
+  await cache.close()
+})
+
 test('loadMany throwing fails every key it was asked for; the call still resolves, per position', async () => {
   const cache = new StampedeCache()
   await cache.set('warm', 'W')

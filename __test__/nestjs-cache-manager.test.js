@@ -222,17 +222,6 @@ test('concurrent requests: a handler error is shared and not cached; a Streamabl
   }
 })
 
-test('a key the cache cannot take (a URL over 1,024 bytes) is answered as if uncached', async (t) => {
-  const { counters, port } = await startApp(t, OURS, { ttl: 5_000 })
-  const id = 'x'.repeat(1_100)
-  for (let i = 0; i < 2; i++) {
-    const r = await request(port, 'GET', `/items/${id}`)
-    assert.equal(r.status, 200)
-    assert.equal(JSON.parse(r.body).name, `item-${id}`)
-  }
-  assert.equal(counters.runs[`item:${id}`], 2)
-})
-
 test('the interceptor with refreshThreshold: stale responses at once, the handler refreshed once in the background', async (t) => {
   const { app, counters, port } = await startApp(t, OURS, { ttl: 60_000, refreshThreshold: 59_900 })
   const cache = app.get(StampedeCache)
@@ -320,14 +309,20 @@ test('ttl is the whole life; refreshThreshold serves and refreshes once in the b
   await cm.set('s', 'v', 1_000)
   await cm.del('s')
   await cm.clear()
+  // cache-manager 7's payloads: a set is reported per store ('primary') and then for the call; a
+  // refresh sets, then reports the refresh.
   assert.deepEqual(events, [
+    ['set', { key: 'k', value: { version: 1 }, store: 'primary' }],
     ['set', { key: 'k', value: { version: 1 } }],
+    ['set', { key: 'k', value: { version: 2 }, store: 'primary' }],
+    ['set', { key: 'k', value: { version: 2 } }],
     ['refresh', { key: 'k', value: { version: 2 } }],
+    ['set', { key: 's', value: 'v', store: 'primary' }],
     ['set', { key: 's', value: 'v' }],
     ['del', { key: 's' }],
     ['clear', undefined],
   ])
-  assert.throws(() => cm.on('get', () => {}), { code: 'ERR_INVALID_ARGUMENT', message: /'set'/ })
+  assert.throws(() => cm.on('got', () => {}), { code: 'ERR_INVALID_ARGUMENT', message: /'set'/ })
 })
 
 test("wrap's per-call ttl and refreshThreshold: numbers, an options object, functions of the value, raw", async (t) => {
@@ -385,7 +380,7 @@ test('without refreshThreshold an entry is never served after ttl: the next read
   assert.equal(loads, 2)
 })
 
-test('two app instances sharing a Redis: 2 x 25 concurrent cold GETs run the handler once in total', async (t) => {
+test('two app instances sharing a Redis: requests with other credentials each run their own handler; 2 x 25 concurrent cold GETs without run it once in total', async (t) => {
   const redis = await new RedisServer().start()
   t.after(() => redis.dispose())
   const spawnInstance = () =>
@@ -417,6 +412,21 @@ test('two app instances sharing a Redis: 2 x 25 concurrent cold GETs run the han
       }
     })
   const [a, b] = await Promise.all([spawnInstance(), spawnInstance()])
+  // Requests with credentials never share a run across instances either: with the handler held,
+  // each instance gets one cold request per token, and every one runs its own handler.
+  const tokens = { ada: 'Bearer ada-token', bob: 'Bearer bob-token', bad: 'Bearer stolen' }
+  const profiles = Promise.all(
+    [a, b].flatMap(({ port }) =>
+      Object.entries(tokens).map(async ([who, token]) => [who, await request(port, 'GET', '/items/me', undefined, { authorization: token })]),
+    ),
+  )
+  await until('6 profile handler runs', async () => ((await a.ask('runs')).runs.me ?? 0) + ((await b.ask('runs')).runs.me ?? 0) === 6)
+  await Promise.all([a.ask('release'), b.ask('release')])
+  for (const [who, r] of await profiles) {
+    if (who === 'bad') assert.equal(r.status, 401, 'a bad token never gets the 200')
+    else assert.deepEqual(JSON.parse(r.body), { user: who, secret: `${who}'s secret` }, `${who} gets its own answer`)
+  }
+  await Promise.all([a.ask('hold'), b.ask('hold')])
   const all = Promise.all([a, b].flatMap(({ port }) => Array.from({ length: 25 }, () => request(port, 'GET', '/items/9'))))
   // Both instances have every request waiting: 24 coalesced in each, and one instance's leader
   // waiting for the other's lock.
@@ -604,4 +614,132 @@ test('the drop-in shares the original metadata keys and token, and is a named ex
     })`
   const out = JSON.parse(execFileSync(process.execPath, ['-e', script], { cwd: path.join(__dirname, '..'), encoding: 'utf8' }))
   assert.deepEqual(out, { loaded: [], same: [] })
+})
+
+// ---- cache-manager 7's own behaviours (its suite, packages/cache-manager/test), over CACHE_MANAGER ----
+
+/** A CACHE_MANAGER of CacheModule.register(options), in an application context closed after the test. */
+async function managerOf(t, options) {
+  const app = await NestFactory.createApplicationContext(moduleOf({ imports: [ours.CacheModule.register(options)] }), { logger: false })
+  t.after(() => app.close())
+  return { cm: app.get(ours.CACHE_MANAGER), cache: app.get(StampedeCache) }
+}
+
+test('cache-manager behaviours: get, set, mget, mset, del, mdel, clear; ttl() and expiry; cacheId; stores of in-memory Keyvs', async (t) => {
+  const { Keyv } = require('keyv')
+  const { cm } = await managerOf(t, { stores: [new Keyv()], cacheId: 'my-cache-id' })
+  assert.equal(cm.cacheId(), 'my-cache-id')
+  assert.equal(typeof (await managerOf(t, {})).cm.cacheId(), 'string')
+  assert.equal(await cm.set('k', 'v'), 'v')
+  assert.equal(await cm.get('k'), 'v')
+  assert.equal(await cm.get('nope'), undefined)
+  assert.equal(await cm.ttl('k'), undefined, 'no ttl: kept until deleted')
+  const list = [
+    { key: 'a', value: 1 },
+    { key: 'b', value: 'two', ttl: 60_000 },
+    { key: 'c', value: { three: 3 } },
+  ]
+  assert.deepEqual(await cm.mset(list), [
+    { key: 'a', value: 1, ttl: undefined },
+    { key: 'b', value: 'two', ttl: 60_000 },
+    { key: 'c', value: { three: 3 }, ttl: undefined },
+  ])
+  assert.deepEqual(await cm.mget(['a', 'b', 'c', 'nope']), [1, 'two', { three: 3 }, undefined])
+  assert.equal(await cm.mdel(['a', 'b']), true)
+  assert.deepEqual(await cm.mget(['a', 'b', 'c']), [undefined, undefined, { three: 3 }])
+  assert.equal(await cm.del('c'), true)
+  assert.equal(await cm.get('c'), undefined)
+  // ttl(key): the expiry in epoch ms; an expired entry is gone, from get and ttl.
+  await cm.set('short', 'v', 300)
+  const expires = await cm.ttl('short')
+  assert.ok(expires > Date.now() && expires <= Date.now() + 300, String(expires))
+  await until('the entry to expire', async () => (await cm.get('short')) === undefined)
+  assert.equal(await cm.ttl('short'), undefined)
+  assert.equal(await cm.clear(), true)
+  assert.equal(await cm.get('k'), undefined)
+  // The module's ttl is every entry's default.
+  const timed = (await managerOf(t, { ttl: 60_000 })).cm
+  await timed.set('d', 1)
+  assert.ok((await timed.ttl('d')) <= Date.now() + 60_000)
+})
+
+test("cache-manager behaviours: wrap's per-call refreshThreshold decides each call's refresh, and a read right after sees it", async (t) => {
+  const { cm } = await managerOf(t, {})
+  const life = 4_000
+  const threshold = 2_000
+  assert.equal(await cm.wrap('k', async () => 0, life, threshold), 0)
+  await sleep(life - threshold + 100)
+  // Less than the threshold left: the current value at once, and a background refresh...
+  assert.equal(await cm.wrap('k', async () => 1, life, threshold), 0)
+  // ...whose value the next call gets.
+  assert.equal(await cm.wrap('k', async () => 2, life, threshold), 1)
+  // Another threshold, judged by this call: 4 s of life left is more than 1 s, so no refresh.
+  assert.equal(await cm.wrap('k', async () => 3, undefined, 1_000), 1)
+  assert.equal(await cm.get('k'), 1)
+  await until('less than 1 s of life left', async () => (await cm.ttl('k')) - Date.now() < 1_000)
+  assert.equal(await cm.wrap('k', async () => 4, undefined, 1_000), 1, 'refreshed in the background')
+  assert.equal(await cm.wrap('k', async () => 5, undefined, 1_000), 4)
+})
+
+test('cache-manager behaviours: ttl and refreshThreshold functions are evaluated on each value, refreshes included; refresh events', async (t) => {
+  const { cm, cache } = await managerOf(t, {})
+  const events = []
+  cm.on('refresh', (payload) => events.push(payload))
+  const ttlOf = []
+  let value = 10
+  const ttl = (v) => {
+    ttlOf.push(v)
+    return 3_000
+  }
+  assert.equal(await cm.wrap('k', async () => ++value, ttl, 1_500), 11)
+  assert.deepEqual(ttlOf, [11])
+  await until('less than 1.5 s left', async () => (await cm.ttl('k')) - Date.now() < 1_500)
+  assert.equal(await cm.wrap('k', async () => ++value, ttl, 1_500), 11)
+  await until('the refresh', () => ttlOf.length === 2)
+  assert.deepEqual(ttlOf, [11, 12], 'evaluated on the refreshed value')
+  await until('the refresh event', () => events.length === 1)
+  assert.deepEqual(events, [{ key: 'k', value: 12 }])
+  // A refresh whose fn throws: the current value stays, and the event carries it and the error.
+  await until('the refreshed entry in place', async () => (await cm.ttl('k')) - Date.now() > 2_000)
+  await until('less than 1.5 s left again', async () => (await cm.ttl('k')) - Date.now() < 1_500)
+  const boom = new Error('source down')
+  assert.equal(
+    await cm.wrap(
+      'k',
+      () => {
+        throw boom
+      },
+      ttl,
+      1_500,
+    ),
+    12,
+  )
+  await until('the failed refresh event', () => events.length === 2)
+  await cache.settle()
+  assert.equal(await cm.get('k'), 12, 'the current value stays')
+  assert.deepEqual(events[1], { key: 'k', value: 12, error: boom })
+})
+
+test('cache-manager behaviours: nested wraps of other caches share no state; disconnect closes the cache', async (t) => {
+  const { cm } = await managerOf(t, {})
+  const other = (await managerOf(t, {})).cm
+  let a = 0
+  let b = 0
+  const got = await cm.wrap('k', async () =>
+    other
+      .wrap('k', () => {
+        b++
+        return 'B'
+      })
+      .then((v) => {
+        a++
+        return `${v}A`
+      }),
+  )
+  assert.equal(got, 'BA')
+  assert.deepEqual([a, b], [1, 1])
+  assert.equal(await other.get('k'), 'B')
+  assert.equal(await other.disconnect(), undefined)
+  await assert.rejects(other.get('k'), { code: 'ERR_CLOSED' })
+  assert.equal(await cm.get('k'), 'BA', 'the other cache is untouched')
 })

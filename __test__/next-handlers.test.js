@@ -350,3 +350,126 @@ test('tag keys expire a year after the last revalidation; entries live a year at
   const shortLeft = await pttl(`${ns2}:tag:{posts}`)
   assert.ok(shortLeft > 0 && shortLeft <= 60_000 + MARGIN, `PTTL ${shortLeft} ≈ 60 s`)
 })
+
+// ---- maxEntryBytes, and records validated before Next is handed them ----------------------------
+
+test('maxEntryBytes: bad values throw ERR_INVALID_OPTION naming it; Infinity turns the cap off', () => {
+  for (const create of [createUseCacheHandler, createIncrementalCacheHandler]) {
+    for (const bad of [0, -1, 1.5, Number.NaN, '4mb', null]) {
+      assert.throws(
+        () => create({ maxEntryBytes: bad }),
+        (e) => e.code === 'ERR_INVALID_OPTION' && /maxEntryBytes/.test(e.message),
+        String(bad),
+      )
+    }
+    const made = create({ maxEntryBytes: Number.POSITIVE_INFINITY })
+    open.push(made.cache)
+  }
+})
+
+test('"use cache": an entry over maxEntryBytes is served from its render, not stored, counted and reported; the stream is not read past the cap; waiters are freed at once', async () => {
+  const ns = newNamespace('next')
+  const errors = []
+  const onError = (err, info) => errors.push({ code: err.code, message: err.message, info })
+  const a = useCache({ namespace: ns, maxEntryBytes: 10_000, lockTtl: 60_000, onError })
+  const b = useCache({ namespace: ns, maxEntryBytes: 10_000, lockTtl: 60_000, onError })
+  const big = new Uint8Array(50_000).fill(7)
+  // The render serves its own bytes whatever the cache does with them.
+  const first = await render(a, 'big', async () => ({ bytes: big }))
+  assert.equal(first.hit, false)
+  assert.equal(first.bytes.length, 50_000)
+  await sleep(100)
+  assert.equal(await b.get('big', []), undefined, 'not stored: a miss elsewhere too')
+  // b now leads 'big'; a waits for it, and is freed by b's oversized set at once, not after lockTtl.
+  const waiting = a.get('big', [])
+  await sleep(50)
+  // A stream whose chunks are pulled one at a time: reading stops once the cap is passed.
+  let pulled = 0
+  const stream = new ReadableStream({
+    pull(c) {
+      pulled++
+      if (pulled > 100) c.close()
+      else c.enqueue(new Uint8Array(1_000))
+    },
+  })
+  await b.set('big', Promise.resolve({ ...entry(new Uint8Array(0)), value: stream }))
+  const freed = await Promise.race([waiting, sleep(10_000).then(() => 'still waiting')])
+  assert.equal(freed, undefined, 'the waiter is answered a miss, so its instance renders')
+  assert.ok(pulled <= 12, `read ${pulled} chunks of 1,000 bytes for a cap of 10,000`)
+  assert.equal(a.stats().oversizedEntries + b.stats().oversizedEntries, 2)
+  assert.equal(errors.length, 2)
+  for (const e of errors) {
+    assert.equal(e.code, 'ERR_ENTRY_TOO_LARGE')
+    assert.match(e.message, /maxEntryBytes \(10000\)/)
+    assert.equal(e.info.op, 'next:set')
+  }
+  // Under the cap: stored as before.
+  await render(a, 'small', async () => ({ bytes: new Uint8Array(9_000).fill(1) }))
+  await sleep(100)
+  const hit = await b.get('small', [])
+  assert.equal((await readBytes(hit.value)).length, 9_000)
+})
+
+test('incremental cache: an entry over maxEntryBytes (the 4 MiB default) is not stored and is reported; one under it is', async () => {
+  const ns = newNamespace('next')
+  const errors = []
+  const C = incremental({ namespace: ns, onError: (err) => errors.push(err.code) })
+  const route = (bytes) => ({ kind: 'APP_ROUTE', body: Buffer.alloc(bytes, 1), status: 200, headers: { 'content-type': 'text/plain' } })
+  await new C({}).get('/big', { kind: 'APP_ROUTE' })
+  await new C({}).set('/big', route(5 * 1024 * 1024), { cacheControl: { revalidate: 60, expire: 3600 } })
+  assert.equal(await new C({}).get('/big', { kind: 'APP_ROUTE' }), null)
+  await new C({}).get('/fits', { kind: 'APP_ROUTE' })
+  await new C({}).set('/fits', route(3 * 1024 * 1024), { cacheControl: { revalidate: 60, expire: 3600 } })
+  assert.equal((await new C({}).get('/fits', { kind: 'APP_ROUTE' })).value.body.length, 3 * 1024 * 1024)
+  assert.deepEqual(errors, ['ERR_ENTRY_TOO_LARGE'])
+  assert.equal(C.stats().oversizedEntries, 1)
+})
+
+test('records of the wrong shape at a key (another writer, corruption) are misses, never handed to Next; counted', async () => {
+  const ns = newNamespace('next')
+  const { StampedeCache } = require('../index.js')
+  const writer = new StampedeCache({ redis: redis.url, namespace: ns, serializer: 'v8' })
+  open.push(writer)
+  const C = incremental({ namespace: ns })
+  const page = { kind: 'APP_PAGE', html: '<p>ok</p>', rscData: Buffer.from('rsc'), status: 200, headers: {}, segmentData: new Map([['/a', Buffer.from('s')]]) }
+  const incrementalCases = {
+    valid: { lastModified: 1, value: page, cacheControl: { revalidate: 60, expire: 3600 } },
+    deleted: { lastModified: 1, value: null },
+    noValue: { lastModified: 1 },
+    badTime: { lastModified: 'yesterday', value: page },
+    unknownKind: { lastModified: 1, value: { kind: 'EVIL', html: '<script>' } },
+    htmlNotString: { lastModified: 1, value: { ...page, html: { toString: 1 } } },
+    rscNotBytes: { lastModified: 1, value: { ...page, rscData: 'rsc' } },
+    segmentsNotBytes: { lastModified: 1, value: { ...page, segmentData: new Map([['/a', 'str']]) } },
+    badStatus: { lastModified: 1, value: { ...page, status: 'teapot' } },
+    badHeaders: { lastModified: 1, value: { ...page, headers: { a: { nested: true } } } },
+    fetchBodyNotString: { lastModified: 1, value: { kind: 'FETCH', data: { headers: {}, body: 5, url: 'http://x/' }, revalidate: 60 } },
+    badCacheControl: { lastModified: 1, value: page, cacheControl: { revalidate: 'soon' } },
+    notAnObject: 'a string',
+  }
+  for (const [name, record] of Object.entries(incrementalCases)) await writer.set(['next:incremental', name], record)
+  for (const name of Object.keys(incrementalCases)) {
+    const got = await new C({}).get(name, { kind: 'APP_PAGE' })
+    if (name === 'valid') assert.deepEqual(got.value, page)
+    else if (name === 'deleted') assert.equal(got.value, null)
+    else assert.equal(got, null, name)
+  }
+  assert.equal(C.stats().invalidRecords, Object.keys(incrementalCases).length - 2)
+
+  const u = useCache({ namespace: ns })
+  const good = { value: new Uint8Array([1, 2]), tags: ['t'], stale: 300, timestamp: Date.now(), expire: 3600, revalidate: 900 }
+  const useCases = {
+    valid: good,
+    tagsNotStrings: { ...good, tags: [1, 2] },
+    staleNaN: { ...good, stale: Number.NaN },
+    negativeExpire: { ...good, expire: -1 },
+    valueNotBytes: { ...good, value: 'bytes' },
+  }
+  for (const [name, record] of Object.entries(useCases)) await writer.set(['next:use-cache', name], record)
+  for (const name of Object.keys(useCases)) {
+    const got = await u.get(name, [])
+    if (name === 'valid') assert.deepEqual(await readBytes(got.value), new Uint8Array([1, 2]))
+    else assert.equal(got, undefined, name)
+  }
+  assert.equal(u.stats().invalidRecords, Object.keys(useCases).length - 1)
+})

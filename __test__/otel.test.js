@@ -233,6 +233,21 @@ test("spans: one per loader call, under the caller's span, with what the loader 
   assert.ok(!JSON.stringify(spans.map((s) => s.attributes)).includes('user:42'), 'the key itself is nowhere')
 })
 
+test('spans: an Error from another realm (a vm context) is recorded as an exception, with its message', async (t) => {
+  const { tracerProvider, exporter } = tracingSdk(t)
+  const cache = new StampedeCache()
+  t.after(() => cache.close())
+  instrument(cache, { tracerProvider, metrics: false })
+  const foreign = require('node:vm').runInNewContext('new Error("from a sandbox")')
+  await assert.rejects(
+    cache.getOrLoad('v:1', () => Promise.reject(foreign)),
+    (err) => err === foreign,
+  )
+  const [span] = exporter.getFinishedSpans()
+  assert.equal(span.status.message, 'from a sandbox')
+  assert.equal(span.events.filter((e) => e.name === 'exception').length, 1)
+})
+
 test('spans: a failed or timed-out load is an error span; keys omitted, raw or mapped by option; stop() ends the spans', { timeout: 30_000 }, async (t) => {
   const { tracerProvider, exporter } = tracingSdk(t)
   const mk = (keys) => {

@@ -22,6 +22,7 @@ const {
   isClosedError,
   isAbortSignal,
   withSignal,
+  isError,
 } = require('./errors.js')
 const {
   loadChannel,
@@ -695,7 +696,7 @@ class StampedeCache {
         }
         settle((e, i) => {
           const r = results[i]
-          if (r instanceof Error) e.reject(r)
+          if (isError(r)) e.reject(r)
           else e.resolve(r)
         })
       }, failAll)

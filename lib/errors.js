@@ -3,6 +3,8 @@
 // makers of each kind, and the rewrapping of the binding's errors; and a caller's AbortSignal,
 // which rejects that caller alone with an AbortError.
 
+const { types } = require('node:util')
+
 /** An error raised by stampede-cache itself; `code` is stable (see README, "Errors"). */
 class StampedeCacheError extends Error {
   constructor(code, message, options) {
@@ -44,9 +46,15 @@ function redisError(op) {
   return new StampedeCacheError('ERR_REDIS', `Redis could not take the ${op}: it is applied in this process only (see onError for why)`)
 }
 
+// An Error whatever realm made it: a vm context's or a test sandbox's Error fails `instanceof
+// Error` here (its prototype chain is its realm's), and treating it as a value would cache it.
+function isError(x) {
+  return x instanceof Error || types.isNativeError(x)
+}
+
 function abortError(signal) {
   const reason = signal.reason
-  if (reason instanceof Error && reason.name === 'AbortError') return reason
+  if (isError(reason) && reason.name === 'AbortError') return reason
   const err = new Error('The operation was aborted', { cause: reason })
   err.name = 'AbortError'
   err.code = 'ABORT_ERR'
@@ -96,4 +104,5 @@ module.exports = {
   withSignal,
   notSerializable,
   isClosedError,
+  isError,
 }
