@@ -517,6 +517,42 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_keeps_the_earliest_stale_window_not_over_and_folds_one_that_is() {
+        let inbox = Inbox::default();
+        let b = tag_bucket("t");
+        assert_eq!(inbox.judge(0, &[b], 0.0), Verdict::Live);
+        inbox.stale_tag(b, 2, 1_000.0, 0.0);
+        assert_eq!(inbox.judge(1, &[b], 500.0), Verdict::Stale);
+        assert_eq!(inbox.judge(2, &[b], 500.0), Verdict::Live, "born at it");
+        // A later mark with a later window (or none) keeps the earlier one while it runs.
+        inbox.stale_tag(b, 3, f64::INFINITY, 500.0);
+        assert_eq!(inbox.tag_stale_until(b), 1_000.0);
+        assert_eq!(
+            inbox.judge(1, &[b], 1_000.0),
+            Verdict::Dead,
+            "the window is over"
+        );
+        assert_eq!(inbox.judge(2, &[b], 999.0), Verdict::Stale);
+        // Once over, a new mark turns the old one into a death and starts its own window.
+        inbox.stale_tag(b, 4, 5_000.0, 2_000.0);
+        assert_eq!(
+            inbox.tag_clock(b),
+            3,
+            "what the old window made stale stays dead"
+        );
+        assert_eq!(inbox.tag_stale_until(b), 5_000.0);
+        assert_eq!(inbox.judge(3, &[b], 2_000.0), Verdict::Stale);
+        assert_eq!(inbox.judge(2, &[b], 2_000.0), Verdict::Dead);
+        // An older or repeated message changes nothing it should not.
+        let epoch = inbox.fresh().epoch();
+        inbox.stale_tag(b, 4, 5_000.0, 2_000.0);
+        assert_eq!(inbox.fresh().epoch(), epoch);
+        assert_eq!(inbox.judge(4, &[b], 2_000.0), Verdict::Live);
+        inbox.clear_at(9);
+        assert_eq!(inbox.judge(8, &[], 0.0), Verdict::Dead);
+    }
+
+    #[test]
     fn stamps_change_with_their_keys_invalidation_or_a_clear_all() {
         let inbox = Inbox::default();
         let a = inbox.stamp("a");
