@@ -110,6 +110,21 @@ test('expireByTag: every entry carrying one of the tags turns stale (index inclu
   assert.equal((await cache.inspect('c')).state, 'stale')
 })
 
+test('expireByTag: the fresh-hit index stops answering a tagged entry fresh at once', async (t) => {
+  const cache = new StampedeCache({ ttl: 60_000 })
+  t.after(() => cache.close())
+  await cache.set('k', 'old', { tags: ['t'] })
+  const loader = counted('new')
+  // Plain reads of the key: answered by the index once the engine proved it fresh.
+  for (let i = 0; i < 3; i++) assert.equal(await cache.getOrLoad('k', loader), 'old')
+  assert.equal(await cache.get('k'), 'old')
+  await cache.expireByTag('t')
+  assert.equal(await cache.getOrLoad('k', loader), 'old', 'served stale')
+  await cache.settle()
+  assert.equal(loader.calls, 1, 'and refreshed')
+  assert.equal(await cache.getOrLoad('k', loader), 'new')
+})
+
 test('expire and expireByTag refuse bad input with a code, and reject once closed', async () => {
   const cache = new StampedeCache()
   await assert.rejects(cache.expire(''), { code: 'ERR_INVALID_KEY' })
