@@ -1,3 +1,4 @@
+/// <reference types="node" />
 /**
  * stampede-cache: stops cache stampedes. One load per key per process (coalescing), stale values
  * served at once while one worker refreshes (stale-while-revalidate), XFetch early refresh, TTL
@@ -164,6 +165,18 @@ export interface RedisTlsOptions {
 export interface RedisOptions {
   /** `redis://`, `rediss://` (TLS), `valkey://`, `valkeys://` or `unix://`; user, password and db index in the URL. */
   url?: string | undefined
+  /**
+   * ioredis's spelling, naming the server the URL would: `host` (default `'localhost'`) and
+   * `port` (default 6379), or `path` (a Unix socket); `username`, `password` and `db` (with
+   * `url` too, when the URL carries none of them: each part is given once; with `sentinels`,
+   * the primary's; with `cluster`, every seed's credentials). `tls` makes it `rediss://`.
+   */
+  host?: string | undefined
+  port?: number | undefined
+  path?: string | undefined
+  username?: string | undefined
+  password?: string | undefined
+  db?: number | undefined
   tls?: RedisTlsOptions | undefined
   /** Redis Cluster: seed node URLs (one is enough); slots, MOVED/ASK and failover are followed. */
   cluster?: string[] | undefined
@@ -241,7 +254,9 @@ export interface StampedeCacheOptions<S extends SerializerOption = SerializerOpt
   waitUntil?: ((p: Promise<unknown>) => void) | undefined
   /**
    * Background failures: refresh errors (whatever the loader threw, which need not be an `Error`)
-   * and Redis errors (`StampedeCacheError` with code `ERR_REDIS`).
+   * and Redis errors (`StampedeCacheError` with code `ERR_REDIS`). Absent: an outage's first Redis
+   * failure and its recovery are each told once through `process.emitWarning` (code
+   * `'STAMPEDE_CACHE_REDIS'`), never once per call.
    */
   onError?: ((err: unknown, info: ErrorInfo) => void) | undefined
 }

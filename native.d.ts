@@ -287,6 +287,12 @@ export declare const HIT_STATES: string[]
 export declare function inspectEntry(id: number, key: string): EntryInfo | null
 
 /**
+ * Why Redis could not take the latest change it refused: the latest failure's message,
+ * scrubbed as `take_redis_reports` scrubs them (null: none known).
+ */
+export declare function lastRedisFailure(id: number): string | null
+
+/**
  * What a loader returned, as the facade hands it to `complete` or `writeBack`: the loader's
  * time, whether it found nothing, the policy `ctx.setTtl` left (null: the call's defaults),
  * the tags and the serialized size. One object: each is a fact only the facade has. (An
@@ -451,6 +457,11 @@ export interface RedisReport {
   op: string
   key?: string
   message: string
+  /**
+   * `'down'`: the failure that began an outage; `'up'`: Redis answers again after one (not a
+   * failure: the facade never hands it to `onError`); absent for any other failure.
+   */
+  outage?: string
 }
 
 /**

@@ -890,6 +890,7 @@ module.exports.HIT_REFRESH = nativeBinding.HIT_REFRESH
 module.exports.HIT_SLOT_SHIFT = nativeBinding.HIT_SLOT_SHIFT
 module.exports.HIT_STATES = nativeBinding.HIT_STATES
 module.exports.inspectEntry = nativeBinding.inspectEntry
+module.exports.lastRedisFailure = nativeBinding.lastRedisFailure
 module.exports.LOCK_GAVE_UP = nativeBinding.LOCK_GAVE_UP
 module.exports.LOCK_NONE = nativeBinding.LOCK_NONE
 module.exports.LOCK_OUTCOMES = nativeBinding.LOCK_OUTCOMES

@@ -1,3 +1,4 @@
+/// <reference types="node" />
 /**
  * stampede-cache/nestjs: a NestJS module providing a `StampedeCache` for injection and closing it on
  * application shutdown. Needs `@nestjs/common` and `@nestjs/core` (peer dependencies).

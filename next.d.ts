@@ -1,3 +1,4 @@
+/// <reference types="node" />
 /**
  * stampede-cache/next: the two cache handlers of Next.js 16, on a StampedeCache shared by every
  * instance through Redis.

@@ -1,3 +1,4 @@
+/// <reference types="node" />
 /**
  * stampede-cache/otel: OpenTelemetry metrics and load spans for a StampedeCache. Needs
  * `@opentelemetry/api` (an optional peer dependency) and an SDK that provides the meter and

@@ -1,3 +1,4 @@
+/// <reference types="node" />
 /**
  * stampede-cache/prometheus: a StampedeCache's figures as prom-client metrics, labelled by
  * namespace. Needs `prom-client` (an optional peer dependency). The metrics are listed in the

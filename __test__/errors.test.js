@@ -365,6 +365,26 @@ describe('ERR_INVALID_OPTION', () => {
 })
 
 // ---------------------------------------------------------------------------------------------
+test("a number where a call's options go (cache-manager's ttl argument) says to pass { ttl }", async () => {
+  const cache = new StampedeCache()
+  try {
+    const says = (method) => (err) => err.code === 'ERR_INVALID_OPTION' && err.message.includes('{ ttl: 5000 }') && err.message.includes(method)
+    await assert.rejects(cache.set('k', 'v', 5000), says('set'))
+    await assert.rejects(
+      cache.getOrLoad('k', () => 'v', 5000),
+      says('getOrLoad'),
+    )
+    await assert.rejects(
+      cache.getOrLoadMany(['k'], (ks) => ks, 5000),
+      says('getOrLoadMany'),
+    )
+    await assert.rejects(cache.set('k', 'v', 'x'), (err) => err.code === 'ERR_INVALID_OPTION' && /got string/.test(err.message))
+    assert.equal(await cache.get('k'), undefined, 'nothing was set')
+  } finally {
+    await cache.close()
+  }
+})
+
 describe('ERR_VALUE_NOT_SERIALIZABLE', () => {
   const cyclic = { name: 'c' }
   cyclic.me = cyclic
@@ -375,7 +395,42 @@ describe('ERR_VALUE_NOT_SERIALIZABLE', () => {
     ['function', function f() {}],
     ['arrow function', () => 1],
     ['symbol', Symbol('s')],
+    ['Map', new Map([['a', 1]])],
+    ['Set', new Set([1])],
   ]
+
+  test("a top-level Map or Set under 'json' is refused, pointing to serializer: 'v8'; everywhere a value is stored", async () => {
+    const cache = new StampedeCache()
+    const v8 = new StampedeCache({ serializer: 'v8' })
+    try {
+      const hint = (err) => err.code === 'ERR_VALUE_NOT_SERIALIZABLE' && /serializer: 'v8'/.test(err.message) && /\b(Map|Set)\b/.test(err.message)
+      class Registry extends Map {}
+      for (const value of [new Map([['a', 1]]), new Set(['x']), new Registry(), new Map()]) {
+        await assert.rejects(
+          cache.getOrLoad(['m', value.constructor.name, value.size], () => value),
+          hint,
+        )
+        await assert.rejects(cache.set('m', value), hint)
+        const [ok, bad] = await cache.getOrLoadMany(['ok', ['many', value.size]], (ks) => ks.map((k) => (k === 'ok' ? 1 : value)))
+        assert.equal(ok, 1)
+        assert.ok(bad instanceof Error && hint(bad), String(bad))
+        assert.equal(await cache.inspect(['many', value.size]), undefined, 'nothing cached')
+      }
+      // Nested ones are JSON's business ({}), as JSON.stringify decides; a toJSON of its own is honoured.
+      assert.deepEqual(await cache.getOrLoad('nested', () => ({ m: new Map([['a', 1]]) })), { m: {} })
+      class Jsonable extends Map {
+        toJSON() {
+          return Object.fromEntries(this)
+        }
+      }
+      assert.deepEqual(await cache.getOrLoad('jsonable', () => new Jsonable([['a', 1]])), { a: 1 })
+      // What the hint points to works.
+      const m = await v8.getOrLoad('m', () => new Map([['a', 1]]))
+      assert.ok(m instanceof Map && m.get('a') === 1)
+    } finally {
+      await Promise.all([cache.close(), v8.close()])
+    }
+  })
 
   test('getOrLoad and set reject every non-JSON value; nothing cached; an existing entry survives set', async () => {
     const cache = new StampedeCache()

@@ -16,7 +16,10 @@ const root = path.join(__dirname, '..')
 // A directory link that needs no privileges on Windows.
 const DIR_LINK = process.platform === 'win32' ? 'junction' : 'dir'
 const fixtures = path.join(__dirname, 'fixtures', 'types')
-const tsc = path.join(path.dirname(require.resolve('typescript/package.json', { paths: [root] })), 'bin', 'tsc')
+const tscOf = (pkg) => path.join(path.dirname(require.resolve(`${pkg}/package.json`, { paths: [root] })), 'bin', 'tsc')
+const tsc = tscOf('typescript')
+// TypeScript 7 (the native compiler, a dev dependency under the name typescript7), beside 6.
+const tsc7 = tscOf('typescript7')
 
 const CONFIGS = {
   // A classic CommonJS project: module commonjs, the default resolution.
@@ -27,8 +30,11 @@ const CONFIGS = {
   'nodenext-esm': { type: 'module', compilerOptions: { module: 'nodenext' } },
 }
 
-/** A fresh app with the package as published (its `files`) and @types/node, ready for tsc. */
-function makeApp(t, name, config) {
+/**
+ * A fresh app with the package as published (its `files`) and @types/node, ready for tsc.
+ * `files`: the fixtures it compiles; `types`: tsconfig's (null: none named, the compiler's default).
+ */
+function makeApp(t, name, config, { files = ['cases.ts', 'lie.ts'], types = ['node'] } = {}) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `sc-types-${name}-`))
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }))
   const pkgDir = path.join(dir, 'node_modules', 'stampede-cache')
@@ -37,27 +43,27 @@ function makeApp(t, name, config) {
   for (const file of ['package.json', ...pkg.files]) fs.cpSync(path.join(root, file), path.join(pkgDir, file))
   fs.mkdirSync(path.join(dir, 'node_modules', '@types'))
   fs.symlinkSync(path.join(root, 'node_modules', '@types', 'node'), path.join(dir, 'node_modules', '@types', 'node'), DIR_LINK)
-  for (const file of ['cases.ts', 'lie.ts']) fs.copyFileSync(path.join(fixtures, file), path.join(dir, file))
+  for (const file of files) fs.copyFileSync(path.join(fixtures, file), path.join(dir, file))
   fs.writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ name: `types-${name}`, private: true, type: config.type }))
   const tsconfig = {
     compilerOptions: {
       strict: true,
       exactOptionalPropertyTypes: true,
       target: 'es2022',
-      types: ['node'],
+      ...(types !== null && { types }),
       skipLibCheck: false,
       noEmit: true,
       ...config.compilerOptions,
     },
-    files: ['cases.ts', 'lie.ts'],
+    files,
   }
   fs.writeFileSync(path.join(dir, 'tsconfig.json'), JSON.stringify(tsconfig, null, 2))
   return dir
 }
 
-function runTsc(dir) {
+function runTsc(dir, compiler = tsc) {
   return new Promise((resolve) => {
-    execFile(process.execPath, [tsc, '-p', dir, '--pretty', 'false'], { cwd: dir, timeout: 240_000 }, (err, stdout, stderr) => {
+    execFile(process.execPath, [compiler, '-p', dir, '--pretty', 'false'], { cwd: dir, timeout: 240_000 }, (err, stdout, stderr) => {
       resolve({ code: err ? (err.code ?? err.signal) : 0, output: `${stdout}${stderr}` })
     })
   })
@@ -75,7 +81,47 @@ function expectedLies() {
   return out.sort()
 }
 
+// A project that uses no Node.js global itself and names no `types` (TypeScript 6 and 7 then
+// load none, @types/node installed or not): each entry's declarations must find what they use of
+// Node's types themselves (`Buffer`, `node:events`), or tsc fails inside them ("Cannot find name
+// 'Buffer'"). One compilation per entry: one that loads Node's types would hide another's lack.
+const ENTRIES = ['stampede-cache', 'stampede-cache/nestjs', 'stampede-cache/next', 'stampede-cache/otel', 'stampede-cache/prometheus']
+for (const [version, compiler] of [
+  ['6', tsc],
+  ['7', tsc7],
+]) {
+  test(`types (TypeScript ${version}): strict, the default \`types\` (none named): every entry's declarations find Node's types themselves`, {
+    timeout: 300_000,
+  }, async (t) => {
+    const failures = []
+    for (const [i, entry] of ENTRIES.entries()) {
+      const dir = makeApp(t, `no-types-${version}-${i}`, CONFIGS['nodenext-esm'], { files: [], types: null })
+      fs.writeFileSync(path.join(dir, 'entry.ts'), `import * as entry from '${entry}'\nexport const used: object = entry\n`)
+      const tsconfig = JSON.parse(fs.readFileSync(path.join(dir, 'tsconfig.json'), 'utf8'))
+      tsconfig.files = ['entry.ts']
+      fs.writeFileSync(path.join(dir, 'tsconfig.json'), JSON.stringify(tsconfig))
+      const { code, output } = await runTsc(dir, compiler)
+      if (code !== 0) failures.push(`${entry}:\n${output}`)
+    }
+    assert.deepEqual(failures, [])
+  })
+}
+
 for (const [name, config] of Object.entries(CONFIGS)) {
+  test(`types (TypeScript 7): strict + exactOptionalPropertyTypes, ${name}: every case holds, and only lie.ts's lies are reported`, {
+    timeout: 300_000,
+  }, async (t) => {
+    const dir = makeApp(t, `ts7-all-${name}`, config)
+    const { output } = await runTsc(dir, tsc7)
+    const errors = [...output.matchAll(/^(\S+?\.ts)\((\d+),\d+\): error (TS\d+)/gm)].map(([, file, line, ts]) => `${file}:${line}:${ts}`)
+    assert.deepEqual(
+      errors.filter((e) => !e.startsWith('lie.ts:')),
+      [],
+      `cases.ts and the declarations must compile under tsc 7:\n${output}`,
+    )
+    assert.deepEqual(errors.sort(), expectedLies(), `exactly the marked lies must be reported by tsc 7:\n${output}`)
+  })
+
   test(`types: strict + exactOptionalPropertyTypes, ${name}: every case holds, and only lie.ts's lies are reported`, { timeout: 300_000 }, async (t) => {
     const dir = makeApp(t, name, config)
     const { code, output } = await runTsc(dir)

@@ -16,8 +16,10 @@ const {
   StampedeCacheError,
   invalidArgument,
   invalidOption,
+  notAnOptionsObject,
   closedError,
   redisError,
+  warnRedisOutage,
   abortError,
   isClosedError,
   isAbortSignal,
@@ -38,12 +40,13 @@ const {
 const { requestScope, withWaitUntil } = require('./scope.js')
 const { UNREADABLE, codecOf, toStored } = require('./codec.js')
 const { checkTags, tagsOption } = require('./keys.js')
-const { Batch, Outcome, ColdKey, checkBatchKeys, keyLengths } = require('./batch.js')
+const { Batch, Outcome, ColdKey, checkBatchKeys, keyLengths, inSlices, LEADING } = require('./batch.js')
 const { FreshIndex } = require('./fresh.js')
 
 const { peek, peekAt, peekGet, beginRefresh, complete, fail, skip, takeReleased, stats, closeEngine, debugCounts, engineId, noteLoaderCall, defaultPolicy } =
   native
-const { redisGate, redisFetch, adopt, adoptRead, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, hasRedis } = native
+const { redisGate, redisFetch, adopt, adoptRead, abandon, writeBack, finishWrite, redisWrite, redisFailed, takeRedisReports, lastRedisFailure, hasRedis } =
+  native
 const { observeInvalidations, takeInvalidations } = native
 const { redisGateMany, redisFetchMany, adoptMany, batchTexts, noteBatchCall, beginBatchRefresh, GATE_WAIT } = native
 // A batch answer's per-key codes (see `Batch` in src/node/batch.rs).
@@ -209,7 +212,7 @@ class StampedeCache {
     if (typeof loadMany !== 'function') {
       throw invalidArgument(`loadMany must be a function, got ${loadMany === null ? 'null' : typeof loadMany}`)
     }
-    const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : this.#callOptions(options)
+    const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : this.#callOptions(options, 'getOrLoadMany')
     const n = keys.length
     const out = new Array(n)
     // Hits first, on getOrLoad's hot path (a string key), the other positions below. Options
@@ -380,12 +383,15 @@ class StampedeCache {
     const settledOne = () => {
       if (--pending === 0 && finish !== null) finish()
     }
-    for (let j = 0; j < rest.length; j++) {
+    // Each key in turn, in slices of the thread's time (inSlices): `lead(j)` serves, joins or
+    // leads key j. `pending` and `b.undecided` are held (LEADING) until every slice has run, so
+    // neither the call nor the first loadMany call ends with the first slice's keys.
+    const lead = (j) => {
       const k = encoded[j]
       const seen = indexOf.get(k)
       if (seen !== undefined) {
         at[j] = seen
-        continue
+        return
       }
       at[j] = answers.length
       indexOf.set(k, answers.length)
@@ -398,7 +404,7 @@ class StampedeCache {
         if (m & HIT_REFRESH) (stale ??= []).push({ k, key: keys[rest[j]], value })
         answers.push(value)
         outcome.push(false)
-        continue
+        return
       }
       if (!readFirst && missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
       pending++
@@ -406,7 +412,7 @@ class StampedeCache {
       if (kind !== STEP_LEAD) {
         if (coalesceChannel.hasSubscribers) coalesceChannel.publish({ cache: this, namespace: this.#namespace, key: k })
         answers.push(new Outcome(settledOne).follow(this.#flights.get(m)))
-        continue
+        return
       }
       b.lead(k, keys[rest[j]])
       if (gated) {
@@ -419,28 +425,16 @@ class StampedeCache {
         this.#flights.hold(m, c)
         cold.push(c)
         answers.push(c)
-        continue
+        return
       }
       const decided = () => this.#batchDecided(b, k)
-      const load = this.#lead(k, m, this.#batchLoader(b, k), b.keyPolicy, force ? this.#currentValue(k) : undefined, b.purpose, waitUntil, tags, b)
+      const load = this.#lead(k, m, this.#batchLoader(b, k, m), b.keyPolicy, force ? this.#currentValue(k) : undefined, b.purpose, waitUntil, tags, b)
       load.then(decided, decided)
       answers.push(new Outcome(settledOne).follow(load))
     }
-    // Once the flights are registered: a subscriber that calls the cache joins them.
-    this.#publishInvalidations()
-    // The call's stale keys, and those its cold keys found stale in Redis, in one refresh.
-    b.refreshLate = (entries) => this.#refreshMany(entries, loadMany, policy, waitUntil, tags)
-    b.passed = () => {
-      const found = b.staleFound
-      b.staleFound = null
-      const entries = stale === null ? found : found.length === 0 ? stale : [...stale, ...found]
-      if (entries.length > 0) b.refreshLate(entries)
-    }
-    if (b.undecided.size === 0) {
-      b.gatesPassed = true
-      b.passed()
-    }
+    let failed
     const settled = new Promise((resolve, reject) => {
+      failed = reject
       finish = () => {
         if (b.error !== null) return reject(b.error)
         for (let j = 0; j < rest.length; j++) {
@@ -456,8 +450,33 @@ class StampedeCache {
         resolve(out)
       }
     })
-    if (cold.length > 0) this.#batchGates(b, cold, waitUntil, tags, looked)
-    if (pending === 0) finish()
+    pending++
+    b.undecided.add(LEADING)
+    const led = () => {
+      // Once the flights are registered: a subscriber that calls the cache joins them.
+      this.#publishInvalidations()
+      // The call's stale keys, and those its cold keys found stale in Redis, in one refresh.
+      b.refreshLate = (entries) => this.#refreshMany(entries, loadMany, policy, waitUntil, tags)
+      b.passed = () => {
+        const found = b.staleFound
+        b.staleFound = null
+        const entries = stale === null ? found : found.length === 0 ? stale : [...stale, ...found]
+        if (entries.length > 0) b.refreshLate(entries)
+      }
+      if (cold.length > 0) this.#batchGates(b, cold, waitUntil, tags, looked)
+      this.#batchDecided(b, LEADING)
+      settledOne()
+    }
+    // A slice that throws (the cache closed between slices) rejects the call, and the keys led
+    // so far still go on (to their loadMany call, or to ERR_CLOSED): a caller joined on one of
+    // them is answered, never left waiting for a round that would never fire.
+    const abandoned = (err) => {
+      failed(err)
+      try {
+        led()
+      } catch {}
+    }
+    inSlices(rest.length, lead, led, abandoned)
     return signal ? withSignal(settled, signal) : settled
   }
 
@@ -477,7 +496,7 @@ class StampedeCache {
     const run = (c, gate) => {
       // Without a gate here, #runFlight asks for the key's own.
       if (gate !== undefined) b.gates.set(c.k, gate)
-      c.follow(this.#runFlight(c.k, c.flight, this.#batchLoader(b, c.k), b.keyPolicy, undefined, PURPOSE_COLD, waitUntil, tags, b))
+      c.follow(this.#runFlight(c.k, c.flight, this.#batchLoader(b, c.k, c.flight), b.keyPolicy, undefined, PURPOSE_COLD, waitUntil, tags, b))
     }
     const each = (batch) => {
       const [codes, texts, freshUntil, others, found, reported] = batch
@@ -494,32 +513,37 @@ class StampedeCache {
       this.#fillMany(adopted, values)
       // After the values are in place: a subscriber may read the cache.
       this.#publishInvalidations()
-      for (let i = 0; i < cold.length; i++) {
+      // Each key's flight ends or runs from here: in slices of the thread's time (inSlices).
+      const answer = (i) => {
         const c = cold[i]
         const code = codes[i]
         if (code >= 0) {
           if (flights[i] < 0) {
             run(c, undefined)
-            continue
+            return
           }
           const value = values[i]
           if (hitChannel.hasSubscribers) this.#publishHit(c.k, 'redis', HIT_STATES[(code >> BATCH_STATE_SHIFT) & 3])
           // A stale value served from Redis is refreshed with the batch's (its basis: this copy).
           if (adopted[i] & 1) b.stale(c.k, value, freshUntil[i])
           c.resolve(value)
-          continue
+          return
         }
         const a = others[-1 - code]
         if (a.kind === GATE_WAIT) {
           this.#batchDecided(b, c.k)
           run(c, this.#gate(c.k, PURPOSE_COLD, PURPOSE_COLD, c.flight))
-          continue
+          return
         }
         if (a.lock !== LOCK_NONE && lockChannel.hasSubscribers) {
           lockChannel.publish({ cache: this, namespace: this.#namespace, key: c.k, reason: REASONS[PURPOSE_COLD], outcome: LOCK_OUTCOMES[a.lock] })
         }
         if (a.kind !== GATE_FOUND || !this.#servedFromRedis(b, c, a)) run(c, a)
       }
+      inSlices(cold.length, answer, noop, (err) => {
+        // Never expected: the keys not yet answered fail alone, as a loadMany failure would.
+        for (const c of cold) c.reject(err)
+      })
     }
     const names = cold.map((c) => c.k)
     let asked
@@ -603,10 +627,11 @@ class StampedeCache {
   }
 
   // A led key's loader: hands the key (and its ctx) to the batch's next loadMany call.
-  #batchLoader(b, k) {
+  // `flight`: the key's, whose end the results' slices wait for (#callLoadMany).
+  #batchLoader(b, k, flight) {
     return (ctx) =>
       new Promise((resolve, reject) => {
-        b.round.push({ k, ctx, resolve, reject })
+        b.round.push({ k, ctx, resolve, reject, flight })
         this.#batchDecided(b, k)
       })
   }
@@ -654,7 +679,23 @@ class StampedeCache {
       settled = true
       clearTimeout(timer)
       this.#loads.delete(control)
-      for (let i = 0; i < entries.length; i++) each(entries[i], i)
+      // Each key's flight goes on from here (serialized, written, its callers answered): in
+      // slices, so that a large batch never holds the event loop for all its keys at once. With
+      // Redis a slice waits for the previous one's flights to end (their writes answered): the
+      // answers of every key's write would otherwise arrive in one turn of the loop.
+      const ends = []
+      const pause = () => {
+        const waiting = ends.splice(0)
+        return waiting.length === 0 ? undefined : Promise.allSettled(waiting)
+      }
+      const one = (i) => {
+        const e = entries[i]
+        each(e, i)
+        if (!this.#redis) return
+        const flight = this.#flights.get(e.flight)
+        if (flight !== undefined) ends.push(flight)
+      }
+      inSlices(entries.length, one, noop, (err) => this.#report(err, 'loadMany', undefined), pause)
     }
     const failAll = (err) => settle((e) => e.reject(err))
     if (b.timeout !== Infinity) {
@@ -707,18 +748,36 @@ class StampedeCache {
   #refreshMany(entries, loadMany, policy, waitUntil, tags) {
     const b = this.#newBatch(loadMany, policy, PURPOSE_REFRESH)
     const loads = []
-    for (const { k, key, value, seen = -1 } of entries) {
+    // Led in slices of the thread's time (inSlices), the loadMany call held (LEADING) until
+    // every key is led; `done` is handed to waitUntil now all the same, as rule 2 wants.
+    b.undecided.add(LEADING)
+    let allLed = false
+    let ledAll
+    const led = new Promise((resolve) => {
+      ledAll = resolve
+    })
+    const lead = (i) => {
+      const { k, key, value, seen = -1 } = entries[i]
       // The batch is one query: the bound on refreshes running holds its first key only.
       const flight = beginBatchRefresh(this.#id, k, loads.length === 0, seen)
-      if (flight < 0) continue
+      if (flight < 0) return
       b.lead(k, key)
-      const load = this.#lead(k, flight, this.#batchLoader(b, k), b.keyPolicy, value, PURPOSE_REFRESH, undefined, tags, b)
+      const load = this.#lead(k, flight, this.#batchLoader(b, k, flight), b.keyPolicy, value, PURPOSE_REFRESH, undefined, tags, b)
       const decided = () => this.#batchDecided(b, k)
       load.then(decided, decided)
       loads.push(load.then(noop, (err) => this.#report(err, 'refresh', k)))
     }
-    if (loads.length === 0) return
-    const done = Promise.all(loads).then(noop)
+    const end = () => {
+      allLed = true
+      this.#batchDecided(b, LEADING)
+      ledAll()
+    }
+    inSlices(entries.length, lead, end, (err) => {
+      this.#report(err, 'refresh', undefined)
+      end()
+    })
+    if (allLed && loads.length === 0) return
+    const done = led.then(() => Promise.all(loads)).then(noop)
     this.#background.add(done)
     done.then(() => this.#background.delete(done))
     const hook = waitUntil ?? requestScope.getStore() ?? this.#waitUntil
@@ -894,8 +953,8 @@ class StampedeCache {
   }
 
   // A getOrLoad or getOrLoadMany call's options, checked.
-  #callOptions(options) {
-    if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
+  #callOptions(options, method = 'getOrLoad') {
+    if (options === null || typeof options !== 'object') throw notAnOptionsObject(method, options)
     const policy = engine.resolvePolicy(this.#id, options, false)
     const { signal, waitUntil } = options
     const tags = options.tags === undefined ? null : tagsOption(options.tags)
@@ -1184,6 +1243,9 @@ class StampedeCache {
 
   #drainRedisReports() {
     for (const r of takeRedisReports(this.#id)) {
+      // Without onError, an outage's two ends are warned of once each; its end is no failure.
+      if (r.outage !== undefined && r.outage !== null && this.#onError === undefined) warnRedisOutage(r, this.#namespace)
+      if (r.outage === 'up') continue
       const err = new StampedeCacheError('ERR_REDIS', r.message)
       const key = r.key ?? undefined
       if (redisErrorChannel.hasSubscribers) redisErrorChannel.publish({ cache: this, namespace: this.#namespace, op: r.op, key, error: err })
@@ -1309,7 +1371,7 @@ class StampedeCache {
     let policy = null
     let tags = null
     if (options !== undefined) {
-      if (options === null || typeof options !== 'object') throw invalidOption('options', 'must be an object')
+      if (options === null || typeof options !== 'object') throw notAnOptionsObject('set', options)
       policy = engine.resolvePolicy(this.#id, options, true)
       if (options.tags !== undefined) tags = tagsOption(options.tags)
     }
@@ -1324,7 +1386,7 @@ class StampedeCache {
     if (sent === null) return
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('set')
+    if (outcome === UNAVAILABLE) throw redisError('set', lastRedisFailure(this.#id))
   }
 
   async delete(key) {
@@ -1340,7 +1402,7 @@ class StampedeCache {
     if (sent === null) return removed === 1
     const removedRemote = await sent
     this.#drainRedisReports()
-    if (removedRemote === UNAVAILABLE) throw redisError('delete')
+    if (removedRemote === UNAVAILABLE) throw redisError('delete', lastRedisFailure(this.#id))
     return removed === 1 || removedRemote === 1
   }
 
@@ -1359,7 +1421,7 @@ class StampedeCache {
     this.#publishInvalidation(k, 'local')
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('expire')
+    if (outcome === UNAVAILABLE) throw redisError('expire', lastRedisFailure(this.#id))
     return outcome !== 0
   }
 
@@ -1425,7 +1487,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local', list)
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError(op)
+    if (outcome === UNAVAILABLE) throw redisError(op, lastRedisFailure(this.#id))
   }
 
   /**
@@ -1443,7 +1505,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local')
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('clear')
+    if (outcome === UNAVAILABLE) throw redisError('clear', lastRedisFailure(this.#id))
   }
 
   stats() {

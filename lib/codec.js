@@ -2,6 +2,7 @@
 // The value codecs: the serializer option (`'json'`, `'v8'` or a user's { serialize, deserialize }),
 // as what every tier keeps of a value and how a value is read back from Redis.
 const native = require('../binding.js')
+const { isMap, isSet } = require('node:util/types')
 const { invalidOption, notSerializable } = require('./errors.js')
 
 // node:v8 is loaded when the v8 serializer is first used: loading it took 2 ms of a cold
@@ -20,11 +21,27 @@ const UNREADABLE = Symbol('unreadable')
 // `size` (serialized bytes, for l1.maxBytes and stats) and `fmt` (the envelope's format marker).
 // `decode(text, fmt)` reads a value back from Redis, and throws if it cannot.
 
+// A Map or Set at the top is a value JSON would silently store as {} (one nested inside an object
+// is JSON's to decide, as JSON.stringify decides it); one with a toJSON of its own says how.
+function jsonCollection(value) {
+  if (typeof value !== 'object' || value === null || typeof value.toJSON === 'function') return null
+  if (isMap(value)) return 'Map'
+  if (isSet(value)) return 'Set'
+  return null
+}
+
 // JSON semantics: what a hit returns equals JSON.parse(JSON.stringify(value)).
 const JSON_CODEC = {
   kind: 'json',
   fmt: FMT_JSON,
   encode(value) {
+    const collection = jsonCollection(value)
+    if (collection !== null) {
+      const instead = collection === 'Map' ? 'Object.fromEntries(map)' : '[...set]'
+      throw notSerializable(
+        `a ${collection} cannot be stored as JSON (it would read back as {}): pass serializer: 'v8' to the StampedeCache constructor, which keeps Maps and Sets, or store ${instead}`,
+      )
+    }
     let json
     try {
       json = JSON.stringify(value)

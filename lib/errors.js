@@ -38,12 +38,37 @@ function invalidOption(name, why) {
   return new StampedeCacheError('ERR_INVALID_OPTION', `option \`${name}\` ${why}`)
 }
 
+// A call's options that are not an object; a number is cache-manager's ttl argument.
+function notAnOptionsObject(method, options) {
+  if (typeof options === 'number') {
+    return invalidOption('options', `of ${method} must be an object, got the number ${options}: for a ttl of ${options} ms pass { ttl: ${options} }`)
+  }
+  return invalidOption('options', `of ${method} must be an object, got ${options === null ? 'null' : typeof options}`)
+}
+
 function closedError() {
   return new StampedeCacheError('ERR_CLOSED', 'the cache is closed')
 }
 
-function redisError(op) {
-  return new StampedeCacheError('ERR_REDIS', `Redis could not take the ${op}: it is applied in this process only (see onError for why)`)
+// `cause`: the latest Redis failure's message (the binding's, passwords scrubbed), if known.
+function redisError(op, cause) {
+  const why = cause ? `: ${cause}` : ' (Redis is unavailable)'
+  return new StampedeCacheError(
+    'ERR_REDIS',
+    `Redis could not take the ${op}${why}. It is applied in this process only; other instances keep their copies until Redis answers again`,
+  )
+}
+
+// Without onError, an outage's first failure and its end are told once each (README, "Errors"):
+// a Redis that is down, mistyped or refusing the password is never silent.
+const WARNING = { type: 'StampedeCacheWarning', code: 'STAMPEDE_CACHE_REDIS' }
+function warnRedisOutage(report, namespace) {
+  const where = `stampede-cache (namespace '${namespace}')`
+  const text =
+    report.outage === 'up'
+      ? `${where}: Redis answers again; the outage is over`
+      : `${where}: ${report.message}. The cache serves and loads in this process until Redis answers again (told once an outage; pass onError to handle every Redis error)`
+  process.emitWarning(text, WARNING)
 }
 
 // An Error whatever realm made it: a vm context's or a test sandbox's Error fails `instanceof
@@ -97,8 +122,10 @@ module.exports = {
   rewrapped,
   invalidArgument,
   invalidOption,
+  notAnOptionsObject,
   closedError,
   redisError,
+  warnRedisOutage,
   abortError,
   isAbortSignal,
   withSignal,

@@ -86,6 +86,7 @@ pub mod inbox;
 pub mod jitter;
 pub mod key;
 pub mod policy;
+pub mod redis_parts;
 pub mod singleflight;
 pub mod stats;
 pub mod store;

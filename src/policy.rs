@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use crate::envelope::Serializer;
 use crate::error::{Error, Result};
+pub use crate::redis_parts::RedisParts;
+use crate::redis_parts::Target;
 
 pub const DEFAULT_TTL_MS: f64 = 60_000.0;
 pub const DEFAULT_HARD_TTL_FACTOR: f64 = 10.0;
@@ -523,6 +525,10 @@ pub struct RedisConfig {
     pub master_name: Option<String>,
     pub connect_timeout: Duration,
     pub command_timeout: Duration,
+    /// The server in ioredis's spelling, folded into `url` (or the seeds) by `fold_parts`.
+    pub parts: RedisParts,
+    /// Secrets given apart from any URL (`redis.password`), for `scrub`.
+    pub secrets: Vec<String>,
 }
 
 /// PEM material as Debug shows it: its size only.
@@ -560,6 +566,7 @@ impl fmt::Debug for RedisConfig {
             .field("master_name", &self.master_name)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
+            .field("parts", &self.parts)
             .finish()
     }
 }
@@ -578,6 +585,7 @@ impl RedisConfig {
             }
             secrets.extend(url_secrets(url));
         }
+        secrets.extend(self.secrets.iter().cloned());
         // Longest first, so a password that holds a shorter one is replaced whole. A secret of
         // one or two characters would mangle every message and hides nothing worth hiding.
         secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
@@ -599,7 +607,28 @@ impl RedisConfig {
             master_name: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            parts: RedisParts::default(),
+            secrets: Vec::new(),
         }
+    }
+
+    /// Folds `host`, `port`, `path`, `username`, `password` and `db` into the URL they name
+    /// (`redis_parts.rs`): next to `url`, each part is given once; with `sentinels` they are the
+    /// primary's; with `cluster`, every seed's credentials.
+    pub fn fold_parts(&mut self) -> Result<()> {
+        let parts = std::mem::take(&mut self.parts);
+        let tls = self.tls.is_some();
+        let target = if !self.cluster.is_empty() {
+            Target::Cluster(&mut self.cluster)
+        } else if !self.sentinels.is_empty() {
+            Target::Sentinel(&mut self.url)
+        } else {
+            Target::Url(&mut self.url)
+        };
+        if let Some(password) = parts.fold(target, tls)? {
+            self.secrets.push(password);
+        }
+        Ok(())
     }
 
     /// Checks the combination and every URL; the error names the option that is wrong.
@@ -682,7 +711,8 @@ impl RedisConfig {
 impl Options {
     pub fn validate(raw: RawOptions) -> Result<Options> {
         let mut o = Options::default();
-        if let Some(config) = raw.redis {
+        if let Some(mut config) = raw.redis {
+            config.fold_parts()?;
             config.validate()?;
             o.redis = Some(config);
         }

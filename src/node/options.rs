@@ -19,7 +19,7 @@ use crate::cache::{Extra, Loaded};
 use crate::error::{Error as CoreError, ErrorCode};
 use crate::key;
 use crate::policy::{
-    self, EntryPolicy, Options, RawOptions, RedisConfig, TlsOptions, TtlOverrides,
+    self, EntryPolicy, Options, RawOptions, RedisConfig, RedisParts, TlsOptions, TtlOverrides,
 };
 
 /// Reads an optional option of JS type `expected` (`what` names it in the error); undefined is
@@ -116,8 +116,8 @@ fn timeout_option(obj: &Object, name: &str, label: &str) -> Result<Option<Durati
     }
 }
 
-/// The `redis` option: a URL, or `{ url, tls, cluster, sentinels, masterName, connectTimeout,
-/// commandTimeout }` (validated as a whole by `Options::validate`).
+/// The `redis` option: a URL, or `{ url, host, port, path, username, password, db, tls, cluster,
+/// sentinels, masterName, connectTimeout, commandTimeout }` (validated as a whole by `Options::validate`).
 fn redis_option(obj: &Object) -> Result<Option<RedisConfig>, JsErr> {
     let fail = |e| napi_fail(ErrorCode::InvalidOption, e);
     let Some(v) = obj.get::<Unknown>("redis").map_err(fail)? else {
@@ -134,6 +134,12 @@ fn redis_option(obj: &Object) -> Result<Option<RedisConfig>, JsErr> {
                 &o,
                 &[
                     "url",
+                    "host",
+                    "port",
+                    "path",
+                    "username",
+                    "password",
+                    "db",
                     "tls",
                     "cluster",
                     "sentinels",
@@ -145,6 +151,17 @@ fn redis_option(obj: &Object) -> Result<Option<RedisConfig>, JsErr> {
             )?;
             let mut config = RedisConfig::from_url("");
             config.url = typed_option(&o, "url", "redis.url", ValueType::String, "a string")?;
+            let text = |name: &str, label: &str| {
+                typed_option::<String>(&o, name, label, ValueType::String, "a string")
+            };
+            config.parts = RedisParts {
+                host: text("host", "redis.host")?,
+                port: number_option(&o, "port", "redis.port")?,
+                path: text("path", "redis.path")?,
+                username: text("username", "redis.username")?,
+                password: text("password", "redis.password")?,
+                db: number_option(&o, "db", "redis.db")?,
+            };
             config.cluster = urls_option(&o, "cluster", "redis.cluster")?;
             config.sentinels = urls_option(&o, "sentinels", "redis.sentinels")?;
             config.master_name = typed_option(
@@ -231,9 +248,19 @@ fn type_name(t: ValueType) -> &'static str {
 fn known_names(obj: &Object, allowed: &[&str], what: &str) -> Result<(), JsErr> {
     let names = Object::keys(obj).map_err(|e| napi_fail(ErrorCode::InvalidOption, e))?;
     if let Some(bad) = names.iter().find(|n| !allowed.contains(&n.as_str())) {
+        let instead = match (what, bad.as_str()) {
+            ("redis", "keyPrefix") => "; ioredis's keyPrefix is the constructor's `namespace`",
+            ("redis", "retryStrategy" | "maxRetriesPerRequest" | "reconnectOnError") => {
+                "; the cache retries by itself (it probes a Redis that failed every 250 ms)"
+            }
+            _ => "",
+        };
         return Err(js_err(CoreError::invalid_option(
             bad,
-            format!("is not an option of {what}"),
+            format!(
+                "is not an option of {what} (its options: {}){instead}",
+                allowed.join(", ")
+            ),
         )));
     }
     Ok(())

@@ -29,7 +29,7 @@ use crate::cache::Extra;
 use crate::envelope::{Body, Envelope, Fmt};
 use crate::error::ErrorCode;
 use crate::inbox::Stamp;
-use crate::store::redis::{HeldLock, RedisTier, TagFailure, WriteBack};
+use crate::store::redis::{explained, HeldLock, Outage, RedisTier, TagFailure, WriteBack};
 
 /// The engine's read lane, if it can take a read now (`lane::ready`).
 pub(super) fn lane_of(env: &Env, id: u32, tier: &Arc<RedisTier>) -> Option<Rc<RefCell<Lane>>> {
@@ -449,6 +449,21 @@ pub struct RedisReport {
     pub op: String,
     pub key: Option<String>,
     pub message: String,
+    /// `'down'`: the failure that began an outage; `'up'`: Redis answers again after one (not a
+    /// failure: the facade never hands it to `onError`); absent for any other failure.
+    pub outage: Option<String>,
+}
+
+/// Why Redis could not take the latest change it refused: the latest failure's message,
+/// scrubbed as `take_redis_reports` scrubs them (null: none known).
+#[napi]
+pub fn last_redis_failure(id: u32) -> Option<String> {
+    let (reports, config) = engine(id).and_then(|e| {
+        let e = e.borrow();
+        Some((e.reports.clone()?, e.cache.options().redis.clone()?))
+    })?;
+    let tls = config.tls.is_some() || config.tls_wanted();
+    reports.latest().map(|m| explained(&config.scrub(&m), tls))
 }
 
 /// Redis failures waiting for `onError` (already rate-limited). Their messages are the redis
@@ -462,13 +477,19 @@ pub fn take_redis_reports(id: u32) -> Vec<RedisReport> {
     }) else {
         return Vec::new();
     };
+    let tls = config.tls.is_some() || config.tls_wanted();
     reports
         .take()
         .into_iter()
         .map(|r| RedisReport {
             op: r.op.to_string(),
             key: r.key,
-            message: config.scrub(&r.message),
+            message: explained(&config.scrub(&r.message), tls),
+            outage: match r.outage {
+                Outage::None => None,
+                Outage::Began => Some("down".to_string()),
+                Outage::Ended => Some("up".to_string()),
+            },
         })
         .collect()
 }

@@ -74,6 +74,7 @@ mod fence;
 mod gates;
 mod guard;
 mod health;
+mod hints;
 mod lane;
 mod lock;
 mod net;
@@ -107,9 +108,10 @@ pub use envelopes::{new_token, Fetched, WriteBack};
 pub use fence::Fence;
 pub use gates::{Gate, HeldLock, LockOutcome};
 pub use health::PROBE_INTERVAL;
+pub use hints::explained;
 pub use lane::{frame, frame_values, Landing, LaneRead, LaneSocket, Opened};
 pub use order::WriteOrder;
-pub use reports::{Report, Reports, REPORT_INTERVAL};
+pub use reports::{Outage, Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;
 pub use topology::{RedisConfig, TlsOptions};
 
@@ -217,8 +219,11 @@ impl RedisTier {
         if let (true, Some(me)) = (self.link.topology.is_sentinel(), self.me.upgrade()) {
             self.runtime.spawn(me.follow_master());
         }
-        if self.connection(Instant::now()).await.is_err() {
+        if let Err(e) = self.connection(Instant::now()).await {
             self.health.first_connection_failed();
+            self.stats.redis_errors.incr();
+            self.reports
+                .went_down("connect", None, format!("Redis connection failed: {e}"));
         }
     }
 
@@ -338,12 +343,13 @@ impl RedisTier {
 
     fn succeeded(&self) {
         self.health.succeeded();
+        self.reports.answered();
     }
 
     fn went_down(&self, op: &'static str, key: Option<&str>, message: String) {
         self.stats.redis_errors.incr();
         let retry_at = self.health.went_down();
-        self.report(op, key, message);
+        self.reports.went_down(op, key, message);
         self.probe_at(retry_at);
     }
 
