@@ -287,6 +287,35 @@ export declare const HIT_STATES: string[]
 export declare function inspectEntry(id: number, key: string): EntryInfo | null
 
 /**
+ * `lib/lane.js`: socket lane `id`'s socket closed or failed (`why`): the reads it carried are
+ * asked again on the command connection.
+ */
+export declare function laneClosed(id: number, why: string): void
+
+/**
+ * `lib/lane.js`: a chunk socket lane `id` read (the first `length` bytes of `buffer`). Answers, once open, twice the reads in flight
+ * on it (the socket is let go at 0), plus 1 if it answered several (then call `lane_release`
+ * after the microtasks that follow); -1 while its handshake runs, -2 if the lane is gone or
+ * shut (the socket is then ended). The reads it answered are settled inside this call.
+ */
+export declare function laneData(id: number, buffer: Uint8Array, length: number): number
+
+/**
+ * `lib/lane.js`: the microtasks after a chunk that answered several reads have run: the hold
+ * ends, and the reads held on each socket lane (see `HOLDING`) are written together, with one
+ * mark each.
+ */
+export declare function laneRelease(): void
+
+/**
+ * `lib/lane.js`: socket lane `id`'s timer fired (and the chunks the socket had meanwhile were
+ * fed first: a busy thread is not a Redis failure). Answers the milliseconds until the oldest
+ * read in flight times out (arm again), or -1 when none is in flight; a read past the command
+ * timeout shuts the lane, as on the libuv lane.
+ */
+export declare function laneTimer(id: number): number
+
+/**
  * Why Redis could not take the latest change it refused: the latest failure's message,
  * scrubbed as `take_redis_reports` scrubs them (null: none known).
  */
@@ -494,6 +523,12 @@ export declare function setAnswerMaker(maker: unknown): void
  * `WRITTEN_NOWHERE` when a zero TTL caches nothing at all.
  */
 export declare function setEntry(id: number, key: string, negative: boolean, policy: Array<number> | undefined | null, tags: Array<string> | undefined | null, size: number): number
+
+/**
+ * Registers the facade's socket lane opener (`lib/lane.js`); called once as the facade loads,
+ * on each JS thread that loads it.
+ */
+export declare function setLaneOpener(opener: unknown): void
 
 /**
  * The loader of `flight` declined caching (`ctx.skipCache()`): the flight ends, nothing is

@@ -47,6 +47,7 @@ const MAIN_FILES = [
   'lib/errors.js',
   'lib/fresh.js',
   'lib/keys.js',
+  'lib/lane.js',
   'lib/scope.js',
   'native.js',
   'nestjs.d.ts',

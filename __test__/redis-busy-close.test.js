@@ -1,8 +1,9 @@
 'use strict'
 // Two promises of "What no bytes and no option can do" (docs/CONTRACT.md) that no fault injector
 // reaches: a busy JS thread is not a Redis failure, and close() with reads in flight never turns
-// a value that exists into `undefined`. Each runs on the read lane and on the command connection
-// (the latter in a child process: STAMPEDE_CACHE_NO_LANE is read once per process).
+// a value that exists into `undefined`. Each runs on the read lane, on the socket lane and on the
+// command connection (the latter two in a child process: STAMPEDE_CACHE_LANE and
+// STAMPEDE_CACHE_NO_LANE are read once per process).
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { spawnSync } = require('node:child_process')
@@ -79,9 +80,9 @@ if (process.argv[2] === '--child') {
     process.exit(0)
   })
 } else {
-  const inChild = (name) => {
+  const inChild = (name, env) => {
     const r = spawnSync(process.execPath, [__filename, '--child', name, redis.url], {
-      env: { ...process.env, STAMPEDE_CACHE_NO_LANE: '1' },
+      env: { ...process.env, ...env },
       encoding: 'utf8',
       timeout: 60_000,
     })
@@ -90,7 +91,8 @@ if (process.argv[2] === '--child') {
   }
   for (const [label, run] of [
     ['read lane', (name, url) => SCENARIOS[name](url)],
-    ['command connection', (name) => inChild(name)],
+    ['socket lane', (name) => inChild(name, { STAMPEDE_CACHE_LANE: 'socket' })],
+    ['command connection', (name) => inChild(name, { STAMPEDE_CACHE_NO_LANE: '1' })],
   ]) {
     test(`${label}: a JS thread blocked past commandTimeout is not a Redis failure: no loader runs`, { timeout: 60_000 }, async () => {
       await started

@@ -13,7 +13,7 @@ const crypto = require('node:crypto')
 const fs = require('node:fs')
 const path = require('node:path')
 const { ProxiedCluster, echoedPipelines, isEcho } = require('./helpers/proxied-cluster')
-const { killTopologySync, parseClusterSlots } = require('./helpers/redis-topology')
+const { killTopologySync } = require('./helpers/redis-topology')
 const { eventually } = require('./helpers/eventually')
 
 process.on('exit', killTopologySync)
@@ -56,13 +56,6 @@ function cacheFor(namespace, errors, options = {}) {
   })
 }
 
-/** The proxy port of the master serving each Redis key now. */
-async function ownerPorts(redisKeys) {
-  const slots = await pc.keySlots(redisKeys)
-  const ranges = parseClusterSlots(await pc.masters[0].node.cmd('CLUSTER', 'SLOTS'))
-  return slots.map((s) => ranges.find((r) => s >= r.start && s <= r.end).master)
-}
-
 /** Per master: its batch read pipelines (GETs of value keys) and lock bid pipelines, the keys in each kind, echoes and round trips. */
 function tally(perMaster, namespace) {
   return perMaster.map(({ master, commands, rounds }) => {
@@ -103,7 +96,7 @@ test('a cold and a warm getOrLoadMany of 300 keys on 3 masters: one read pipelin
   try {
     // Connected, the slot map read and the lock bid's script loaded on every node, on other keys.
     await cache.getOrLoadMany(['other:1', 'other:2'], (missing) => missing.map(valueOf))
-    const owners = await ownerPorts(keys.map((k) => vkey(namespace, k)))
+    const owners = await pc.ownerPorts(keys.map((k) => vkey(namespace, k)))
     const mine = (port) =>
       keys
         .filter((_, i) => owners[i] === port)
@@ -149,7 +142,7 @@ test('a cold and a warm getOrLoadMany of 300 keys on 3 masters: one read pipelin
 /** `count` slots of `keys`' value keys that master `from` serves, as many keys of each as there are. */
 async function slotsServedBy(from, namespace, keys, count) {
   const vkeys = keys.map((k) => vkey(namespace, k))
-  const [slots, owners] = [await pc.keySlots(vkeys), await ownerPorts(vkeys)]
+  const [slots, owners] = [await pc.keySlots(vkeys), await pc.ownerPorts(vkeys)]
   const out = []
   for (let i = 0; i < keys.length && out.length < count; i++) {
     if (owners[i] === from.proxy.port && !out.includes(slots[i])) out.push(slots[i])
@@ -180,7 +173,7 @@ test('slots moved to another master under a warm batch: every key reads right, t
       `the refused node pipeline was sent again by slot (read pipelines: ${t.map((x) => x.reads)})`,
     )
 
-    const owners = await ownerPorts(keys.map((k) => vkey(namespace, k)))
+    const owners = await pc.ownerPorts(keys.map((k) => vkey(namespace, k)))
     const again = await pc.record(() => cache.getOrLoadMany(keys, mustNotLoad))
     assert.deepEqual(again.result, keys.map(valueOf))
     for (const x of tally(again.perMaster, namespace)) {

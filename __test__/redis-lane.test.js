@@ -1,7 +1,8 @@
 'use strict'
 // The read lane. Plain GETs of the read path go on a second connection whose
 // socket the JS thread's own event loop drives (src/node/lane.rs), not through the runtime's
-// threads. What it must keep: every read answered (by Redis or the loader), never hung, never
+// threads. __test__/redis-socket-lane.test.js runs this file again on the socket lane (a
+// socket of the runtime's own, lib/lane.js: STAMPEDE_CACHE_LANE=socket). What it must keep: every read answered (by Redis or the loader), never hung, never
 // an older value after this instance's own write; a killed or silent lane costs the reads in
 // flight nothing; the process and worker threads still exit on their own.
 //
@@ -18,11 +19,11 @@ const os = require('node:os')
 const { RedisServer, waitFor, killAllSync } = require('./helpers/redis-server')
 const { monitorDuring } = require('./helpers/monitor')
 const { makeCertificates, RedisNode, killTopologySync } = require('./helpers/redis-topology')
+const { lanes, laneCarrying } = require('./helpers/lanes')
 const { StampedeCache } = require('..')
 
 const root = path.join(__dirname, '..')
 const TEST_TIMEOUT = 60_000
-const LANE = 'stampede-cache:read-lane'
 
 after(() => {
   killAllSync()
@@ -33,42 +34,6 @@ async function server(t) {
   const redis = await new RedisServer().start()
   t.after(() => redis.dispose())
   return redis
-}
-
-/** CLIENT LIST entries, as objects of their fields. */
-async function clients(redis) {
-  const text = await redis.cmd('CLIENT', 'LIST')
-  return text
-    .split('\n')
-    .filter(Boolean)
-    .map((line) =>
-      Object.fromEntries(
-        line
-          .trim()
-          .split(' ')
-          .map((kv) => kv.split('=', 2)),
-      ),
-    )
-}
-
-async function lanes(redis) {
-  return (await clients(redis)).filter((c) => c.name === LANE)
-}
-
-// What the lane ran last once it carried reads: each batch of GETs ends with its ECHO mark
-// (its handshake ends with CLIENT SETNAME, after its own ECHO).
-const CARRIED = new Set(['get', 'echo'])
-
-/** Reads until the lane is open and has carried a GET (it opens in the background). */
-async function laneCarrying(redis, read) {
-  await waitFor(
-    async () => {
-      await read()
-      return (await lanes(redis)).some((c) => CARRIED.has(c.cmd))
-    },
-    { what: 'the read lane to carry GETs' },
-  )
-  return (await lanes(redis)).find((c) => CARRIED.has(c.cmd))
 }
 
 function cacheOn(t, redis, options = {}) {
@@ -303,6 +268,8 @@ test('an idle cache with its lane open lets the process exit; a worker thread re
 
 test('over TLS (a private CA, client certificates, a server name): reads take a TLS lane, which a kill costs nothing; without verification they do not', {
   timeout: TEST_TIMEOUT,
+  // The socket lane (redis-socket-lane.test.js runs this file on it) does not speak TLS.
+  skip: process.env.STAMPEDE_CACHE_LANE === 'socket' && 'the socket lane speaks no TLS: reads over TLS take the command connection there',
 }, async (t) => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-lane-tls-'))
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }))

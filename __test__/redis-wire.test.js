@@ -2,8 +2,9 @@
 // What no bytes can do (docs/CONTRACT.md, "What no bytes and no option can do"): a fault-injecting
 // proxy between a cache and a private redis-server sends extra replies of every RESP type, a
 // push frame, nesting 300,000 deep and a declared length of 1e12 followed by a flood of bytes.
-// Each scenario runs in its own process (fixtures/wire-client.js), on the read lane and on the
-// command connection (STAMPEDE_CACHE_NO_LANE=1): the process must exit normally, no read may
+// Each scenario runs in its own process (fixtures/wire-client.js), on the read lane, on the
+// socket lane (STAMPEDE_CACHE_LANE=socket: the runtime's own socket, as Bun and Deno read) and on
+// the command connection (STAMPEDE_CACHE_NO_LANE=1): the process must exit normally, no read may
 // return another key's value, nothing wrong may stay in process, and memory must not follow a
 // declared length: the connection that reads one closes at once.
 const { test, after } = require('node:test')
@@ -32,6 +33,7 @@ function runClient(scenario, env) {
 
 for (const [path_, env] of [
   ['read lane', {}],
+  ['socket lane', { STAMPEDE_CACHE_LANE: 'socket' }],
   ['command connection', { STAMPEDE_CACHE_NO_LANE: '1' }],
 ]) {
   for (const scenario of SCENARIOS) {
@@ -67,6 +69,7 @@ for (const [path_, env] of [
 // closes on the header, not when a later read would replace it (there is none).
 for (const [path_, env] of [
   ['read lane', {}],
+  ['socket lane', { STAMPEDE_CACHE_LANE: 'socket' }],
   ['command connection', { STAMPEDE_CACHE_NO_LANE: '1' }],
 ]) {
   test(`${path_}: huge, then idle: the flooded connection closes all the same`, { timeout: 90_000 }, async () => {
@@ -137,6 +140,7 @@ test('command connection: a write-back reply moved by an extra reply is not read
 // command connection either way).
 for (const [path_, env] of [
   ['read lane', {}],
+  ['socket lane', { STAMPEDE_CACHE_LANE: 'socket' }],
   ['command connection', { STAMPEDE_CACHE_NO_LANE: '1' }],
 ]) {
   test(`${path_}: a tag clock read off a moved reply never serves an entry deleted by tag`, { timeout: 90_000 }, async () => {

@@ -4,8 +4,9 @@
 // (@oven/bun-linux-x64, @deno/linux-x64-glibc). The package is installed by name into a scratch
 // folder (its `files` and the built addon, as npm would lay it out), and
 // __test__/runtimes/smoke.mjs runs there under each runtime against a private redis-server.
-// Bun exports libuv's names as aborting stubs and Deno's loop never polls them: there the read
-// lane must stay off, and everything must work without it.
+// Bun exports libuv's names as aborting stubs and Deno's loop never polls them: there the libuv
+// read lane must stay off, and reads take the socket lane (a socket of the runtime's own,
+// lib/lane.js) with every guarantee.
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
 const fs = require('node:fs')
@@ -13,8 +14,12 @@ const os = require('node:os')
 const path = require('node:path')
 const { spawnSync } = require('node:child_process')
 const { RedisServer, killAllSync } = require('./helpers/redis-server')
+const { RedisCluster, killTopologySync } = require('./helpers/redis-topology')
 
-after(() => killAllSync())
+after(() => {
+  killAllSync()
+  killTopologySync()
+})
 
 const ROOT = path.join(__dirname, '..')
 const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8'))
@@ -32,10 +37,12 @@ const RUNTIMES = {
 }
 
 let redis
+let cluster
 let scratch
 const ready = (async () => {
   redis = new RedisServer()
   await redis.start()
+  cluster = await new RedisCluster({ masters: 3, replicasPerMaster: 0 }).start()
   // The package as installed by name: its published files plus the addon built here.
   scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'sc-runtimes-'))
   const dest = path.join(scratch, 'node_modules', 'stampede-cache')
@@ -47,25 +54,40 @@ const ready = (async () => {
   fs.writeFileSync(path.join(scratch, 'deno.json'), JSON.stringify({ nodeModulesDir: 'manual' }))
   fs.copyFileSync(path.join(__dirname, 'runtimes', 'smoke.mjs'), path.join(scratch, 'smoke.mjs'))
 })()
-after(() => {
+after(async () => {
   redis?.dispose()
+  await cluster?.dispose()
   if (scratch) fs.rmSync(scratch, { recursive: true, force: true })
 })
 
+/** Runs `args` under runtime `name` (`bin`) in `cwd` to its end: it must exit 0; `seen`: the JSON of its last line. */
+function runUnder(name, bin, args, cwd, env = {}) {
+  const r = spawnSync(bin, args, {
+    cwd,
+    encoding: 'utf8',
+    timeout: 90_000,
+    env: { ...process.env, NO_COLOR: '1', DENO_NO_UPDATE_CHECK: '1', ...env },
+  })
+  assert.equal(r.signal, null, `${name} was killed by ${r.signal}: ${r.stderr}`)
+  assert.equal(r.status, 0, `${name} exited ${r.status}: ${r.stderr}`)
+  return { seen: JSON.parse(r.stdout.trim().split('\n').pop()), r }
+}
+
 for (const [name, command] of Object.entries(RUNTIMES)) {
-  test(`${name}: the API with Redis, with and without the in-process tier`, { timeout: 120_000 }, async () => {
+  test(`${name}: the API with Redis, with and without the in-process tier, and a Cluster's reads`, { timeout: 120_000 }, async () => {
     await ready
     const [bin, args] = command()
-    const r = spawnSync(bin, [...args, 'smoke.mjs', redis.url], {
-      cwd: scratch,
-      encoding: 'utf8',
-      timeout: 90_000,
-      env: { ...process.env, NO_COLOR: '1', DENO_NO_UPDATE_CHECK: '1' },
-    })
-    assert.equal(r.signal, null, `${name} was killed by ${r.signal}: ${r.stderr}`)
-    assert.equal(r.status, 0, `${name} exited ${r.status}: ${r.stderr}`)
-    const seen = JSON.parse(r.stdout.trim().split('\n').pop())
-    for (const [label, s] of Object.entries(seen)) {
+    const { seen } = runUnder(name, bin, [...args, 'smoke.mjs', redis.url, cluster.seedUrls.join(',')], scratch)
+    const { cluster: onCluster, ...single } = seen
+    const where = `${name} cluster: ${JSON.stringify(onCluster)}`
+    assert.equal(onCluster.wrong, 0, `every read its own key's value: ${where}`)
+    assert.equal(onCluster.loads, 0, where)
+    assert.equal(onCluster.redisErrors, 0, where)
+    assert.ok(
+      onCluster.lanes.every((n) => n >= 1),
+      `a read lane on every master: ${where}`,
+    )
+    for (const [label, s] of Object.entries(single)) {
       const where = `${name} ${label}: ${JSON.stringify(s)}`
       assert.deepEqual(s.coldValues, [1], `one value for every cold read: ${where}`)
       assert.equal(s.missing, 0, `no read lost: ${where}`)
@@ -77,6 +99,43 @@ for (const [name, command] of Object.entries(RUNTIMES)) {
       assert.equal(s.keyCode, 'ERR_INVALID_KEY', where)
       assert.equal(s.closedCode, 'ERR_CLOSED', where)
       assert.equal(s.redisErrors, 0, where)
+      if (label === 'noL1') assert.ok(s.lanes >= 1, `reads from Redis take the read lane: ${where}`)
     }
+  })
+}
+
+// The hostile wire under Bun and Deno, where reads take the socket lane: the scenarios of
+// redis-wire.test.js (fixtures/wire-client.js) that move, repeat or flood the lane's replies.
+for (const name of ['bun', 'deno']) {
+  for (const scenario of ['extra-nil', 'duplicate', 'same-key-replay', 'push', 'huge']) {
+    test(`${name}: ${scenario} on the read lane: no crash, never another key's value, nothing wrong kept`, { timeout: 120_000 }, async () => {
+      await ready
+      const [bin, args] = RUNTIMES[name]()
+      // The fixture is CommonJS.
+      const runArgs = name === 'deno' ? [...args, '--unstable-detect-cjs'] : args
+      const { seen, r } = runUnder(name, bin, [...runArgs, path.join(__dirname, 'fixtures', 'wire-client.js'), String(redis.port), scenario], ROOT)
+      assert.ok(seen.tampered >= 1, `the fault was injected: ${r.stdout}`)
+      assert.equal(seen.wrong, 0, `reads that returned another key's value: ${r.stdout}`)
+      assert.equal(seen.finalWrong, 0, `wrong values kept in process: ${r.stdout}`)
+      for (const f of seen.floods || []) assert.ok(f.closedAfter !== null && f.closedAfter < 10_000, `closed after ${f.closedAfter} ms: ${r.stdout}`)
+    })
+  }
+}
+
+// A cache collected without close() while its read lane is open: no JS runs in its finalizer
+// (which Bun and Deno may not allow), and the lane's socket is ended all the same, at the next
+// lane call of a cache still open. Node runs it on the socket lane (STAMPEDE_CACHE_LANE=socket).
+for (const [name, gcArgs, env] of [
+  ['node', ['--expose-gc'], { STAMPEDE_CACHE_LANE: 'socket' }],
+  ['bun', [], {}],
+  ['deno', ['--unstable-detect-cjs', '--v8-flags=--expose-gc'], {}],
+]) {
+  test(`${name}: a cache collected with its socket lane open: no crash, and the lane closes`, { timeout: 120_000 }, async () => {
+    await ready
+    const [bin, args] = RUNTIMES[name]()
+    const fixture = path.join(__dirname, 'fixtures', 'collected-lane.js')
+    const { seen } = runUnder(name, bin, [...args, ...gcArgs, fixture, redis.url], ROOT, env)
+    assert.equal(seen.both, 2, `both caches read on a lane: ${JSON.stringify(seen)}`)
+    assert.equal(seen.after, 1, `the collected cache's lane closed: ${JSON.stringify(seen)}`)
   })
 }

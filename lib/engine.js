@@ -5,12 +5,15 @@
 const native = require('../binding.js')
 const { fromNative, rewrapped } = require('./errors.js')
 const { encodeKey } = require('./keys.js')
+const { openSocketLane } = require('./lane.js')
 
 // The read lane drives its socket from libuv directly. Bun exports `uv_*` functions that abort
-// and Deno's loop never polls them, so there every read takes the command connection.
+// and Deno's loop never polls them, so there the read lane takes a socket of the runtime's own
+// (the socket lane, lib/lane.js).
 if (typeof process.versions.bun === 'string' || typeof process.versions.deno === 'string' || typeof globalThis.Deno !== 'undefined') {
   native.refuseReadLane()
 }
+native.setLaneOpener(openSocketLane.bind(null, native))
 
 const { HIT_STATES, LOCK_NONE } = native
 

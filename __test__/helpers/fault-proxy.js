@@ -14,6 +14,8 @@
 const net = require('node:net')
 const { listenLoopback } = require('./loopback')
 
+/** A read lane's own replies: a mark alone (the echo of a sequence number), or its handshake's (the echo of its name). */
+const LANE_MARK = /^\$\d+\r\n(\d+|stampede-cache:read-lane)\r\n/
 class FaultProxy {
   #server = null
   #pairs = new Set()
@@ -27,8 +29,10 @@ class FaultProxy {
     this.accepted = 0
     /** Chunks changed so far. */
     this.tampered = 0
-    /** The last chunk Redis sent that starts with a bulk reply (a GET's), for replaying it. */
+    /** The last chunk Redis sent that starts with a bulk reply of a value (a GET's), for replaying it. */
     this.lastBulk = null
+    /** The last 64 of those, oldest first (other connections' replies may follow a GET's). */
+    this.bulks = []
     this.floods = []
   }
 
@@ -79,7 +83,12 @@ class FaultProxy {
       upstream.write(chunk)
     })
     upstream.on('data', (chunk) => {
-      if (chunk[0] === 0x24) this.lastBulk = chunk
+      // A value (not a nil), and not a read lane's own replies (its marks and handshake).
+      if (chunk[0] === 0x24 && chunk[1] !== 0x2d && !LANE_MARK.test(chunk.toString('latin1'))) {
+        this.lastBulk = chunk
+        this.bulks.push(chunk)
+        if (this.bulks.length > 64) this.bulks.shift()
+      }
       let out = chunk
       if (pair.armed) {
         const fn = pair.armed

@@ -54,6 +54,13 @@ class ProxiedCluster {
     return this.cluster.keySlots(redisKeys)
   }
 
+  /** The proxy port of the master serving each Redis key now, as the first master's CLUSTER SLOTS says. */
+  async ownerPorts(redisKeys) {
+    const slots = await this.keySlots(redisKeys)
+    const ranges = parseClusterSlots(await this.masters[0].node.cmd('CLUSTER', 'SLOTS'))
+    return slots.map((s) => ranges.find((r) => s >= r.start && s <= r.end).master)
+  }
+
   /** The master serving `slot` now, as the first master's CLUSTER SLOTS says. */
   async ownerOfSlot(slot) {
     const ranges = parseClusterSlots(await this.masters[0].node.cmd('CLUSTER', 'SLOTS'))

@@ -1,11 +1,32 @@
 // The API as a user of another runtime calls it (__test__/runtimes.test.js runs this under Node,
 // Bun and Deno, importing the package by name). Prints one JSON line of what it saw; the parent
-// asserts on it. Redis is the parent's private server (argument 1).
+// asserts on it. Redis is the parent's private server (argument 1); argument 2, the seeds of its
+// private Redis Cluster (comma-separated).
+import net from 'node:net'
 import { StampedeCache, StampedeCacheError } from 'stampede-cache'
 
-const url = globalThis.Deno ? Deno.args[0] : process.argv[2]
+const [url, seeds] = globalThis.Deno ? Deno.args : process.argv.slice(2)
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 const out = {}
+
+/** How many connections the Redis at `at` lists under the read lane's name (raw RESP, one CLIENT LIST). */
+function readLanes(at = url) {
+  const { hostname, port } = new URL(at)
+  return new Promise((resolve, reject) => {
+    const socket = net.connect({ host: hostname, port: Number(port) })
+    let text = ''
+    socket.on('error', reject)
+    socket.on('connect', () => socket.write('*2\r\n$6\r\nCLIENT\r\n$4\r\nLIST\r\n'))
+    socket.on('data', (d) => {
+      text += d.toString('latin1')
+      const head = text.indexOf('\r\n')
+      if (head > 0 && text.length >= head + 2 + Number(text.slice(1, head)) + 2) {
+        socket.destroy()
+        resolve(text.split('\n').filter((line) => line.includes('name=stampede-cache:read-lane')).length)
+      }
+    })
+  })
+}
 const namespace = `rt${Date.now()}${Math.random().toString(36).slice(2, 6)}`
 
 for (const l1 of [undefined, false]) {
@@ -25,6 +46,12 @@ for (const l1 of [undefined, false]) {
   // Many reads from Redis: none lost.
   let missing = 0
   for (let i = 0; i < 500; i++) if ((await b.get('k')) === undefined) missing++
+  // Many in flight at once, each its own answer.
+  const many = await Promise.all(Array.from({ length: 200 }, () => b.get('k')))
+  missing += many.filter((v) => v === undefined || v.n !== cold[0].n).length
+  // With l1: false every read went to Redis, on the read lane (a socket of the runtime's own
+  // under Bun and Deno).
+  const lanes = await readLanes()
   // Read your writes.
   await a.set('w', 1)
   await a.set('w', 2)
@@ -58,6 +85,7 @@ for (const l1 of [undefined, false]) {
     tagGone,
     keyCode,
     redisErrors: a.stats().redisErrors + b.stats().redisErrors,
+    lanes,
   }
   await a.close()
   await b.close()
@@ -68,5 +96,26 @@ for (const l1 of [undefined, false]) {
     closedCode = err.code
   }
   out[label].closedCode = closedCode
+}
+
+// A Redis Cluster: every read its own key's value, on a lane to each master.
+if (seeds) {
+  const redis = { cluster: seeds.split(',') }
+  const writer = new StampedeCache({ redis, namespace: `${namespace}cl`, ttl: 60_000 })
+  const reader = new StampedeCache({ redis, namespace: `${namespace}cl`, l1: false })
+  const keys = Array.from({ length: 60 }, (_, i) => `c${i}`)
+  for (const k of keys) await writer.set(k, { k })
+  let wrong = 0
+  for (let round = 0; round < 5; round++) for (const k of keys) if ((await reader.get(k))?.k !== k) wrong++
+  const many = await Promise.all(keys.flatMap((k) => [reader.get(k), reader.get(k)]))
+  wrong += many.filter((v, i) => v?.k !== keys[i >> 1]).length
+  out.cluster = {
+    wrong,
+    loads: reader.stats().loads,
+    redisErrors: reader.stats().redisErrors + writer.stats().redisErrors,
+    lanes: await Promise.all(redis.cluster.map((seed) => readLanes(seed))),
+  }
+  await writer.close()
+  await reader.close()
 }
 console.log(JSON.stringify(out))

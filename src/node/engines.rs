@@ -8,7 +8,7 @@ use std::result::Result;
 use std::sync::Arc;
 
 use super::flight::Flight;
-use super::lane::LaneSlot;
+use super::lane::{LaneSlot, NodeLanes};
 use super::{js_err, JsErr};
 use crate::cache::Cache;
 use crate::envelope::Envelope;
@@ -28,13 +28,19 @@ pub struct EngineState {
     pub(super) flights: HashMap<u64, Flight>,
     /// The read lane to the tier's server, if any (see `lane.rs`).
     pub(super) lane: LaneSlot,
+    /// On a Cluster, the read lane to each node its reads went to.
+    pub(super) node_lanes: NodeLanes,
 }
 
 impl Drop for EngineState {
     fn drop(&mut self) {
         // A cache collected without close() still closes its lane and stops its bus task; the
         // locks its flights hold go back as their records drop, after this.
-        self.lane.close();
+        let (lane, node_lanes) = (&mut self.lane, &mut self.node_lanes);
+        super::lane::closing_in_finalizer(|| {
+            lane.close();
+            node_lanes.close();
+        });
         if let Some(r) = &self.redis {
             r.close();
         }

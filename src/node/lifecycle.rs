@@ -9,7 +9,7 @@ use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
 use super::engines::{engine, EngineState, EngineToken, ENGINES};
-use super::lane::LaneSlot;
+use super::lane::{LaneSlot, NodeLanes};
 use super::options::engine_options;
 use super::{js_err, JsErr};
 use crate::cache::Cache;
@@ -59,6 +59,7 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
         written: HashMap::new(),
         flights: HashMap::new(),
         lane: LaneSlot::default(),
+        node_lanes: NodeLanes::default(),
     }));
     let id = ENGINES.with_borrow_mut(|v| match v.iter().position(Option::is_none) {
         Some(free) => {
@@ -89,6 +90,7 @@ pub fn close_engine(id: u32) {
         e.cache.close();
         e.written.clear();
         e.lane.close();
+        e.node_lanes.close();
         if let Some(r) = e.redis.take() {
             r.close();
         }

@@ -38,6 +38,17 @@ pub(super) fn lane_of(env: &Env, id: u32, tier: &Arc<RedisTier>) -> Option<Rc<Re
     lane::ready(env, &mut e.lane, tier)
 }
 
+/// The lane a read of `key` takes, if one can take it now: on a Cluster the lane to the node
+/// serving it (`lane::ready_node`), else the engine's lane.
+fn lane_for(env: &Env, id: u32, tier: &Arc<RedisTier>, key: &str) -> Option<Rc<RefCell<Lane>>> {
+    if !tier.lane_is_cluster() {
+        return lane_of(env, id, tier);
+    }
+    let e = engine(id)?;
+    let mut e = e.borrow_mut();
+    lane::ready_node(env, &mut e.node_lanes, tier, key)
+}
+
 /// Begins flight `to`'s record at its first gate (`purpose`: what it is for), and answers what
 /// the gate needs: the tier and the refresh basis of a live cache, and the key's
 /// invalidation stamp taken now (an invalidation after this may predate the read).
@@ -86,7 +97,7 @@ pub fn redis_gate(
         }
     }
     if let (PURPOSE_COLD, Some((tier, _)), Some(stamp)) = (purpose, &gating, stamp) {
-        if let Some(lane) = lane_of(env, id, tier) {
+        if let Some(lane) = lane_for(env, id, tier, &key) {
             let ask = LaneAsk::Cold {
                 id,
                 flight: to.flight,
@@ -122,7 +133,7 @@ pub fn redis_fetch(
         None => (None, None),
     };
     if let (Some(tier), Some(stamp)) = (&tier, stamp) {
-        if let Some(lane) = lane_of(env, id, tier) {
+        if let Some(lane) = lane_for(env, id, tier, &key) {
             let ask = LaneAsk::Fetch { count };
             return lane::send(env, &lane, tier, key, stamp, ask, settle_lane_read).map(Either::B);
         }

@@ -178,7 +178,7 @@ impl RedisTier {
     /// connection was last replaced or a node last redirected a batch's key. `None`: not
     /// known (Redis unavailable), or the reply was refused (reported; kept refused until the
     /// connection is replaced): the batch goes per slot.
-    async fn slot_map(&self) -> Option<Arc<SlotMap>> {
+    pub(super) async fn slot_map(&self) -> Option<Arc<SlotMap>> {
         if let Some(known) = self.link.slot_map() {
             return known;
         }

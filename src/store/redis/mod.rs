@@ -109,10 +109,14 @@ pub use fence::Fence;
 pub use gates::{Gate, HeldLock, LockOutcome};
 pub use health::PROBE_INTERVAL;
 pub use hints::explained;
-pub use lane::{frame, frame_values, Landing, LaneRead, LaneSocket, Opened};
+pub use lane::{
+    frame, frame_values, handshake_reply, Landing, LaneNode, LaneRead, LaneSocket, LaneStream,
+    Opened,
+};
 pub use order::WriteOrder;
 pub use reports::{Outage, Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;
+pub use target::LaneTarget;
 pub use topology::{RedisConfig, TlsOptions};
 
 use bus::Bus;

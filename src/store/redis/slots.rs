@@ -27,6 +27,9 @@ const MAX_NAME: usize = 300;
 pub struct SlotMap {
     /// `owner[slot]`: the number of the node that serves it, or `NONE`.
     owner: Box<[u16]>,
+    /// `addresses[node]`: where the node with that number is reached (host and port, as the
+    /// reply gave them when it first named it), or `None` when the reply gave no host.
+    addresses: Vec<Option<(String, u16)>>,
 }
 
 impl SlotMap {
@@ -43,6 +46,7 @@ impl SlotMap {
         }
         let mut owner = vec![NONE; SLOTS].into_boxed_slice();
         let mut names: HashMap<Vec<u8>, u16> = HashMap::new();
+        let mut addresses = Vec::new();
         let mut claimed = vec![false; SLOTS];
         for range in ranges {
             let Value::Array(parts) = range else {
@@ -63,9 +67,20 @@ impl SlotMap {
             };
             let next = names.len();
             let node = *names.entry(name).or_insert(next as u16);
+            if usize::from(node) == addresses.len() {
+                addresses.push(master_address(parts.get(2)));
+            }
             owner[start..=end].iter_mut().for_each(|o| *o = node);
         }
-        Ok(SlotMap { owner })
+        Ok(SlotMap { owner, addresses })
+    }
+
+    /// Where node `node` (from `node_of`) is reached, if the reply said.
+    pub fn address_of(&self, node: u16) -> Option<(&str, u16)> {
+        match self.addresses.get(usize::from(node)) {
+            Some(Some((host, port))) => Some((host.as_str(), *port)),
+            _ => None,
+        }
     }
 
     /// The node that serves `slot`, if the map names one.
@@ -193,6 +208,20 @@ fn slot_of(v: Option<&Value>) -> Option<usize> {
     }
 }
 
+/// A range's master's host and port (`node_name` has checked their bounds), unless its host is
+/// empty (the reply then means the address it was asked on).
+fn master_address(master: Option<&Value>) -> Option<(String, u16)> {
+    let Some(Value::Array(master)) = master else {
+        return None;
+    };
+    let host = text(master.first()).filter(|h| !h.is_empty())?;
+    let port = match master.get(1) {
+        Some(Value::Int(p)) if (1..=65_535).contains(p) => *p as u16,
+        _ => return None,
+    };
+    Some((String::from_utf8_lossy(host).into_owned(), port))
+}
+
 /// The name of a range's master (`Ok(None)`: unknown, `?`), or why it is refused.
 fn node_name(master: Option<&Value>) -> Result<Option<Vec<u8>>, &'static str> {
     let Some(Value::Array(master)) = master else {
@@ -305,6 +334,14 @@ mod tests {
         assert_eq!(map.node_of(10922), Some(1));
         assert_eq!(map.node_of(16383), Some(2));
         assert_eq!(map.node_of(16384), None);
+        // Each node's address, for its read lane.
+        assert_eq!(map.address_of(0), Some(("127.0.0.1", 7000)));
+        assert_eq!(map.address_of(1), Some(("127.0.0.1", 7001)));
+        assert_eq!(map.address_of(2), Some(("10.0.0.9", 7000)));
+        assert_eq!(map.address_of(3), None);
+        // A master named without a host (the address it was asked on) has none here.
+        let hostless = Value::Array(vec![range(0, 16383, "", 7000, Some("a"))]);
+        assert_eq!(SlotMap::parse(&hostless).unwrap().address_of(0), None);
     }
 
     #[test]

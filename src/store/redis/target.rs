@@ -11,6 +11,8 @@ use redis::{ConnectionAddr, ConnectionInfo};
 pub struct LaneTarget {
     pub(super) host: String,
     pub(super) port: u16,
+    /// A Unix socket's path (`host` and `port` are then unused).
+    pub(super) path: Option<String>,
     username: Option<String>,
     password: Option<String>,
     db: i64,
@@ -24,6 +26,7 @@ impl std::fmt::Debug for LaneTarget {
         f.debug_struct("LaneTarget")
             .field("host", &self.host)
             .field("port", &self.port)
+            .field("path", &self.path)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("db", &self.db)
@@ -39,11 +42,23 @@ pub(super) struct LaneTls {
 }
 
 impl LaneTarget {
-    /// TCP servers, plain or TLS with verification; Unix sockets and unverified TLS stay on the
-    /// command connection. A TLS target needs its configuration (`with_tls`) before it opens.
+    /// TCP servers, plain or TLS with verification, and Unix sockets; unverified TLS stays on
+    /// the command connection. A TLS target needs its configuration (`with_tls`) before it opens.
     pub fn of(info: &ConnectionInfo) -> Option<LaneTarget> {
         let (host, port, tls) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => (host, port, None),
+            ConnectionAddr::Unix(path) => {
+                let s = info.redis_settings();
+                return Some(LaneTarget {
+                    host: String::new(),
+                    port: 0,
+                    path: Some(path.to_string_lossy().into_owned()),
+                    username: s.username().map(str::to_string),
+                    password: s.password().map(str::to_string),
+                    db: s.db(),
+                    tls: None,
+                });
+            }
             ConnectionAddr::TcpTls {
                 host,
                 port,
@@ -63,6 +78,7 @@ impl LaneTarget {
         Some(LaneTarget {
             host: host.clone(),
             port: *port,
+            path: None,
             username: s.username().map(str::to_string),
             password: s.password().map(str::to_string),
             db: s.db(),
@@ -70,9 +86,42 @@ impl LaneTarget {
         })
     }
 
+    /// A Cluster node at `host`:`port`, reached as `seed` authenticates (plain TCP, db 0).
+    pub fn node(host: &str, port: u16, seed: &ConnectionInfo) -> LaneTarget {
+        let s = seed.redis_settings();
+        LaneTarget {
+            host: host.to_string(),
+            port,
+            path: None,
+            username: s.username().map(str::to_string),
+            password: s.password().map(str::to_string),
+            db: 0,
+            tls: None,
+        }
+    }
+
     /// Whether the lane speaks TLS to this server.
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()
+    }
+
+    /// Where the socket lane connects: a Unix socket's path, or a TCP host and port.
+    pub fn address(&self) -> (&str, u16, Option<&str>) {
+        (&self.host, self.port, self.path.as_deref())
+    }
+
+    /// The handshake's commands, packed, and whether each one's refusal refuses the lane.
+    pub fn handshake_packed(&self) -> (Vec<u8>, Vec<bool>) {
+        let mut out = Vec::new();
+        let required = self
+            .handshake()
+            .iter()
+            .map(|(cmd, required)| {
+                cmd.write_packed_command(&mut out);
+                *required
+            })
+            .collect();
+        (out, required)
     }
 
     /// The TLS target with its client configuration, connecting to `address` (the URL's host
@@ -157,5 +206,30 @@ mod tests {
             redis::IntoConnectionInfo::into_connection_info("rediss://127.0.0.1:6390/#insecure")
                 .unwrap();
         assert!(LaneTarget::of(&insecure).is_none());
+    }
+    /// A Unix socket is a target of the socket lane: its path, and the same handshake (as one
+    /// packed write, each command with whether its refusal refuses the lane).
+    #[test]
+    fn a_unix_socket_is_reached_by_its_path_with_the_same_handshake() {
+        let info: ConnectionInfo = redis::IntoConnectionInfo::into_connection_info(
+            "unix:///tmp/redis.sock?db=2&pass=secret",
+        )
+        .unwrap();
+        let target = LaneTarget::of(&info).unwrap();
+        assert_eq!(target.address().2, Some("/tmp/redis.sock"));
+        assert!(!target.is_tls());
+        assert!(!format!("{target:?}").contains("secret"), "{target:?}");
+        let (hello, required) = target.handshake_packed();
+        let each: Vec<u8> = target
+            .handshake()
+            .iter()
+            .flat_map(|(c, _)| c.get_packed_command())
+            .collect();
+        assert_eq!(hello, each);
+        assert_eq!(
+            required,
+            vec![true, true, true, false],
+            "AUTH, SELECT, ECHO, SETNAME"
+        );
     }
 }

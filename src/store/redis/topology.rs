@@ -834,19 +834,34 @@ impl Topology {
         }
         match &self.kind {
             Kind::Single { info } => match info.addr() {
-                ConnectionAddr::Tcp(..) => true,
+                ConnectionAddr::Tcp(..) | ConnectionAddr::Unix(_) => true,
                 ConnectionAddr::TcpTls { .. } => self.tls.is_some(),
                 _ => false,
             },
             Kind::Sentinel { .. } => true,
-            Kind::Cluster { .. } => false,
+            // A lane per node (`cluster_lane_target`), over plain TCP: a TLS node's
+            // configuration is the crate's (see `guard::ClusterTls`).
+            Kind::Cluster { node_tls, .. } => node_tls.is_none() && self.tls.is_none(),
+        }
+    }
+
+    /// A Cluster node's read lane target: the node at `host`:`port` (from the slot map), as the
+    /// first seed authenticates (db 0, as a cluster has). `None` off a cluster, or over TLS.
+    pub fn cluster_lane_target(&self, host: &str, port: u16) -> Option<LaneTarget> {
+        match &self.kind {
+            Kind::Cluster {
+                seeds, node_tls, ..
+            } if node_tls.is_none() && self.tls.is_none() => {
+                Some(LaneTarget::node(host, port, seeds.first()?))
+            }
+            _ => None,
         }
     }
 
     /// Where a read lane connects now: the one server, or the primary the sentinels name; over
     /// TLS, with the client configuration the command connection's options describe.
     pub async fn lane_target(&self) -> RedisResult<Option<LaneTarget>> {
-        if !self.lane_possible() {
+        if !self.lane_possible() || self.is_cluster() {
             return Ok(None);
         }
         let client = self.server(false).await?;

@@ -1,12 +1,13 @@
-//! The read lane: a second connection to the one server (or the Sentinel primary), over TCP or
-//! TLS, which the hot read path (a `GET` of a key's envelope) takes instead of the command
-//! connection. The embedder drives its socket from its own event loop, so a read and its answer
+//! The read lane: a second connection to the one server (or the Sentinel primary, or on a
+//! Cluster one per master), over TCP, TLS or a Unix socket, which the hot read path (a `GET` of a
+//! key's envelope) takes instead of the command connection. The embedder drives its socket from its own event loop, so a read and its answer
 //! cross no thread: on the command connection each read goes JS thread → runtime worker →
 //! connection task → JS thread, and a profile put most of a sequential read's time in those
 //! wake-ups. Here lives what needs no event loop, in pure Rust that tests reach without Node:
 //! the framing of its replies (`resp`), how it connects and authenticates (`transport`, on the
 //! runtime, then handed over as a non-blocking socket), whether it may be used, and what a reply
-//! means (this file). The embedder's glue (libuv, in `src/node/lane.rs`) only moves bytes.
+//! means (this file). The embedder's glue (libuv, or a socket of the runtime's own where there
+//! is no genuine libuv: `src/node/lane.rs`, `lib/lane.js`) only moves bytes.
 //!
 //! The lane carries plain GETs only; everything else (a miss that must take the lock, an entry
 //! with tags, an error reply) is asked again on the command connection, which knows how to
@@ -22,16 +23,29 @@ mod transport;
 use std::time::Duration;
 
 pub use resp::{frame, frame_values, Reply, Values};
-pub use transport::{Landing, LaneSocket, Opened};
+pub use transport::{handshake_reply, Landing, LaneSocket, LaneStream, Opened};
 
 use redis::RedisResult;
 
 use super::envelopes::{usable, Misdelivered};
 use super::net::timed_out;
+use super::slots::slot_of_key;
 use super::{RedisTier, Remote};
 use crate::inbox::{tag_bucket, Stamp};
 use crate::key;
+use crate::store::redis::target::LaneTarget;
 use transport::refused;
+
+/// Where a Cluster read's lane goes (`lane_node`).
+#[derive(Debug, PartialEq)]
+pub enum LaneNode {
+    /// The master at this host and port.
+    At(String, u16),
+    /// The slot map is not known: read it (`read_slot_map`); the command connection reads now.
+    Unknown,
+    /// No lane for it (the map was refused, or names no address for its slot).
+    Nowhere,
+}
 
 /// What a lane read found.
 #[derive(Debug, PartialEq)]
@@ -86,6 +100,76 @@ impl RedisTier {
             .map_err(|_| timed_out("timed out connecting to Redis"))?
     }
 
+    /// Where a socket lane connects now (within the connect timeout), and the tier's command
+    /// connection count when it was asked.
+    pub async fn socket_lane_target(&self) -> RedisResult<(LaneTarget, u64)> {
+        let replacement = self.link.replacements();
+        let target =
+            tokio::time::timeout(self.link.connect_timeout, self.link.topology.lane_target())
+                .await
+                .map_err(|_| timed_out("timed out asking where Redis is"))??
+                .ok_or_else(|| refused("the server cannot be read on a lane".into()))?;
+        Ok((target, replacement))
+    }
+
+    /// The connect timeout (a socket lane's opening is bounded by it).
+    pub fn lane_connect_timeout(&self) -> Duration {
+        self.link.connect_timeout
+    }
+
+    /// Whether this tier is a Redis Cluster: reads take a lane per node (`lane_node`).
+    pub fn lane_is_cluster(&self) -> bool {
+        self.link.topology.is_cluster()
+    }
+
+    /// On a Cluster, where the master serving `key`'s value is, by the tier's slot map (the one
+    /// batches group keys by). A map that is stale costs a redirect (MOVED, ASK), which the lane
+    /// hands to the command connection and which forgets the map.
+    pub fn lane_node(&self, key: &str) -> LaneNode {
+        match self.link.slot_map() {
+            None => LaneNode::Unknown,
+            Some(None) => LaneNode::Nowhere,
+            Some(Some(map)) => {
+                let slot = slot_of_key(self.value_key(key).as_bytes());
+                match map.node_of(slot).and_then(|n| map.address_of(n)) {
+                    Some((host, port)) => LaneNode::At(host.to_string(), port),
+                    None => LaneNode::Nowhere,
+                }
+            }
+        }
+    }
+
+    /// Reads the slot map (`CLUSTER SLOTS` on the command connection) for `lane_node`.
+    pub async fn read_slot_map(&self) {
+        self.slot_map().await;
+    }
+
+    /// Opens a lane to the Cluster node at `host`:`port` (on the runtime), within the connect
+    /// timeout.
+    pub async fn open_lane_to(&self, host: &str, port: u16) -> RedisResult<LaneSocket> {
+        let replacement = self.link.replacements();
+        let target = self
+            .node_lane_target(host, port)
+            .ok_or_else(|| refused("the node is not reached over TCP".into()))?;
+        tokio::time::timeout(
+            self.link.connect_timeout,
+            transport::connect(&target, replacement),
+        )
+        .await
+        .map_err(|_| timed_out("timed out connecting to Redis"))?
+    }
+
+    /// The target of a socket lane to the Cluster node at `host`:`port`, and the tier's command
+    /// connection count now.
+    pub fn node_lane_target(&self, host: &str, port: u16) -> Option<LaneTarget> {
+        self.link.topology.cluster_lane_target(host, port)
+    }
+
+    /// The tier's command connection count now (a lane opened at it is `lane_current`).
+    pub fn lane_replacement(&self) -> u64 {
+        self.link.replacements()
+    }
+
     /// The request of a lane read of `key`, appended to `out`.
     pub fn lane_request(&self, key: &str, out: &mut Vec<u8>) {
         key::write_value_get(&self.policies.namespace, key, out);
@@ -114,7 +198,13 @@ impl RedisTier {
     pub fn lane_answer(&self, key: &str, stamp: Stamp, reply: Reply<'_>, count: bool) -> LaneRead {
         let read = match reply {
             Reply::Nil => LaneRead::Missing,
-            Reply::Error(_) => return LaneRead::Ask,
+            Reply::Error(e) => {
+                if e.starts_with(b"MOVED ") || e.starts_with(b"ASK ") {
+                    // A Cluster node's lane, routed by a stale map: read it again.
+                    self.link.forget_slot_map();
+                }
+                return LaneRead::Ask;
+            }
             Reply::Other => {
                 self.stats.redis_errors.incr();
                 return LaneRead::Misaligned(
@@ -217,6 +307,10 @@ impl RedisTier {
     /// taken down for it. The reads it carried are asked again on the command connection, whose
     /// own failure, if Redis is gone, takes the tier down; a lane killed alone costs nothing.
     pub fn lane_lost(&self, key: Option<&str>, why: String) {
+        if self.lane_is_cluster() {
+            // A node gone (a failover, say): the map is read again before the next lane read.
+            self.link.forget_slot_map();
+        }
         self.report("get", key, why);
     }
 }

@@ -1,5 +1,6 @@
-//! How a read lane connects to its target (`target.rs`): the TCP or TLS connection and the
-//! handshake, all on the runtime; the socket is then handed to the embedder as non-blocking.
+//! How a read lane connects to its target (`target.rs`): the TCP, TLS or Unix socket connection
+//! and the handshake, all on the runtime; the socket is then handed to the embedder as
+//! non-blocking.
 
 use std::io;
 use std::net::TcpStream;
@@ -15,39 +16,81 @@ use super::resp::{frame, Reply};
 use crate::store::redis::target::{LaneTarget, LaneTls};
 use crate::sync::LockOrRecover;
 
+/// A lane's socket: TCP, or a Unix socket's.
+pub enum LaneStream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl io::Read for &LaneStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match *self {
+            LaneStream::Tcp(s) => (&*s).read(buf),
+            #[cfg(unix)]
+            LaneStream::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl io::Write for &LaneStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match *self {
+            LaneStream::Tcp(s) => (&*s).write(buf),
+            #[cfg(unix)]
+            LaneStream::Unix(s) => (&*s).write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+impl std::os::fd::AsRawFd for LaneStream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            LaneStream::Tcp(s) => s.as_raw_fd(),
+            LaneStream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
 /// An open lane's socket (non-blocking), its TLS session if it has one, and the tier's command
 /// connection count when it began to open.
 pub struct LaneSocket {
-    pub stream: TcpStream,
+    pub stream: LaneStream,
     pub tls: Option<Box<rustls::ClientConnection>>,
     pub opened_at_replacement: u64,
 }
 
-/// Where a lane opening on the runtime leaves its result for the embedder's thread.
-pub type Opened = Arc<std::sync::Mutex<Option<RedisResult<LaneSocket>>>>;
+/// Where a lane opening on the runtime leaves its result for the embedder's thread (the open
+/// socket; or, for the socket lane, where to connect).
+pub type Opened<T = LaneSocket> = Arc<std::sync::Mutex<Option<RedisResult<T>>>>;
 
 /// The opening task's hold on `Opened`. Dropped without a result (the task panicked or was
 /// dropped), it leaves a failure, so the embedder retries later instead of waiting for ever.
-pub struct Landing {
-    result: Opened,
+pub struct Landing<T = LaneSocket> {
+    result: Opened<T>,
     landed: bool,
 }
 
-impl Landing {
-    pub fn new(result: Opened) -> Landing {
+impl<T> Landing<T> {
+    pub fn new(result: Opened<T>) -> Landing<T> {
         Landing {
             result,
             landed: false,
         }
     }
 
-    pub fn land(mut self, opened: RedisResult<LaneSocket>) {
+    pub fn land(mut self, opened: RedisResult<T>) {
         *self.result.lock_or_recover() = Some(opened);
         self.landed = true;
     }
 }
 
-impl Drop for Landing {
+impl<T> Drop for Landing<T> {
     fn drop(&mut self) {
         if !self.landed {
             *self.result.lock_or_recover() = Some(Err(RedisError::from(io::Error::other(
@@ -85,17 +128,23 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             else {
                 break;
             };
-            if let (Reply::Error(e), true) = (reply, handshake[answered].1) {
-                return Err(refused(format!(
-                    "Redis refused the connection: {}",
-                    String::from_utf8_lossy(e)
-                )));
-            }
+            handshake_reply(reply, handshake[answered].1).map_err(refused)?;
             answered += 1;
             input.drain(..len);
         }
     }
     Ok(())
+}
+
+/// Whether a handshake reply lets the lane open: a refusal of a `required` command does not.
+pub fn handshake_reply(reply: Reply<'_>, required: bool) -> Result<(), String> {
+    match (reply, required) {
+        (Reply::Error(e), true) => Err(format!(
+            "Redis refused the connection: {}",
+            String::from_utf8_lossy(e)
+        )),
+        _ => Ok(()),
+    }
 }
 
 pub(super) fn refused(what: String) -> RedisError {
@@ -106,6 +155,9 @@ pub(super) fn refused(what: String) -> RedisError {
 /// the embedder (non-blocking). `replacement`: the tier's command connection count when the
 /// opening began.
 pub async fn connect(target: &LaneTarget, replacement: u64) -> RedisResult<LaneSocket> {
+    if let Some(path) = &target.path {
+        return connect_unix(path, target, replacement).await;
+    }
     let mut stream = tokio::net::TcpStream::connect((target.host.as_str(), target.port)).await?;
     stream.set_nodelay(true)?;
     // A replaced lane's unsent reads are discarded rather than delivered late.
@@ -134,10 +186,33 @@ pub async fn connect(target: &LaneTarget, replacement: u64) -> RedisResult<LaneS
     let stream = stream.into_std()?;
     stream.set_nonblocking(true)?;
     Ok(LaneSocket {
-        stream,
+        stream: LaneStream::Tcp(stream),
         tls,
         opened_at_replacement: replacement,
     })
+}
+
+/// `connect` to a Unix socket at `path`.
+#[cfg(unix)]
+async fn connect_unix(
+    path: &str,
+    target: &LaneTarget,
+    replacement: u64,
+) -> RedisResult<LaneSocket> {
+    let mut stream = tokio::net::UnixStream::connect(path).await?;
+    handshake(&mut stream, target).await?;
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(true)?;
+    Ok(LaneSocket {
+        stream: LaneStream::Unix(stream),
+        tls: None,
+        opened_at_replacement: replacement,
+    })
+}
+
+#[cfg(not(unix))]
+async fn connect_unix(_: &str, _: &LaneTarget, _: u64) -> RedisResult<LaneSocket> {
+    Err(refused("no Unix sockets here".into()))
 }
 
 #[cfg(test)]
