@@ -595,11 +595,14 @@ test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false
     values,
     keys.map((k) => ({ k })),
   )
-  // One MGET of every key (on the read lane, and its ECHO, the alignment mark), one lock bid per
-  // key (one pipeline, ended by an ECHO as every script call off a Cluster), one fenced
-  // write-back per key (each with its ECHO), and one read of the namespace clock for the batch
-  // (with its ECHO too).
-  assert.deepEqual(cold, { get: 0, mget: 1, echo: 1_003, evalsha: 2_000, eval: 0, hget: 1 })
+  // One MGET of every key (on the read lane; its ECHO, the alignment mark, only when one is due:
+  // marks are amortised while nothing changed), one lock bid per key (one pipeline, ended by an
+  // ECHO as every pipeline off a Cluster), one fenced write-back per key (each proving its place
+  // by the mark it returns: no ECHO), and one read of the namespace clock for the batch (with its
+  // ECHO).
+  const { echo: coldEchoes, ...coldRest } = cold
+  assert.deepEqual(coldRest, { get: 0, mget: 1, evalsha: 2_000, eval: 0, hget: 1 })
+  assert.ok(coldEchoes === 2 || coldEchoes === 3, `${coldEchoes} ECHOs for a cold batch`)
 
   // Built after the writes, so it heard none of their announcements (a value one carries is read
   // without asking Redis at all).
@@ -615,7 +618,9 @@ test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false
     ['get', 'mget', 'echo', 'evalsha', 'eval', 'hget'],
   )
   assert.equal(none.length, 0)
-  assert.deepEqual(warm, { get: 0, mget: 1, echo: 1, evalsha: 0, eval: 0, hget: 0 }, 'warm: one MGET and its ECHO, nothing else')
+  // Its ECHO only if a mark is due (the lane's first read is marked; see src/node/lane.rs, `mark`).
+  assert.ok(warm.echo <= 1, `${warm.echo} ECHOs for a warm batch`)
+  assert.deepEqual({ ...warm, echo: 0 }, { get: 0, mget: 1, echo: 0, evalsha: 0, eval: 0, hget: 0 }, 'warm: one MGET and at most its ECHO, nothing else')
   const s = b.stats()
   assert.deepEqual([s.l2Hits - s0.l2Hits, s.misses - s0.misses, s.loads], [1_000, 0, 0], 'l2Hits per key')
   assert.deepEqual(await b.getMany(['r1', 'nope', 'r999']), [{ k: 'r1' }, undefined, { k: 'r999' }])
@@ -746,7 +751,8 @@ test('Redis: a warm batch with options costs one MGET and its ECHO, as without; 
       names,
     )
     const what = Object.keys(options).join(', ')
-    assert.deepEqual(warm, { get: 0, mget: 1, echo: 1, evalsha: 0, eval: 0, hget: 0 }, `${what}: one MGET and its ECHO, no lock bid`)
+    assert.ok(warm.echo <= 1, `${what}: ${warm.echo} ECHOs`)
+    assert.deepEqual({ ...warm, echo: 0 }, { get: 0, mget: 1, echo: 0, evalsha: 0, eval: 0, hget: 0 }, `${what}: one MGET and at most its ECHO, no lock bid`)
     // Read first, as without options: on the read lane, with no flight or gate per key (whose
     // read takes the command connection).
     const lanes = await readLanes(redis)

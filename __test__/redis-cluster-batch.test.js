@@ -23,7 +23,7 @@ const SCRIPTS = path.join(__dirname, '..', 'src', 'store', 'redis', 'scripts')
 /** The lock bid's hash, as the redis crate computes it (SHA-1 of the script's text). */
 const COLD_GATE_SHA = crypto
   .createHash('sha1')
-  .update(fs.readFileSync(path.join(SCRIPTS, 'fence_of.lua')) + fs.readFileSync(path.join(SCRIPTS, 'cold_gate.lua')))
+  .update(fs.readFileSync(path.join(SCRIPTS, 'envelope.lua')) + fs.readFileSync(path.join(SCRIPTS, 'cold_gate.lua')))
   .digest('hex')
 
 const vkey = (ns, k) => `${ns}:v:{${k}}`

@@ -86,6 +86,40 @@ test('reads take the lane: one named connection carries the GETs, values and cou
   assert.equal(await reader.getOrLoad('tagged', async () => 'reloaded'), 'reloaded')
 })
 
+/** Calls of each command since `CONFIG RESETSTAT` (INFO commandstats). */
+async function calls(redis) {
+  const stats = await redis.info('commandstats')
+  const out = {}
+  for (const [k, v] of Object.entries(stats)) out[k.replace(/^cmdstat_/, '')] = Number(/calls=(\d+)/.exec(v)[1])
+  return out
+}
+
+test('marks are amortised: sequential reads while nothing changes cost about one GET each, and the first read after a write of this instance is proven before it is delivered', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const redis = await server(t)
+  const writer = cacheOn(t, redis)
+  const reader = cacheOn(t, redis)
+  for (let i = 0; i < 20; i++) await writer.set(`m${i}`, i)
+  const mustNotLoad = () => {
+    throw new Error('must come from Redis')
+  }
+  await laneCarrying(redis, () => reader.getOrLoad('m0', mustNotLoad))
+  await redis.cmd('CONFIG', 'RESETSTAT')
+  for (let n = 0; n < 400; n++) assert.equal(await reader.getOrLoad(`m${n % 20}`, mustNotLoad), n % 20)
+  const c = await calls(redis)
+  // One mark per 16 reads at most while nothing changed (or per 50 ms, on a slow machine).
+  assert.equal(c.get, 400, 'every read went to Redis')
+  assert.ok((c.echo ?? 0) <= 400 / 4, `${c.echo} ECHOs for 400 reads: marks are not amortised`)
+  // After this instance's own write, its next read is marked: a reply is delivered only once
+  // an ECHO after it came back.
+  await reader.set('m3', 'mine')
+  await redis.cmd('CONFIG', 'RESETSTAT')
+  assert.equal(await reader.getOrLoad('m3', mustNotLoad), 'mine')
+  const after = await calls(redis)
+  assert.deepEqual([after.get, after.echo], [1, 1], 'the read after a write went with its mark')
+})
+
 /** The connections (`addr`) that sent each `MGET` while `fn` ran, as MONITOR shows them. */
 // The connections that sent MGETs of value keys while `fn` ran (a tagged entry's tag records,
 // its deleteByTag and expireByTag keys, are read by an MGET too: not counted).

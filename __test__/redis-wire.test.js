@@ -88,8 +88,8 @@ for (const [path_, env] of [
 
 // A script's reply moved by one: an extra integer reply in front of a load's write-back, whose
 // own reply says it was fenced out (a set of the key since the load began). Read as written, the
-// load's older value would be kept in process over the set's; proven out of step by the ECHO
-// that travels with every script call, the write-back counts as dropped and nothing is kept.
+// load's older value would be kept in process over the set's; proven out of step by the mark
+// every script returns in its own reply, the write-back counts as dropped and nothing is kept.
 // Bus messages to the reader are withheld, so only the write-back's reply decides.
 test('command connection: a write-back reply moved by an extra reply is not read as written', { timeout: 90_000 }, async () => {
   await started
@@ -101,7 +101,8 @@ test('command connection: a write-back reply moved by an extra reply is not read
   proxy.tamperEvery((chunk) => {
     // The bus's messages (RESP3 pushes): the reader hears no announcement.
     if (chunk.toString('latin1', 0, 16).startsWith('>3\r\n$7\r\nmessage')) return Buffer.alloc(0)
-    if (injectInteger && chunk[0] === 0x3a) {
+    // The write-back's reply, {written, mark}: an array of two opening with an integer.
+    if (injectInteger && chunk.toString('latin1', 0, 5) === '*2\r\n:') {
       injectInteger = false
       return Buffer.concat([Buffer.from(':1\r\n'), chunk])
     }

@@ -60,7 +60,8 @@ function command(port, ...args) {
 
 async function startRedis() {
   const port = await freePort()
-  const proc = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
+  // REDIS_SERVER=valkey-server measures against Valkey.
+  const proc = spawn(process.env.REDIS_SERVER || 'redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
     stdio: 'ignore',
   })
   const stop = () => {

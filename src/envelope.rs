@@ -3,8 +3,11 @@
 //! when a failed refresh holds further refreshes back (errorBackoff), and the namespace clock it
 //! was born at (a `clear` or `deleteByTag` at a later clock makes it dead, see `inbox.rs`).
 //!
-//! The same fields travel as JSON in Redis, with the entry's tags and its serializer's format;
-//! `decode` treats anything it did not write as a miss.
+//! In Redis they travel as a fixed-width binary header (see [`layout`]) followed by the value's
+//! serialized bytes as they are; envelopes written by earlier versions as JSON
+//! (`{"sc":1,...}`) stay readable. `decode` treats anything it did not write as a miss.
+
+use std::borrow::Cow;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -187,7 +190,8 @@ impl Envelope {
         (self.hard_until - now).ceil().max(1.0) as u64
     }
 
-    /// The JSON written to Redis. `body.value_json` is the value already serialized by the
+    /// The JSON layout earlier versions wrote to Redis (still read by [`Envelope::decode`]; tests
+    /// write it to check that). `body.value_json` is the value already serialized by the
     /// caller, embedded as is, so it is never re-serialized. `generation` (alphanumeric) names
     /// this write; it comes first, then `born`, where the Lua scripts read them without parsing
     /// the JSON (a load began from another generation is not written back; `clear` sweeps
@@ -196,7 +200,8 @@ impl Envelope {
     /// `value_key` is the Redis key it is written to: the envelope names it (`kh`, its
     /// [`key_mark`]), right after `born`, so a reader can tell a reply meant for another key
     /// (a desynchronized connection, a buggy proxy) from its own.
-    pub fn encode(&self, body: &Body<'_>, generation: &str, value_key: &str) -> String {
+    #[cfg(test)]
+    pub fn encode_json(&self, body: &Body<'_>, generation: &str, value_key: &str) -> String {
         debug_assert!(generation.bytes().all(|b| b.is_ascii_alphanumeric()));
         let value = body.value_json.unwrap_or("null");
         let mut out = String::with_capacity(value.len() + 180);
@@ -248,8 +253,84 @@ impl Envelope {
     /// that is not JSON is then unreadable there: a miss, as here). Scanning a 10 KB value for
     /// escapes was the largest cost of a Redis read in the binding. Any other layout is parsed
     /// whole.
-    pub fn decode(text: &str) -> Option<Decoded<'_>> {
+    pub fn decode_json(text: &str) -> Option<Decoded<'_>> {
         Self::decode_written(text).or_else(|| Self::decode_any(text))
+    }
+
+    /// What Redis holds for a key: the binary layout (see [`layout`]) or the JSON one earlier
+    /// versions wrote (`decode_json`). Anything else is `None`: a miss, never an error.
+    pub fn decode(bytes: &[u8]) -> Option<Decoded<'_>> {
+        match bytes.first() {
+            Some(&layout::MAGIC) => decode_binary(bytes),
+            Some(b'{') => Self::decode_json(std::str::from_utf8(bytes).ok()?),
+            _ => None,
+        }
+    }
+
+    /// The bytes written to Redis for `value_key`: the header (see [`layout`]), the tags if
+    /// any, then `body.value_json` as given (never re-serialized). `generation` names this write
+    /// (the scripts compare it to fence loads).
+    pub fn encode(&self, body: &Body<'_>, generation: &Generation, value_key: &str) -> Vec<u8> {
+        let value = body.value_json.unwrap_or("");
+        let mut out = Vec::with_capacity(layout::FIXED + 6 + value.len());
+        let mut flags = (body.fmt.code() as u8) << layout::FMT_SHIFT;
+        if self.negative {
+            flags |= layout::NEGATIVE;
+        }
+        if body.value_json.is_none() {
+            flags |= layout::UNDEFINED;
+        }
+        if !body.tags.is_empty() {
+            flags |= layout::TAGGED;
+        }
+        let compressed = compressed(value.as_bytes());
+        if compressed.is_some() {
+            flags |= layout::COMPRESSED;
+        }
+        let retry = layout::ms(self.retry_after.ceil());
+        if retry > 0 {
+            flags |= layout::RETRY;
+        }
+        self.push_head(&mut out, flags, generation, value_key);
+        if retry > 0 {
+            out.extend_from_slice(&retry.to_be_bytes()[2..]);
+        }
+        if !body.tags.is_empty() {
+            // Strings only: serializing them cannot fail.
+            let tags = serde_json::to_vec(body.tags).unwrap_or_else(|_| b"[]".to_vec());
+            out.extend_from_slice(&(tags.len() as u32).to_be_bytes());
+            out.extend_from_slice(&tags);
+        }
+        match compressed {
+            Some(c) => out.extend_from_slice(&c),
+            None => out.extend_from_slice(value.as_bytes()),
+        }
+        out
+    }
+
+    /// A marker: a header with no value, holding a key's generation while a load that began
+    /// with the key absent runs (see `fence.lua`). Read, it is a miss.
+    pub fn encode_marker(&self, generation: &Generation, value_key: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(layout::FIXED);
+        self.push_head(&mut out, layout::MARKER, generation, value_key);
+        out
+    }
+
+    fn push_head(&self, out: &mut Vec<u8>, flags: u8, generation: &Generation, value_key: &str) {
+        out.push(layout::MAGIC);
+        out.push(flags);
+        out.extend_from_slice(&key_mark_bits(value_key).to_be_bytes());
+        out.extend_from_slice(generation);
+        out.extend_from_slice(&self.born.min(layout::MAX_U48).to_be_bytes()[2..]);
+        out.extend_from_slice(&layout::ms(self.fresh_until.round()).to_be_bytes()[2..]);
+        out.extend_from_slice(&layout::ms(self.hard_until.round()).to_be_bytes()[2..]);
+        let us = (self.compute_ms * 1_000.0).round();
+        let us = if us.is_finite() && us > 0.0 {
+            us.min(f64::from(u32::MAX)) as u32
+        } else {
+            0
+        };
+        out.extend_from_slice(&us.to_be_bytes());
     }
 
     /// Reads the layout `encode` writes without tags, in one pass over the metadata with no
@@ -454,7 +535,7 @@ impl Envelope {
             return None;
         }
         Some(Decoded {
-            generation: head.gen,
+            generation: head.gen.as_bytes(),
             envelope: Envelope {
                 fresh_until: head.fresh_until,
                 hard_until: head.hard_until,
@@ -463,10 +544,18 @@ impl Envelope {
                 retry_after: head.retry_after,
                 born: head.born,
             },
-            value_json: if head.undefined { None } else { Some(value) },
+            value_json: if head.undefined {
+                None
+            } else {
+                Some(Cow::Borrowed(value))
+            },
             tags: head.tags,
             fmt,
-            key_mark: head.kh,
+            // A mark that is not 16 hex digits (garbled) names no key of ours.
+            key_mark: head
+                .kh
+                .map(|k| k.as_bytes().try_into().unwrap_or([b'!'; 16])),
+            marker: false,
         })
     }
 }
@@ -511,32 +600,190 @@ struct Wire<'a> {
 #[derive(Debug, PartialEq)]
 pub struct Decoded<'a> {
     pub envelope: Envelope,
-    /// The write that made it ('' for none).
-    pub generation: &'a str,
-    /// `None` when the cached value is `undefined`.
-    pub value_json: Option<&'a str>,
+    /// The write that made it (empty for none): 8 bytes in the binary layout, the JSON's `gen`
+    /// in the old one.
+    pub generation: &'a [u8],
+    /// `None` when the cached value is `undefined`; borrowed from the input unless it was
+    /// compressed.
+    pub value_json: Option<Cow<'a, str>>,
     pub tags: Vec<String>,
     pub fmt: Fmt,
-    /// The mark of the key it was written for; `None` in envelopes written before marks.
-    pub key_mark: Option<&'a str>,
+    /// The mark of the key it was written for (16 hex digits); `None` in envelopes written
+    /// before marks.
+    pub key_mark: Option<[u8; 16]>,
+    /// A marker (see [`Envelope::encode_marker`]): no value, a miss.
+    pub marker: bool,
 }
 
 impl Decoded<'_> {
     /// Whether it may be read as the entry of `value_key`: it names that key, or names none
     /// (written by a version before marks).
     pub fn written_for(&self, value_key: &str) -> bool {
-        self.key_mark
-            .is_none_or(|mark| mark.as_bytes() == key_mark(value_key))
+        self.key_mark.is_none_or(|mark| mark == key_mark(value_key))
     }
 
     /// What to write to put it back as it was (see `Envelope::encode`).
     pub fn body(&self) -> Body<'_> {
         Body {
-            value_json: self.value_json,
+            value_json: self.value_json.as_deref(),
             tags: &self.tags,
             fmt: self.fmt,
         }
     }
+}
+
+/// A write's fencing generation: 8 random bytes. The first 4 are its set part: a `set` or
+/// `delete` draws all 8, a load's write-back keeps the set part it was fenced by and draws the
+/// rest, so a forced load (fenced by the set part alone) is dropped by a `set` or `delete` since
+/// it began and not by another load's write (`write_back.lua`).
+pub type Generation = [u8; 8];
+
+/// A new generation, all 8 bytes random (the scripts carry a set part over where they must).
+pub fn new_generation() -> Generation {
+    rand::random()
+}
+
+/// The binary layout in Redis, big-endian, fixed offsets so the Lua scripts read a field with
+/// `string.sub` / `struct.unpack` (`scripts/envelope.lua` is the one place they do):
+///
+/// | offset | bytes | field |
+/// |---:|---:|---|
+/// | 0 | 1 | `MAGIC` (0xC5: the layout's version; never `{`, never valid UTF-8 first) |
+/// | 1 | 1 | flags: negative, undefined, tagged, retryAfter, marker, compressed; the format in bits 6-7 |
+/// | 2 | 8 | the key's mark (`key_mark_bits` of the Redis key) |
+/// | 10 | 8 | the generation (`Generation`) |
+/// | 18 | 6 | born (the namespace clock) |
+/// | 24 | 6 | freshUntil (epoch ms) |
+/// | 30 | 6 | hardUntil (epoch ms) |
+/// | 36 | 4 | computeMs in µs (saturating at about 71 minutes) |
+/// | 40 | 6 | retryAfter (epoch ms), only with its flag |
+/// | .. | 4 + n | the tags as a JSON array, its length first, only when tagged |
+/// | .. | rest | the value's serialized bytes, as given |
+pub mod layout {
+    pub const MAGIC: u8 = 0xC5;
+    pub const NEGATIVE: u8 = 0x01;
+    pub const UNDEFINED: u8 = 0x02;
+    pub const TAGGED: u8 = 0x04;
+    pub const RETRY: u8 = 0x08;
+    pub const MARKER: u8 = 0x10;
+    pub const COMPRESSED: u8 = 0x20;
+    pub const FMT_SHIFT: u8 = 6;
+    pub const MARK: usize = 2;
+    pub const GENERATION: usize = 10;
+    pub const BORN: usize = 18;
+    pub const FRESH: usize = 24;
+    pub const HARD: usize = 30;
+    pub const COMPUTE: usize = 36;
+    /// The header without its optional parts.
+    pub const FIXED: usize = 40;
+    pub const MAX_U48: u64 = (1 << 48) - 1;
+
+    /// Epoch ms as the header holds them: whole, 0 to 2^48 - 1 (the year 10889).
+    pub fn ms(t: f64) -> u64 {
+        if t.is_finite() && t > 0.0 {
+            (t as u64).min(MAX_U48)
+        } else {
+            0
+        }
+    }
+
+    pub(super) fn u48(b: &[u8], at: usize) -> Option<u64> {
+        let s = b.get(at..at + 6)?;
+        Some(s.iter().fold(0u64, |n, &c| (n << 8) | u64::from(c)))
+    }
+}
+
+/// Values of at least this many bytes are stored LZ4-compressed when that saves an eighth or more
+/// (`bench/redis-cost.js --large`: a 100 KB HTML page took about a quarter of the bytes in Redis
+/// and read no slower). `STAMPEDE_CACHE_NO_COMPRESS=1` turns it off for a process (to measure).
+pub const COMPRESS_ABOVE: usize = 16 * 1024;
+
+fn compression_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("STAMPEDE_CACHE_NO_COMPRESS").is_none_or(|v| v != "1"))
+}
+
+/// `value` compressed (its length, 4 bytes, then an LZ4 block), if that pays (see
+/// [`COMPRESS_ABOVE`]).
+fn compressed(value: &[u8]) -> Option<Vec<u8>> {
+    if value.len() < COMPRESS_ABOVE || value.len() > u32::MAX as usize || !compression_on() {
+        return None;
+    }
+    let c = lz4_flex::block::compress_prepend_size(value);
+    (c.len() <= value.len() - value.len() / 8).then_some(c)
+}
+
+/// What [`compressed`] wrote, decompressed; `None` for anything else. The length it declares is
+/// untrusted: it must be one LZ4 can reach from that many bytes (at most 255 times as many), so a
+/// short reply cannot make a large allocation.
+fn decompressed(b: &[u8]) -> Option<Vec<u8>> {
+    let len = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
+    if len > (b.len() - 4).saturating_mul(255) || len > 512 * 1024 * 1024 {
+        return None;
+    }
+    let out = lz4_flex::block::decompress(&b[4..], len).ok()?;
+    (out.len() == len).then_some(out)
+}
+
+/// Reads the binary layout (see [`layout`]); `None` for anything that does not hold together.
+fn decode_binary(b: &[u8]) -> Option<Decoded<'_>> {
+    use layout::*;
+    if b.len() < FIXED || b[0] != MAGIC {
+        return None;
+    }
+    let flags = b[1];
+    let mark = u64::from_be_bytes(b[MARK..MARK + 8].try_into().ok()?);
+    let compute_us = u32::from_be_bytes(b[COMPUTE..COMPUTE + 4].try_into().ok()?);
+    let mut envelope = Envelope {
+        fresh_until: u48(b, FRESH)? as f64,
+        hard_until: u48(b, HARD)? as f64,
+        compute_ms: f64::from(compute_us) / 1_000.0,
+        negative: flags & NEGATIVE != 0,
+        retry_after: 0.0,
+        born: u48(b, BORN)?,
+    };
+    if envelope.hard_until < envelope.fresh_until {
+        return None;
+    }
+    let mut at = FIXED;
+    if flags & RETRY != 0 {
+        envelope.retry_after = u48(b, at)? as f64;
+        at += 6;
+    }
+    let mut tags = Vec::new();
+    if flags & TAGGED != 0 {
+        let len = u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?) as usize;
+        at += 4;
+        tags = serde_json::from_slice(b.get(at..at.checked_add(len)?)?).ok()?;
+        at += len;
+    }
+    let fmt = Fmt::from_code(u32::from(flags >> FMT_SHIFT));
+    let marker = flags & MARKER != 0;
+    let value: Cow<'_, str> = if flags & COMPRESSED != 0 {
+        Cow::Owned(String::from_utf8(decompressed(&b[at..])?).ok()?)
+    } else {
+        Cow::Borrowed(std::str::from_utf8(&b[at..]).ok()?)
+    };
+    let undefined = flags & UNDEFINED != 0;
+    let value_json = if marker || undefined {
+        None
+    } else if value.is_empty()
+        || (fmt != Fmt::Json && !envelope.negative && !value.starts_with('"'))
+    {
+        // A value in another format is a JSON string (base64, or the serializer's text).
+        return None;
+    } else {
+        Some(value)
+    };
+    Some(Decoded {
+        envelope,
+        generation: &b[GENERATION..GENERATION + 8],
+        value_json,
+        tags,
+        fmt,
+        key_mark: Some(hex_mark(mark)),
+        marker,
+    })
 }
 
 /// The name an envelope carries of the Redis key it was written to: FNV-1a (64 bits) of the
@@ -544,11 +791,20 @@ impl Decoded<'_> {
 /// hostile server can write anything); it turns a reply delivered for the wrong request into
 /// a refusal, where 2^-64 is the chance that two keys' marks agree.
 pub fn key_mark(value_key: &str) -> [u8; 16] {
+    hex_mark(key_mark_bits(value_key))
+}
+
+/// The 64 bits of [`key_mark`], as the binary layout carries them.
+pub fn key_mark_bits(value_key: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in value_key.as_bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
+    h
+}
+
+fn hex_mark(h: u64) -> [u8; 16] {
     let mut out = [0u8; 16];
     for (i, slot) in out.iter_mut().enumerate() {
         let nibble = ((h >> (60 - 4 * i)) & 0xf) as u8;
@@ -647,6 +903,7 @@ fn json_number(text: &str, at: usize) -> Option<(f64, usize)> {
     Some((n, end))
 }
 
+#[cfg(test)]
 fn push_number(out: &mut String, n: f64) {
     use std::fmt::Write;
     // Integers (epoch ms) print without a fraction; fractions keep full precision.
@@ -663,8 +920,8 @@ mod tests {
     #[test]
     fn an_envelope_names_the_key_it_was_written_for() {
         let e = Envelope::new(1_000.0, 100.0, 1_000.0, 5.0, false);
-        let text = e.encode(&Body::json(Some("1")), "g1", "sc:v:{a}");
-        let d = Envelope::decode(&text).unwrap();
+        let text = e.encode_json(&Body::json(Some("1")), "g1", "sc:v:{a}");
+        let d = Envelope::decode_json(&text).unwrap();
         assert!(d.written_for("sc:v:{a}"));
         assert!(!d.written_for("sc:v:{b}"));
         assert!(!d.written_for("other:v:{a}"));
@@ -677,15 +934,17 @@ mod tests {
             tags: &tags,
             fmt: Fmt::Json,
         };
-        let tagged = e.encode(&body, "g1", "sc:v:{a}");
-        let d = Envelope::decode(&tagged).unwrap();
+        let tagged = e.encode_json(&body, "g1", "sc:v:{a}");
+        let d = Envelope::decode_json(&tagged).unwrap();
         assert!(d.written_for("sc:v:{a}") && !d.written_for("sc:v:{b}"));
         // Written before marks existed: readable as any key's.
         let old = r#"{"sc":1,"gen":"g1","born":0,"freshUntil":1100,"hardUntil":2000,"computeMs":5,"retryAfter":0,"value":1}"#;
-        assert!(Envelope::decode(old).unwrap().written_for("sc:v:{b}"));
+        assert!(Envelope::decode_json(old).unwrap().written_for("sc:v:{b}"));
         // A mark that is not one (garbled) names no key of ours.
         let garbled = text.replacen("\"kh\":\"", "\"kh\":\"z", 1);
-        assert!(!Envelope::decode(&garbled).unwrap().written_for("sc:v:{a}"));
+        assert!(!Envelope::decode_json(&garbled)
+            .unwrap()
+            .written_for("sc:v:{a}"));
         assert_ne!(key_mark("sc:v:{a}"), key_mark("sc:v:{b}"));
         assert!(key_mark("x").iter().all(u8::is_ascii_hexdigit));
     }
@@ -733,27 +992,27 @@ mod tests {
         let mut e = Envelope::new(1_700_000_000_000.0, 60_000.0, 600_000.0, 12.5, false);
         e.retry_after = 1_700_000_005_000.0;
         let value = r#"{"b":1,"a":[1,2,{"x":"y"}]}"#;
-        let text = e.encode(&Body::json(Some(value)), "g1", "sc:v:{k}");
+        let text = e.encode_json(&Body::json(Some(value)), "g1", "sc:v:{k}");
         assert!(
             text.starts_with(r#"{"sc":1,"gen":"g1","born":0,"#),
             "{text}"
         );
-        let back = Envelope::decode(&text).unwrap();
+        let back = Envelope::decode_json(&text).unwrap();
         assert_eq!(back.envelope, e);
-        assert_eq!(back.value_json, Some(value));
-        assert_eq!(back.generation, "g1");
+        assert_eq!(back.value_json.as_deref(), Some(value));
+        assert_eq!(back.generation, b"g1");
     }
 
     #[test]
     fn negative_null_and_undefined_are_distinct() {
         let e = Envelope::new(0.0, 5.0, 5.0, 1.0, true);
-        let null_text = e.encode(&Body::json(Some("null")), "g", "sc:v:{k}");
-        let null = Envelope::decode(&null_text).unwrap();
+        let null_text = e.encode_json(&Body::json(Some("null")), "g", "sc:v:{k}");
+        let null = Envelope::decode_json(&null_text).unwrap();
         assert!(null.envelope.negative);
-        assert_eq!(null.value_json, Some("null"));
-        let undef_text = e.encode(&Body::json(None), "g", "sc:v:{k}");
-        let undef = Envelope::decode(&undef_text).unwrap();
-        assert_eq!(undef.value_json, None);
+        assert_eq!(null.value_json.as_deref(), Some("null"));
+        let undef_text = e.encode_json(&Body::json(None), "g", "sc:v:{k}");
+        let undef = Envelope::decode_json(&undef_text).unwrap();
+        assert_eq!(undef.value_json.as_deref(), None);
     }
 
     #[test]
@@ -767,31 +1026,37 @@ mod tests {
             tags: &tags,
             fmt: Fmt::Json,
         };
-        let text = e.encode(&body, "g1", "sc:v:{k}");
-        let back = Envelope::decode(&text).unwrap();
-        assert_eq!(back.value_json, Some(big.as_str()));
+        let text = e.encode_json(&body, "g1", "sc:v:{k}");
+        let back = Envelope::decode_json(&text).unwrap();
+        assert_eq!(back.value_json.as_deref(), Some(big.as_str()));
         assert_eq!(back.tags, tags);
-        assert_eq!(back.generation, "g1");
+        assert_eq!(back.generation, b"g1");
 
         // Not scanned: a value that is not JSON is left to its reader (a miss there).
         let head = r#"{"sc":1,"gen":"g2","born":0,"freshUntil":1,"hardUntil":2,"computeMs":0,"retryAfter":0"#;
         let corrupt = format!(r#"{head},"value":{{oops}}"#);
         assert_eq!(
-            Envelope::decode(&corrupt).unwrap().value_json,
+            Envelope::decode_json(&corrupt)
+                .unwrap()
+                .value_json
+                .as_deref(),
             Some("{oops")
         );
 
         // Another writer's layout (the value first, spaces): parsed whole.
         let first = r#"{"value":[1,2],"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0}"#;
-        assert_eq!(Envelope::decode(first).unwrap().value_json, Some("[1,2]"));
+        assert_eq!(
+            Envelope::decode_json(first).unwrap().value_json.as_deref(),
+            Some("[1,2]")
+        );
         let spaced =
             r#"{"sc": 1, "freshUntil": 1, "hardUntil": 2, "computeMs": 0, "value": {"a": 1}}"#;
         assert_eq!(
-            Envelope::decode(spaced).unwrap().value_json,
+            Envelope::decode_json(spaced).unwrap().value_json.as_deref(),
             Some(r#"{"a": 1}"#)
         );
         let v8 = r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0,"fmt":"v8","value":"AAE="}"#;
-        assert_eq!(Envelope::decode(v8).unwrap().fmt, Fmt::V8);
+        assert_eq!(Envelope::decode_json(v8).unwrap().fmt, Fmt::V8);
     }
 
     /// Envelopes as `encode` writes them, over the fields' range: the one-pass reader of the
@@ -843,12 +1108,12 @@ mod tests {
                 tags: &[],
                 fmt,
             };
-            let text = e.encode(&body, "ab12", "sc:v:{k}");
+            let text = e.encode_json(&body, "ab12", "sc:v:{k}");
             let fast = Envelope::decode_written(&text).unwrap_or_else(|| panic!("{text}"));
             assert_eq!(Some(&fast), Envelope::decode_any(&text).as_ref(), "{text}");
             assert_eq!(fast.envelope, e, "{text}");
-            assert_eq!(fast.value_json, body.value_json);
-            assert_eq!((fast.generation, fast.fmt), ("ab12", fmt));
+            assert_eq!(fast.value_json.as_deref(), body.value_json);
+            assert_eq!((fast.generation, fast.fmt), (&b"ab12"[..], fmt));
         }
     }
 
@@ -860,15 +1125,15 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(7);
         let e = Envelope::new(1_000.5, 10_000.0, 20_000.0, 3.25, false).born_at(4);
         let bases = [
-            e.encode(&Body::json(Some(r#"{"k":"v"}"#)), "g9", "sc:v:{k}"),
-            e.encode(&Body::json(None), "g9", "sc:v:{k}"),
+            e.encode_json(&Body::json(Some(r#"{"k":"v"}"#)), "g9", "sc:v:{k}"),
+            e.encode_json(&Body::json(None), "g9", "sc:v:{k}"),
             Envelope {
                 negative: true,
                 retry_after: 7.0,
                 ..e
             }
-            .encode(&Body::json(Some("null")), "", "sc:v:{k}"),
-            e.encode(
+            .encode_json(&Body::json(Some("null")), "", "sc:v:{k}"),
+            e.encode_json(
                 &Body {
                     value_json: Some("\"AA==\""),
                     tags: &[],
@@ -920,11 +1185,60 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::test_runner::Config::with_cases(cases()))]
 
+        /// Any bytes at all, and any bytes behind the binary layout's first byte: an envelope
+        /// (for its key or another's), or a miss; never a panic.
+        #[test]
+        fn proptest_any_bytes_decode_without_panicking(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            binary in proptest::prelude::any::<bool>(),
+        ) {
+            let mut bytes = bytes;
+            if binary && !bytes.is_empty() {
+                bytes[0] = layout::MAGIC;
+            }
+            if let Some(d) = Envelope::decode(&bytes) {
+                proptest::prop_assert!(d.envelope.hard_until >= d.envelope.fresh_until);
+                let _ = d.written_for("sc:v:{k}");
+            }
+        }
+
+        /// Random headers with random fields and bodies read back as written.
+        #[test]
+        fn proptest_the_binary_layout_reads_back_as_written(
+            fresh in 0u64..(1 << 47),
+            extra in 0u64..(1 << 40),
+            born in 0u64..(1 << 48),
+            compute_us in 0u32..u32::MAX,
+            retry in 0u64..(1 << 47),
+            g in proptest::prelude::any::<[u8; 8]>(),
+            negative in proptest::prelude::any::<bool>(),
+            tags in proptest::collection::vec("[ -~]{0,12}", 0..4),
+            value in "[ -~]{1,60}",
+        ) {
+            let e = Envelope {
+                fresh_until: fresh as f64,
+                hard_until: (fresh + extra) as f64,
+                compute_ms: f64::from(compute_us) / 1_000.0,
+                negative,
+                retry_after: retry as f64,
+                born,
+            };
+            let json = serde_json::to_string(&value).unwrap_or_default();
+            let body = Body { value_json: Some(&json), tags: &tags, fmt: Fmt::Json };
+            let bytes = e.encode(&body, &g, "sc:v:{key}");
+            let d = Envelope::decode(&bytes).expect("what encode wrote is read");
+            proptest::prop_assert_eq!(d.envelope, e);
+            proptest::prop_assert_eq!(d.body(), body);
+            proptest::prop_assert_eq!(d.generation, &g[..]);
+            let (own, other) = ("sc:v:{key}", "sc:v:{kez}");
+            proptest::prop_assert!(d.written_for(own) && !d.written_for(other));
+        }
+
         /// Any text at all: an envelope, or a miss; never a panic.
         #[test]
         fn any_text_decodes_without_panicking(chars in proptest::collection::vec(proptest::prelude::any::<char>(), 0..300)) {
             let text: String = chars.into_iter().collect();
-            let _ = Envelope::decode(&text);
+            let _ = Envelope::decode_json(&text);
         }
 
         /// An envelope is read as written, for the key it was written for, and as no other's.
@@ -940,13 +1254,143 @@ mod tests {
         ) {
             let e = Envelope::new(f64::from(fresh), f64::from(extra), f64::from(extra) * 2.0, f64::from(compute) / 8.0, negative);
             let json = format!("\"{value}\"");
-            let text = e.encode(&Body::json(Some(&json)), "g1", &key);
-            let d = Envelope::decode(&text).expect("what encode wrote is read");
+            let text = e.encode_json(&Body::json(Some(&json)), "g1", &key);
+            let d = Envelope::decode_json(&text).expect("what encode wrote is read");
             proptest::prop_assert_eq!(d.envelope, e);
-            proptest::prop_assert_eq!(d.value_json, Some(json.as_str()));
+            proptest::prop_assert_eq!(d.value_json.as_deref(), Some(json.as_str()));
             proptest::prop_assert!(d.written_for(&key));
             proptest::prop_assert_eq!(d.written_for(&other), key == other);
         }
+    }
+
+    #[test]
+    fn the_binary_layout_round_trips_and_names_its_key() {
+        let mut e = Envelope::new(1_700_000_000_000.0, 60_000.0, 600_000.0, 12.5, false).born_at(7);
+        let g: Generation = *b"ABCDefgh";
+        let value = r#"{"id":1,"name":"x"}"#;
+        let bytes = e.encode(&Body::json(Some(value)), &g, "sc:v:{k}");
+        // The header and the value's bytes as given, nothing else.
+        assert_eq!(bytes.len(), layout::FIXED + value.len());
+        assert_eq!(&bytes[layout::FIXED..], value.as_bytes());
+        assert_eq!(bytes[0], layout::MAGIC);
+        assert_eq!(
+            &bytes[layout::GENERATION..layout::GENERATION + 8],
+            b"ABCDefgh"
+        );
+        let d = Envelope::decode(&bytes).unwrap();
+        assert_eq!(d.envelope, e);
+        assert_eq!(d.value_json.as_deref(), Some(value));
+        assert_eq!(d.generation, b"ABCDefgh");
+        assert!(d.written_for("sc:v:{k}") && !d.written_for("sc:v:{j}"));
+        assert!(!d.marker);
+        // Retry-after, tags, another format, undefined, negative.
+        e.retry_after = 1_700_000_005_000.0;
+        let tags = vec!["user:1".to_string(), "a \"quoted\" tag".to_string()];
+        for (fmt, v) in [
+            (Fmt::V8, Some("\"AAEC\"")),
+            (Fmt::Json, None),
+            (Fmt::Bytes, Some("\"AA==\"")),
+        ] {
+            let body = Body {
+                value_json: v,
+                tags: &tags,
+                fmt,
+            };
+            let bytes = e.encode(&body, &g, "sc:v:{k}");
+            let d = Envelope::decode(&bytes).unwrap();
+            assert_eq!(d.envelope, e);
+            assert_eq!(d.body(), body);
+        }
+        let neg = Envelope {
+            negative: true,
+            ..e
+        };
+        let d_bytes = neg.encode(&Body::json(Some("null")), &g, "sc:v:{k}");
+        let d = Envelope::decode(&d_bytes).unwrap();
+        assert!(d.envelope.negative);
+        assert_eq!(d.value_json.as_deref(), Some("null"));
+        // A marker is an envelope with no value, for its key only.
+        let m = e.encode_marker(&g, "sc:v:{k}");
+        assert_eq!(m.len(), layout::FIXED);
+        let d = Envelope::decode(&m).unwrap();
+        assert!(d.marker && d.value_json.is_none() && d.written_for("sc:v:{k}"));
+        assert!(!d.written_for("sc:v:{x}"));
+        // computeMs is kept to the microsecond.
+        let c = Envelope::new(0.0, 1.0, 1.0, 0.123_456_7, false);
+        let d_bytes = c.encode(&Body::json(Some("1")), &g, "k");
+        assert_eq!(
+            Envelope::decode(&d_bytes).unwrap().envelope.compute_ms,
+            0.123
+        );
+        // Old JSON envelopes are still read.
+        let old = r#"{"sc":1,"gen":"g1","born":0,"freshUntil":1100,"hardUntil":2000,"computeMs":5,"retryAfter":0,"value":1}"#;
+        let d = Envelope::decode(old.as_bytes()).unwrap();
+        assert_eq!(
+            (d.value_json.as_deref(), d.generation),
+            (Some("1"), &b"g1"[..])
+        );
+    }
+
+    #[test]
+    fn large_values_are_compressed_and_read_back_as_written() {
+        let e = Envelope::new(1_000.0, 10.0, 20.0, 1.0, false);
+        let g: Generation = *b"01234567";
+        let page = format!("\"{}\"", "<div class=\\\"row\\\">héllo</div>".repeat(4_000));
+        let bytes = e.encode(&Body::json(Some(&page)), &g, "sc:v:{k}");
+        assert_ne!(bytes[1] & layout::COMPRESSED, 0, "compressed");
+        assert!(
+            bytes.len() < page.len() / 4,
+            "{} of {}",
+            bytes.len(),
+            page.len()
+        );
+        let d = Envelope::decode(&bytes).unwrap();
+        assert_eq!(d.value_json.as_deref(), Some(page.as_str()));
+        // Small, or not worth it (random-looking): stored as given.
+        let small = e.encode(&Body::json(Some("[1,2,3]")), &g, "k");
+        assert_eq!(small[1] & layout::COMPRESSED, 0);
+        use rand::{rngs::SmallRng, Rng, SeedableRng};
+        let mut rng = SmallRng::seed_from_u64(3);
+        let noise: String = (0..40_000)
+            .map(|_| char::from(rng.random_range(b'#'..=b'~')))
+            .filter(|&c| c != '\\')
+            .collect();
+        let noise = format!("\"{noise}\"");
+        let raw = e.encode(&Body::json(Some(&noise)), &g, "k");
+        assert_eq!(raw[1] & layout::COMPRESSED, 0);
+        // A compressed body that lies about its length, or is cut: a miss, never a large allocation.
+        let mut lying = bytes.clone();
+        lying[layout::FIXED..layout::FIXED + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Envelope::decode(&lying).is_none());
+        assert!(Envelope::decode(&bytes[..bytes.len() - 10]).is_none());
+    }
+
+    #[test]
+    fn a_cut_or_garbled_header_is_a_miss_or_names_another_key() {
+        let e = Envelope::new(1_000.0, 10.0, 20.0, 1.0, false);
+        let g: Generation = *b"01234567";
+        let bytes = e.encode(&Body::json(Some("[1]")), &g, "sc:v:{k}");
+        for cut in 0..layout::FIXED {
+            assert!(Envelope::decode(&bytes[..cut]).is_none(), "{cut}");
+        }
+        // No value at all (and not a marker): a miss.
+        assert!(Envelope::decode(&bytes[..layout::FIXED]).is_none());
+        // A garbled mark: read, but as another key's.
+        let mut other = bytes.clone();
+        other[layout::MARK] ^= 1;
+        assert!(!Envelope::decode(&other).unwrap().written_for("sc:v:{k}"));
+        // hardUntil before freshUntil: a miss.
+        let mut bad = bytes.clone();
+        bad[layout::HARD..layout::HARD + 6].copy_from_slice(&[0; 6]);
+        assert!(Envelope::decode(&bad).is_none());
+        // A compressed flag over bytes that are not what compression writes: a miss.
+        let mut comp = bytes.clone();
+        comp[1] |= layout::COMPRESSED;
+        assert!(Envelope::decode(&comp).is_none());
+        // A value that is not UTF-8: a miss.
+        let mut b = bytes.clone();
+        b.push(0xff);
+        assert!(Envelope::decode(&b).is_none());
     }
 
     #[test]
@@ -965,7 +1409,7 @@ mod tests {
             r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0,"value":}"#,
             r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0}"#,
         ] {
-            assert!(Envelope::decode(text).is_none(), "{text}");
+            assert!(Envelope::decode_json(text).is_none(), "{text}");
         }
     }
 
@@ -978,22 +1422,22 @@ mod tests {
             tags: &tags,
             fmt: Fmt::V8,
         };
-        let text = e.encode(&body, "g7", "sc:v:{k}");
+        let text = e.encode_json(&body, "g7", "sc:v:{k}");
         assert!(
             text.starts_with(r#"{"sc":1,"gen":"g7","born":42,"#),
             "{text}"
         );
-        let back = Envelope::decode(&text).unwrap();
+        let back = Envelope::decode_json(&text).unwrap();
         assert_eq!(back.envelope, e);
         assert_eq!(back.tags, tags);
         assert_eq!(back.fmt, Fmt::V8);
         assert_eq!(back.body(), body);
         // An untagged JSON envelope carries neither field: it reads as before.
-        let plain = e.encode(&Body::json(Some("1")), "g", "sc:v:{k}");
+        let plain = e.encode_json(&Body::json(Some("1")), "g", "sc:v:{k}");
         assert!(!plain.contains("tags") && !plain.contains("fmt"), "{plain}");
         // Envelopes written before born existed read as born at 0.
         let old = r#"{"sc":1,"gen":"g","freshUntil":1,"hardUntil":2,"computeMs":0,"value":1}"#;
-        assert_eq!(Envelope::decode(old).unwrap().envelope.born, 0);
+        assert_eq!(Envelope::decode_json(old).unwrap().envelope.born, 0);
     }
 
     #[test]
@@ -1004,9 +1448,13 @@ mod tests {
         assert!(Custom.reads(Fmt::Text) && Custom.reads(Fmt::Bytes) && !Custom.reads(Fmt::V8));
         // An unknown marker, or a non-string value under a marker, is not ours at all.
         let base = r#"{"sc":1,"freshUntil":1,"hardUntil":2,"computeMs":0,"#;
-        assert!(Envelope::decode(&format!(r#"{base}"fmt":"msgpack","value":"x"}}"#)).is_none());
-        assert!(Envelope::decode(&format!(r#"{base}"fmt":"v8","value":{{"a":1}}}}"#)).is_none());
-        assert!(Envelope::decode(&format!(r#"{base}"fmt":"v8","value":"AAE="}}"#)).is_some());
+        assert!(
+            Envelope::decode_json(&format!(r#"{base}"fmt":"msgpack","value":"x"}}"#)).is_none()
+        );
+        assert!(
+            Envelope::decode_json(&format!(r#"{base}"fmt":"v8","value":{{"a":1}}}}"#)).is_none()
+        );
+        assert!(Envelope::decode_json(&format!(r#"{base}"fmt":"v8","value":"AAE="}}"#)).is_some());
     }
 
     #[test]

@@ -198,6 +198,14 @@ impl Inbox {
         self.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Moves whenever any key's stamp does (an invalidation heard, a write here, a clear): a
+    /// read lane that saw it still proves nothing changed since.
+    pub fn changes(&self) -> u64 {
+        self.sequence
+            .load(Ordering::Acquire)
+            .wrapping_add(self.epoch.load(Ordering::Acquire))
+    }
+
     /// The key's invalidation stamp now; take it before sending a Redis read of the key.
     pub fn stamp(&self, key: &str) -> Stamp {
         let epoch = self.epoch.load(Ordering::Acquire);

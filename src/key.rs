@@ -116,8 +116,8 @@ pub fn redis_lock_key(namespace: &str, key: &str) -> String {
     tagged(namespace, "lock", key)
 }
 
-/// The Redis key of `key`'s generation: changed by every `set` and `delete`, so a load that
-/// began before one of them can tell, when it writes back, that its result is older.
+/// The Redis key of `key`'s generation in earlier versions (changed by every `set` and `delete`,
+/// so their loads could tell their result was older); this one only removes it (`write.lua`).
 pub fn redis_generation_key(namespace: &str, key: &str) -> String {
     tagged(namespace, "gen", key)
 }

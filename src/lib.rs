@@ -42,10 +42,12 @@
 //!   (another process holds the refresh), **closed**. The lock (`<ns>:lock:{key}`) saves
 //!   loads; its **token** names the holder; a **lock outcome** says how a bid ended (won,
 //!   waited, took over, gave up, skipped).
-//! * **Generation / fence**: `set` and `delete` write a fresh **generation** at
-//!   `<ns>:gen:{key}`; a load reads the key's state (generation key and envelope generation) at
-//!   its gate, its **fence**, and its **write-back** (the result written to Redis before any
-//!   caller sees it) is dropped if the state changed meanwhile. The lock saves work; the fence is
+//! * **Generation / fence**: every write gives the envelope a fresh **generation** (in its
+//!   header); a load reads the key's generation at its gate (a key with no value gets a
+//!   **marker**, a header without a value, so there is one), its **fence**, and its
+//!   **write-back** (the result written to Redis before any caller sees it) is dropped if the
+//!   generation changed meanwhile (a `delete` removes the value or marker: an absent key matches
+//!   no fence). The lock saves work; the fence is
 //!   what keeps an older value from winning.
 //! * **Adopt**: take an envelope found in Redis into the in-process tier, ending the flight that
 //!   asked. **Abandon**: end a flight without writing, because another process holds the

@@ -37,7 +37,9 @@ impl RedisServer {
             .local_addr()
             .unwrap()
             .port();
-        let mut child = Command::new("redis-server")
+        // REDIS_SERVER=valkey-server runs these against Valkey.
+        let server = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let mut child = Command::new(server)
             .args([
                 "--port",
                 &port.to_string(),
@@ -153,6 +155,19 @@ async fn namespace_clock(c: &mut redis::aio::MultiplexedConnection) -> String {
         .query_async(c)
         .await
         .unwrap()
+}
+
+/// The bytes Redis holds at `key`.
+async fn bytes_in(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<Vec<u8>> {
+    redis::cmd("GET").arg(key).query_async(c).await.unwrap()
+}
+
+/// The value the entry at `key` holds, as its JSON (a marker, or no key: `None`).
+async fn value_in(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
+    let bytes: Option<Vec<u8>> = redis::cmd("GET").arg(key).query_async(c).await.unwrap();
+    let bytes = bytes?;
+    let d = Envelope::decode(&bytes)?;
+    d.value_json.map(std::borrow::Cow::into_owned)
 }
 
 fn envelope(ttl: f64) -> Envelope {
@@ -271,7 +286,7 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
         write_back(&a, "d", &gate, "\"old\"").await,
         WriteBack::Dropped
     );
-    assert_eq!(get(&mut c, "t:v:{d}").await, None);
+    assert_eq!(value_in(&mut c, "t:v:{d}").await, None);
     assert_eq!(
         get(&mut c, "t:lock:{d}").await,
         None,
@@ -289,10 +304,10 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
         write_back(&a, "s", &gate, "\"old\"").await,
         WriteBack::Dropped
     );
-    assert!(get(&mut c, "t:v:{s}")
-        .await
-        .unwrap()
-        .ends_with(r#""value":"new"}"#));
+    assert_eq!(
+        value_in(&mut c, "t:v:{s}").await.as_deref(),
+        Some("\"new\"")
+    );
     // A load that began after them is written.
     let gate = lead(&a, "d").await;
     assert_eq!(
@@ -320,10 +335,7 @@ async fn a_takeover_result_is_never_overwritten_by_the_expired_holder() {
         write_back(&a, "k", &first, "\"A\"").await,
         WriteBack::Dropped
     );
-    assert!(get(&mut c, "t:v:{k}")
-        .await
-        .unwrap()
-        .ends_with(r#""value":"B"}"#));
+    assert_eq!(value_in(&mut c, "t:v:{k}").await.as_deref(), Some("\"B\""));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -550,15 +562,20 @@ async fn expire_ends_an_entry_s_freshness_keeps_its_value_and_expiry_and_fences_
         .query_async(&mut c)
         .await
         .unwrap();
-    // A load of the key begins (its fence is read now), then the key is expired elsewhere.
+    let before = bytes_in(&mut c, "t:v:{k}").await.unwrap();
+    let before = Envelope::decode(&before).unwrap().generation.to_vec();
+    // A forced load of the key begins (its fence is read now: it compares only the set part of
+    // the generation), then the key is expired elsewhere.
     let gate = a.force_gate("k").await;
     let now = now_ms().floor();
     assert_eq!(b.expire("k", now).await, Ok(true));
-    let text = get(&mut c, "t:v:{k}").await.unwrap();
-    let d = Envelope::decode(&text).expect("still an envelope this reads");
+    let bytes = bytes_in(&mut c, "t:v:{k}").await.unwrap();
+    let d = Envelope::decode(&bytes).expect("still an envelope this reads");
     assert_eq!(d.envelope.fresh_until, now, "stale from now");
     assert_eq!(d.envelope.hard_until, written.hard_until, "its expiry kept");
-    assert!(text.ends_with(r#""value":"v"}"#), "its value kept");
+    assert_eq!(d.envelope.born, written.born, "its birth kept");
+    assert_ne!(d.generation[..4], before[..4], "a new set part");
+    assert_eq!(value_in(&mut c, "t:v:{k}").await.as_deref(), Some("\"v\""));
     let pttl: i64 = redis::cmd("PTTL")
         .arg("t:v:{k}")
         .query_async(&mut c)
@@ -584,17 +601,20 @@ async fn expire_ends_an_entry_s_freshness_keeps_its_value_and_expiry_and_fences_
     assert_eq!(result, WriteBack::Dropped);
     // A second expire changes nothing but the fence; a missing key answers false.
     assert_eq!(b.expire("k", now + 5.0).await, Ok(true));
-    let again = get(&mut c, "t:v:{k}").await.unwrap();
-    assert_eq!(Envelope::decode(&again).unwrap().envelope.fresh_until, now);
+    let again = bytes_in(&mut c, "t:v:{k}").await.unwrap();
+    let again = Envelope::decode(&again).unwrap();
+    assert_eq!(again.envelope.fresh_until, now);
+    assert_ne!(again.generation, d.generation, "the fence moved again");
     assert_eq!(b.expire("none", now).await, Ok(false));
+    assert_eq!(bytes_in(&mut c, "t:v:{none}").await, None, "nothing made");
     // A not-found has no value to serve stale: it goes.
     let negative = Envelope::new(now_ms(), 60_000.0, 60_000.0, 1.0, true);
     b.write("n", Some((&negative, &Body::json(None))))
         .await
         .unwrap();
-    assert!(get(&mut c, "t:v:{n}").await.is_some());
+    assert!(bytes_in(&mut c, "t:v:{n}").await.is_some());
     assert_eq!(b.expire("n", now).await, Ok(true));
-    assert_eq!(get(&mut c, "t:v:{n}").await, None);
+    assert_eq!(bytes_in(&mut c, "t:v:{n}").await, None);
     // Something this library did not write is left as it is.
     let _: () = redis::cmd("SET")
         .arg("t:v:{foreign}")
@@ -607,6 +627,90 @@ async fn expire_ends_an_entry_s_freshness_keeps_its_value_and_expiry_and_fences_
         get(&mut c, "t:v:{foreign}").await.as_deref(),
         Some("{\"x\":1}")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_drops_the_marker_of_a_load_on_a_key_with_no_value_as_a_delete_does() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let (b, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let gate = lead(&a, "m").await;
+    assert!(bytes_in(&mut c, "t:v:{m}").await.is_some(), "its marker");
+    assert_eq!(b.expire("m", now_ms()).await, Ok(false), "no value held");
+    assert_eq!(bytes_in(&mut c, "t:v:{m}").await, None, "the marker gone");
+    assert_eq!(
+        write_back(&a, "m", &gate, "\"late\"").await,
+        WriteBack::Dropped
+    );
+    assert_eq!(bytes_in(&mut c, "t:v:{m}").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_of_an_old_json_envelope_keeps_it_json_stale_and_fences_loads_of_either_release() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let now = now_ms().floor();
+    let old_gen = "0123456789abcdef0123456789abcdef";
+    let json = format!(
+        r#"{{"sc":1,"gen":"{old_gen}","born":0,"freshUntil":{},"hardUntil":{},"computeMs":5,"retryAfter":0,"value":"v"}}"#,
+        now + 60_000.0,
+        now + 120_000.0
+    );
+    let _: () = redis::cmd("SET")
+        .arg("t:v:{j}")
+        .arg(&json)
+        .arg("PX")
+        .arg(120_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // The previous release's fence (its generation key), beside the envelope it wrote.
+    let _: () = redis::cmd("SET")
+        .arg("t:gen:{j}")
+        .arg("prev")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let gate = a.force_gate("j").await;
+    assert_eq!(a.expire("j", now).await, Ok(true));
+    let text = get(&mut c, "t:v:{j}").await.expect("kept");
+    assert!(text.starts_with(r#"{"sc":1,"gen":""#), "still JSON: {text}");
+    let d = Envelope::decode(text.as_bytes()).expect("readable");
+    assert_eq!(d.envelope.fresh_until, now, "stale from now");
+    assert_eq!(d.envelope.hard_until, now + 120_000.0, "its expiry kept");
+    assert_ne!(d.generation[..4], old_gen.as_bytes()[..4], "a new set part");
+    assert!(d.generation.iter().all(u8::is_ascii_alphanumeric));
+    assert_eq!(value_in(&mut c, "t:v:{j}").await.as_deref(), Some("\"v\""));
+    assert_eq!(get(&mut c, "t:gen:{j}").await, None, "the old fence gone");
+    let Gate::Lead { fence, .. } = &gate else {
+        panic!("{gate:?}")
+    };
+    let result = a
+        .write_back(
+            "j",
+            Some((&envelope(60_000.0), &Body::json(Some("\"old\"")))),
+            None,
+            fence.as_ref(),
+            true,
+        )
+        .await;
+    assert_eq!(result, WriteBack::Dropped);
+    // An old not-found goes.
+    let negative = format!(
+        r#"{{"sc":1,"gen":"{old_gen}","born":0,"freshUntil":{},"hardUntil":{},"computeMs":5,"retryAfter":0,"negative":true,"value":null}}"#,
+        now + 60_000.0,
+        now + 120_000.0
+    );
+    let _: () = redis::cmd("SET")
+        .arg("t:v:{jn}")
+        .arg(&negative)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(a.expire("jn", now).await, Ok(true));
+    assert_eq!(get(&mut c, "t:v:{jn}").await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

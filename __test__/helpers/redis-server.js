@@ -15,8 +15,11 @@ const fs = require('node:fs')
 const net = require('node:net')
 const os = require('node:os')
 const path = require('node:path')
+const { envelopeJson } = require('./envelope')
 
 const WORKER_SCRIPT = path.join(__dirname, '..', 'fixtures', 'redis-worker.js')
+/** The server binary the tests start: REDIS_SERVER=valkey-server runs them against Valkey. */
+const SERVER_BIN = process.env.REDIS_SERVER || 'redis-server'
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
 // ---- cleanup: nothing started here outlives the test process -------------------------------
@@ -100,7 +103,8 @@ function parseReply(buf, i) {
       if (len < 0) return { value: null, next: eol + 2 }
       const end = eol + 2 + len
       if (buf.length < end + 2) return null
-      return { value: buf.toString('utf8', eol + 2, end), next: end + 2 }
+      // A binary envelope reads as the JSON layout (helpers/envelope.js), so tests can look in it.
+      return { value: envelopeJson(buf.subarray(eol + 2, end)), next: end + 2 }
     }
     case '*': {
       const n = Number(line)
@@ -215,7 +219,7 @@ class RedisServer {
       '--loglevel',
       'warning',
     ]
-    const proc = track(spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] }))
+    const proc = track(spawn(SERVER_BIN, args, { stdio: ['ignore', 'pipe', 'pipe'] }))
     this.proc = proc
     this.paused = false
     const keep = (chunk) => {
@@ -323,14 +327,19 @@ class CacheWorker {
   #pending = new Map()
   #nextId = 1
 
-  /** `script`: another worker script speaking the same IPC protocol (default fixtures/redis-worker.js). */
-  constructor(name, options, { script = WORKER_SCRIPT } = {}) {
+  /**
+   * `script`: another worker script speaking the same IPC protocol (default
+   * fixtures/redis-worker.js); `build`: the directory of another build of the library for it to
+   * require (a previous release, see helpers/previous-build.js).
+   */
+  constructor(name, options, { script = WORKER_SCRIPT, build } = {}) {
     this.name = name
     this.options = options
     this.child = track(
       fork(script, [JSON.stringify(options)], {
         stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
         serialization: 'json',
+        env: build ? { ...process.env, STAMPEDE_CACHE_BUILD: build } : process.env,
       }),
     )
     this.pid = this.child.pid
@@ -466,8 +475,8 @@ async function setupRedis(t, { workers = 0, options = {}, prefix } = {}) {
   const base = { redis: redis.url, namespace, jitter: 0, ...options }
   const spawned = []
   t.after(() => Promise.all(spawned.map((w) => w.kill('SIGKILL'))))
-  const spawnWorker = async (name, extra = {}) => {
-    const w = new CacheWorker(name, { ...base, ...extra })
+  const spawnWorker = async (name, extra = {}, workerOptions = {}) => {
+    const w = new CacheWorker(name, { ...base, ...extra }, workerOptions)
     spawned.push(w)
     await w.hello
     return w
@@ -477,12 +486,16 @@ async function setupRedis(t, { workers = 0, options = {}, prefix } = {}) {
   const lkey = (k) => `${namespace}:lock:{${k}}`
   const stored = async (k) => {
     const raw = await redis.cmd('GET', vkey(k))
-    return raw === null ? { exists: false } : { exists: true, value: JSON.parse(raw).value }
+    if (raw === null) return { exists: false }
+    const envelope = JSON.parse(raw)
+    // A marker (a load's fence while the key has no value, see envelope.lua) is no entry.
+    return envelope.marker ? { exists: false } : { exists: true, value: envelope.value }
   }
   return { redis, ws, namespace, base, spawnWorker, vkey, lkey, stored }
 }
 
 module.exports = {
+  SERVER_BIN,
   setupRedis,
   newNamespace,
   RedisServer,

@@ -322,7 +322,7 @@ class RedisNode {
     fs.writeFileSync(confFile, `${lines.join('\n')}\n`)
     const args = this.sentinel ? [confFile, '--sentinel'] : [confFile]
     this.log = ''
-    const proc = track(spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] }))
+    const proc = track(spawn(process.env.REDIS_SERVER || 'redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] }))
     this.proc = proc
     this.pid = proc.pid
     const keep = (chunk) => {

@@ -18,7 +18,7 @@ use std::io::{self, Write};
 use std::ptr;
 use std::rc::{Rc, Weak};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use napi::bindgen_prelude::*;
 use napi::sys;
@@ -124,6 +124,12 @@ enum Asked {
     },
 }
 
+/// Reads a lane writes without a mark after them, at most, while nothing changed (see
+/// `Lane::mark`): a shift is caught within this many reads.
+const UNMARKED_READS: u64 = 16;
+/// And for at most this long since the last mark.
+const UNMARKED_MS: u64 = 50;
+
 /// A read's reply, framed and judged, until its batch's mark proves it aligned.
 enum Framed {
     One(LaneRead),
@@ -207,6 +213,15 @@ pub struct Lane {
     reads_delivered: u64,
     /// The sequence number of the next mark.
     next_mark: u64,
+    /// Amortised marks (see `mark`): reads written when a mark was last decided on, the tier's
+    /// `lane_changes` and the time when a mark was last written, and reads written unmarked since.
+    decided: u64,
+    changes_at_mark: u64,
+    mark_written_at: Instant,
+    unmarked: u64,
+    /// A reply was delivered that no mark has proven yet: if the lane then turns out out of step,
+    /// every in-process copy is dropped (`receive`).
+    unproven: bool,
     /// Watching for writability too (`out` is not empty).
     writable: bool,
     /// The poll handle keeps the loop alive (while reads are in flight).
@@ -573,6 +588,12 @@ impl Lane {
             reads_written: 0,
             reads_delivered: 0,
             next_mark: 0,
+            decided: 0,
+            // No change seen yet: the first reads are marked.
+            changes_at_mark: u64::MAX,
+            mark_written_at: Instant::now(),
+            unmarked: 0,
+            unproven: false,
             writable: false,
             refd: false,
             timer_armed: false,
@@ -772,18 +793,50 @@ impl Lane {
     }
 
     /// Ends the batch of reads written since the last mark with a mark of its own (an ECHO of
-    /// a sequence number). Replies are matched to reads by order only; the mark's echo, found
-    /// exactly where it must be, proves that none was added or lost in the batch (an extra
-    /// reply of the same key, which the envelope's key mark cannot tell, included), and only
-    /// then are the batch's answers delivered.
+    /// a sequence number), when one is due. Replies are matched to reads by order only; the
+    /// mark's echo, found exactly where it must be, proves that none was added or lost before it
+    /// (an extra reply of the same key, which the envelope's key mark cannot tell, included).
+    ///
+    /// Marks are amortised: reads written while nothing changed (no write by this process, no
+    /// invalidation heard, no clear, since the last mark: `lane_changes`), fewer than
+    /// `UNMARKED_READS` of them and within `UNMARKED_MS` of the last mark, go without one, and
+    /// their replies are delivered as they come; the next mark proves them after the fact. Why
+    /// that is safe: another key's reply is refused by its key mark, so a shift can only
+    /// deliver an older reply of the same key, and while nothing changed that reply holds what
+    /// a proven read would have (a write here, or one heard of, makes the next reads marked, so
+    /// the first read of a key after this process wrote it is proven before it is delivered).
+    /// A shift is caught at the latest by the next mark (`UNMARKED_READS` reads or `UNMARKED_MS`
+    /// on), and then every in-process copy is dropped, so nothing the lane delivered unproven
+    /// stays in process.
     fn mark(&mut self) {
-        let marked = self.marks.back().map_or(self.reads_delivered, |&(n, _)| n);
-        if self.reads_written > marked && !self.shut {
-            let seq = self.next_mark;
-            self.next_mark += 1;
-            self.tier.lane_mark(seq, &mut self.out);
-            self.marks.push_back((self.reads_written, seq));
+        if self.reads_written == self.decided || self.shut {
+            return;
         }
+        let new = self.reads_written - self.decided;
+        self.decided = self.reads_written;
+        let changes = self.tier.lane_changes();
+        let due = changes != self.changes_at_mark
+            || self.unmarked + new > UNMARKED_READS
+            || self.mark_written_at.elapsed() >= Duration::from_millis(UNMARKED_MS);
+        if !due {
+            self.unmarked += new;
+            return;
+        }
+        let seq = self.next_mark;
+        self.next_mark += 1;
+        self.tier.lane_mark(seq, &mut self.out);
+        self.marks.push_back((self.reads_written, seq));
+        self.changes_at_mark = changes;
+        self.mark_written_at = Instant::now();
+        self.unmarked = 0;
+    }
+
+    /// Whether the read at `position` (counted since the lane opened) is followed by a mark,
+    /// so its reply waits for the mark's proof; one that is not is delivered as it comes.
+    fn marked(&self, position: u64) -> bool {
+        self.marks
+            .back()
+            .is_some_and(|&(before, _)| before > position)
     }
 
     /// Writes what it can of `out` (over TLS: encrypts it and writes the records); watches for
@@ -890,6 +943,8 @@ impl Lane {
     ) -> (Vec<(Sent, Framed)>, Option<String>) {
         let mut answered = Vec::new();
         let mut at = 0;
+        // Failures of the replies' framing below: the lane is out of step.
+        let read_failure = failure.is_some();
         while at < self.input.len() {
             let position = self.reads_delivered + self.framed.len() as u64;
             let mark = self
@@ -952,6 +1007,8 @@ impl Lane {
                             answered.push((sent, read));
                         }
                         self.reads_delivered = position;
+                        // Everything delivered so far came before this mark: proven.
+                        self.unproven = false;
                         at += len;
                         continue;
                     }
@@ -973,8 +1030,21 @@ impl Lane {
                 }
             };
             let (read, len) = framed;
-            self.framed.push_back(read);
             at += len;
+            if self.framed.is_empty() && !self.marked(position) {
+                // No mark after it (see `mark`): delivered now, proven by the next mark.
+                let sent = self.sent.pop_front().expect("a framed read was sent");
+                answered.push((sent, read));
+                self.reads_delivered = position + 1;
+                self.unproven = true;
+                continue;
+            }
+            self.framed.push_back(read);
+        }
+        if failure.is_some() && !read_failure && self.unproven {
+            // Out of step after delivering replies no mark proved: none of them stays in process.
+            self.tier.lane_shifted_unproven();
+            self.unproven = false;
         }
         self.input.drain(..at);
         if self.input.is_empty() && self.input.capacity() > 1024 * 1024 {

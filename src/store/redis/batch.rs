@@ -53,10 +53,11 @@ pub enum FirstLook {
     Wait,
 }
 
-/// The reply of `cold_gate.lua` (see the script): `{value or false, fence, state, ms left}`.
+/// The reply of `cold_gate.lua` (see the script): `{value or false, fence, state, ms left,
+/// mark}` (the pipeline's echo proves its place: the mark is not checked).
 enum Look {
     Value,
-    Locked(String),
+    Locked(Vec<u8>),
     Held,
 }
 
@@ -65,9 +66,9 @@ fn look_of(reply: &Value) -> Option<Look> {
         return None;
     };
     let generation = match items.get(1) {
-        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-        Some(Value::SimpleString(s)) => s.clone(),
-        _ => String::new(),
+        Some(Value::BulkString(b)) => b.clone(),
+        Some(Value::SimpleString(s)) => s.clone().into_bytes(),
+        _ => Vec::new(),
     };
     Some(match items.get(2) {
         Some(Value::Int(0)) => Look::Value,
@@ -442,15 +443,15 @@ impl RedisTier {
         let bid = |i: usize, token: &str| {
             let mut c = redis::cmd("EVALSHA");
             c.arg(&hash)
-                .arg(3)
+                .arg(2)
                 .arg(&vkeys[i])
                 .arg(self.lock_key(names[i]))
-                .arg(self.generation_key(names[i]))
                 .arg(token)
                 .arg(lock_ttl_ms)
                 .arg("0")
-                .arg(new_token())
-                .arg(GENERATION_TTL.as_millis() as u64);
+                .arg(self.marker(&vkeys[i]))
+                .arg(GENERATION_TTL.as_millis() as u64)
+                .arg("b");
             c
         };
         let give_back = |which: Vec<usize>, tokens: Vec<String>| {

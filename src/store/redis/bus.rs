@@ -77,7 +77,7 @@ impl Bus {
 
     /// The announcement of a load's result that carries the envelope written, if it is small
     /// and untagged (see `carried.rs`).
-    pub fn carrying_announcement(&self, key: &str, envelope: &str, tagged: bool) -> Vec<u8> {
+    pub fn carrying_announcement(&self, key: &str, envelope: &[u8], tagged: bool) -> Vec<u8> {
         (!tagged)
             .then(|| carried::message(&self.origin, key, envelope))
             .flatten()

@@ -1,16 +1,16 @@
-//! Envelopes in Redis: reads, and writes fenced against newer state. A key's fence is its
-//! generation key (written by `set`, `delete` and `expire`) plus the generation inside its
-//! envelope (new with every write). A load's result is written only if the fence is still the one the load
-//! began from (`write_back.lua`), so neither a `set` or `delete` since, nor the result of a
-//! load that took over an expired lock, is ever overwritten. A `clear` or `deleteByTag` since
+//! Envelopes in Redis: reads, and writes fenced against newer state. A key's fence is the
+//! generation inside its envelope (new with every write, and with an `expire`), or its lock
+//! when it holds none. A load's result is written only if the fence is still the one the load
+//! began from (`write_back.lua`), so neither a `set`, `delete` or `expire` since, nor the result
+//! of a load that took over an expired lock, is ever overwritten. A `clear` or `deleteByTag` since
 //! the load began makes its result dead on arrival instead (see `tags.rs`).
 
 use redis::Value;
 
-use super::fence::{Fence, GENERATION_TTL};
+use super::fence::Fence;
 use super::{RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
-use crate::envelope::{Body, Envelope, Fmt, Serializer, State};
+use crate::envelope::{new_generation, Body, Envelope, Fmt, Serializer, State};
 use crate::inbox::{tag_bucket, Stamp};
 
 /// A random token naming one lock holder, or one generation of a key: a version 4 UUID whose
@@ -160,7 +160,50 @@ pub(super) async fn invoke_echoed<T: redis::FromRedisValue>(
     }
 }
 
+/// Runs a script that returns an array ending with the mark it was given (its last ARGV, from
+/// [`next_echo`]), with no echo beside it: the reply proves its own place. An extra reply in
+/// front of the script's, or a missing one, puts a reply without this mark in its place, and the
+/// call is refused (`Ok(None)`). Returns the array without the mark. (A NOSCRIPT reply loads the
+/// script and calls it again, with the same mark, as `invoke_async` does: whatever the retry
+/// reads in its place is refused unless it ends with the mark.)
+pub(super) async fn invoke_marked(
+    invocation: &redis::ScriptInvocation<'_>,
+    mark: &str,
+    c: &mut super::topology::Connection,
+) -> redis::RedisResult<Option<Vec<Value>>> {
+    let reply: Value = invocation.invoke_async(c).await?;
+    Ok(marked(reply, mark))
+}
+
+/// An integer reply (0 for anything else).
+pub(super) fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(n) => *n,
+        _ => 0,
+    }
+}
+
+/// The items of `reply` before its last, if it is an array whose last item is `mark`.
+pub(super) fn marked(reply: Value, mark: &str) -> Option<Vec<Value>> {
+    let Value::Array(mut items) = reply else {
+        return None;
+    };
+    match items.last() {
+        Some(Value::BulkString(b)) if b == mark.as_bytes() => {
+            items.pop();
+            Some(items)
+        }
+        _ => None,
+    }
+}
+
 impl RedisTier {
+    /// Counts a write of this process (see `lane_changes`), before it is sent.
+    pub(super) fn wrote_here(&self) {
+        self.local_writes
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
     /// The echo for the next call whose command routes by `redis_key` (see [`Echo`]).
     pub(super) fn echo(&self, redis_key: impl AsRef<[u8]>) -> Echo {
         if self.link.topology.is_cluster() {
@@ -208,29 +251,29 @@ pub struct Usable {
 pub struct Misdelivered;
 
 /// An envelope this library wrote for `value_key` with `serializer`'s format and that is not
-/// expired. Anything else (other JSON, another Redis type, bytes that are not UTF-8, another
-/// serializer's value, expired by our clock) is `Ok(None)`: a miss, never an error. One that
+/// expired. Anything else (other data, another Redis type, a marker, another serializer's
+/// value, expired by our clock) is `Ok(None)`: a miss, never an error. One that
 /// names another key is `Err(Misdelivered)`.
 pub fn usable(
     bytes: &[u8],
     serializer: Serializer,
     value_key: &str,
 ) -> Result<Option<Usable>, Misdelivered> {
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        return Ok(None);
-    };
-    let Some(d) = Envelope::decode(text) else {
+    let Some(d) = Envelope::decode(bytes) else {
         return Ok(None);
     };
     if !d.written_for(value_key) {
         return Err(Misdelivered);
     }
-    if d.envelope.state(SystemClock.now_ms()) == State::Expired || !serializer.reads(d.fmt) {
+    if d.marker
+        || d.envelope.state(SystemClock.now_ms()) == State::Expired
+        || !serializer.reads(d.fmt)
+    {
         return Ok(None);
     }
     Ok(Some(Usable {
         envelope: d.envelope,
-        value_json: d.value_json.map(str::to_string),
+        value_json: d.value_json.map(std::borrow::Cow::into_owned),
         tags: d.tags,
         fmt: d.fmt,
     }))
@@ -367,12 +410,9 @@ impl RedisTier {
             return WriteBack::Dropped;
         }
         let px = envelope.remaining_ms(SystemClock.now_ms());
-        let keys = (
-            self.value_key(key),
-            self.lock_key(key),
-            self.generation_key(key),
-        );
-        let text = envelope.encode(body, &new_token(), &keys.0);
+        self.wrote_here();
+        let keys = (self.value_key(key), self.lock_key(key));
+        let text = envelope.encode(body, &new_generation(), &keys.0);
         let msg = self.bus.announcement(key);
         // Published instead of `msg` when the script writes: other processes then have the
         // value without reading it (see `carried.rs`).
@@ -380,12 +420,11 @@ impl RedisTier {
             .bus
             .carrying_announcement(key, &text, !body.tags.is_empty());
         self.bus.carried().expect_own(key);
-        let echo = self.echo(&keys.0);
+        let mark = next_echo();
         let written = self
             .run("set", key, |mut c| async move {
                 let mut call = self.scripts.write_back.key(&keys.0);
                 call.key(&keys.1)
-                    .key(&keys.2)
                     .arg(&text)
                     .arg(px)
                     .arg(token.unwrap_or(""))
@@ -393,8 +432,10 @@ impl RedisTier {
                     .arg(if forced { "1" } else { "0" })
                     .arg(self.bus.channel())
                     .arg(&msg)
-                    .arg(&carrying);
-                invoke_echoed::<i64>(&call, &mut c, echo).await
+                    .arg(&carrying)
+                    .arg(&mark);
+                let reply = invoke_marked(&call, &mark, &mut c).await?;
+                Ok(reply.map(|r| r.first().map_or(0, int)))
             })
             .await;
         match written {
@@ -439,7 +480,8 @@ impl RedisTier {
         key: &str,
         written: Option<(&Envelope, &Body<'_>)>,
     ) -> Result<bool, Unavailable> {
-        let generation = new_token();
+        self.wrote_here();
+        let generation = new_generation();
         let (text, px, born) = match written {
             Some((envelope, body)) => {
                 let born = envelope.born.max(self.inbox.clock());
@@ -451,24 +493,24 @@ impl RedisTier {
                     Some(born),
                 )
             }
-            None => (String::new(), 1, None),
+            None => (Vec::new(), 1, None),
         };
         let keys = (self.value_key(key), self.generation_key(key));
         let msg = self.bus.announcement(key);
         let op = if written.is_some() { "set" } else { "delete" };
         let vkey = keys.0.clone();
         self.bus.carried().expect_own(key);
-        let echo = self.echo(&keys.0);
+        let mark = next_echo();
         let wrote = self.run(op, key, |mut c| async move {
             let mut call = self.scripts.write.key(&keys.0);
             call.key(&keys.1)
                 .arg(&text)
                 .arg(px)
-                .arg(new_token())
-                .arg(GENERATION_TTL.as_millis() as u64)
                 .arg(self.bus.channel())
-                .arg(&msg);
-            invoke_echoed::<i64>(&call, &mut c, echo).await
+                .arg(&msg)
+                .arg(&mark);
+            let reply = invoke_marked(&call, &mark, &mut c).await?;
+            Ok(reply.map(|r| r.first().map_or(0, int)))
         });
         let clock = async {
             match born {
@@ -492,7 +534,7 @@ impl RedisTier {
                 let reborn = self
                     .run(op, key, |mut c| async move {
                         let mut call = self.scripts.reborn.key(&vkey);
-                        call.arg(&generation).arg(clock);
+                        call.arg(&generation[..]).arg(clock);
                         invoke_echoed::<i64>(&call, &mut c, echo).await
                     })
                     .await;
@@ -505,24 +547,28 @@ impl RedisTier {
     }
 
     /// `expire(key)` in Redis, already applied here: the entry keeps its value and expiry but its
-    /// freshUntil becomes `now` (`expire.lua`), the key's fence changes (a load that began before
-    /// never writes back), and other processes drop their copies. Returns whether the value key
-    /// existed. Run it through `in_order`.
+    /// freshUntil becomes `now` and its generation is drawn anew, set part included
+    /// (`expire.lua`): a load that began before, forced or not, never writes back, as after a
+    /// delete. Other processes drop their copies. Returns whether the key held a value. Run it
+    /// through `in_order`.
     pub async fn expire(&self, key: &str, now: f64) -> Result<bool, Unavailable> {
+        self.wrote_here();
         let keys = (self.value_key(key), self.generation_key(key));
         let msg = self.bus.announcement(key);
         self.bus.carried().expect_own(key);
-        let echo = self.echo(&keys.0);
+        let generation = new_generation();
+        let mark = next_echo();
         let expired = self
             .run("expire", key, |mut c| async move {
                 let mut call = self.scripts.expire.key(&keys.0);
                 call.key(&keys.1)
                     .arg(now as u64)
-                    .arg(new_token())
-                    .arg(GENERATION_TTL.as_millis() as u64)
+                    .arg(&generation[..])
                     .arg(self.bus.channel())
-                    .arg(&msg);
-                invoke_echoed::<i64>(&call, &mut c, echo).await
+                    .arg(&msg)
+                    .arg(&mark);
+                let reply = invoke_marked(&call, &mark, &mut c).await?;
+                Ok(reply.map(|r| r.first().map_or(0, int)))
             })
             .await;
         // A read sent before this, answered after, must not be kept over it.
@@ -554,7 +600,7 @@ impl RedisTier {
                 async move {
                     match redis::cmd("GET")
                         .arg(&vkey)
-                        .query_async::<Option<String>>(&mut c)
+                        .query_async::<Option<Vec<u8>>>(&mut c)
                         .await
                     {
                         Err(e) if e.code() == Some("WRONGTYPE") => Ok(None),
@@ -567,9 +613,16 @@ impl RedisTier {
         let Some(d) = Envelope::decode(&text) else {
             return;
         };
+        if d.marker || !d.written_for(&vkey) {
+            return;
+        }
         let mut envelope = d.envelope;
         envelope.retry_after = envelope.retry_after.max(retry_after);
-        let replacement = envelope.encode(&d.body(), d.generation, &vkey);
+        // The same generation (an old JSON envelope's cannot be kept: it gets a new one), so a
+        // load fenced by this entry is not dropped for a recorded backoff.
+        let generation: crate::envelope::Generation =
+            d.generation.try_into().unwrap_or_else(|_| new_generation());
+        let replacement = envelope.encode(&d.body(), &generation, &vkey);
         let echo = self.echo(&vkey);
         let replaced = self
             .run("set", key, |mut c| async move {

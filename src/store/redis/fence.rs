@@ -1,24 +1,24 @@
 //! The fence a load takes with it: the key's state as the load began, which `write_back.lua`
 //! compares with the key's state when the result comes (a `set`, a `delete` or a takeover's
-//! write since drops the result). A key's state is its generation key (written by `set` and
-//! `delete`, living `GENERATION_TTL`) plus the generation inside its envelope. This part owns
-//! the clock fences are read by, so it alone decides when a fence is too old to trust.
+//! write since drops the result). A key's state is the generation inside its envelope (empty
+//! when it holds none: then the load's lock fences it). This part owns the clock fences are read
+//! by, so it alone decides when a fence is too old to trust.
 
 use std::time::{Duration, Instant};
 
 /// What a load's result is checked against when it is written back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fence {
-    /// The key's state when the load began: its generation key and its envelope's generation,
-    /// as the scripts compute it.
-    pub state: String,
+    /// The key's state when the load began: its envelope's generation (bytes), as the scripts
+    /// read it.
+    pub state: Vec<u8>,
     /// When it was read, in ms since the tier's epoch (see `Fences::now_ms`).
     pub read_at_ms: f64,
 }
 
-/// How long a generation key lives after the `set`/`delete` that wrote it. A load whose fence is
-/// older than this (less a margin) is not written back: a generation key written after the
-/// load began may have expired by then, and the load would not see that it was fenced.
+/// How long a fence is trusted, and how long a forced load's marker lives (`fence.lua`): a load
+/// whose fence is older than this (less a margin) is not written back, since the marker it may
+/// be fenced by may have expired by then. (Earlier versions' generation keys lived as long.)
 pub const GENERATION_TTL: Duration = Duration::from_secs(600);
 const GENERATION_MARGIN: Duration = Duration::from_secs(30);
 
@@ -36,7 +36,7 @@ impl Fences {
     }
 
     /// The fence of a key whose state the scripts just read as `state`.
-    pub fn read(&self, state: String) -> Fence {
+    pub fn read(&self, state: Vec<u8>) -> Fence {
         Fence {
             state,
             read_at_ms: self.now_ms(),
@@ -62,16 +62,16 @@ mod tests {
     #[test]
     fn a_fence_outlives_its_trust_a_margin_before_generation_keys_expire() {
         let fences = Fences::new();
-        let fresh = fences.read("g".to_string());
+        let fresh = fences.read(b"g".to_vec());
         assert!(!fences.outlived(&fresh));
         let margin = (GENERATION_TTL - GENERATION_MARGIN).as_millis() as f64;
         let old = Fence {
-            state: "g".to_string(),
+            state: b"g".to_vec(),
             read_at_ms: fences.now_ms() - margin,
         };
         assert!(fences.outlived(&old));
         let nearly = Fence {
-            state: "g".to_string(),
+            state: b"g".to_vec(),
             read_at_ms: fences.now_ms() - margin + 5_000.0,
         };
         assert!(!fences.outlived(&nearly));

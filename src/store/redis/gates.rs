@@ -11,10 +11,12 @@ use std::time::Instant;
 
 use redis::Value;
 
-use super::envelopes::{invoke_echoed, new_token, usable, Fetched, Misdelivered};
+use super::envelopes::{int, invoke_marked, new_token, next_echo, usable, Fetched, Misdelivered};
 use super::fence::{Fence, GENERATION_TTL};
 use super::lock::Patience;
 use super::{RedisTier, Remote, Unavailable};
+use crate::clock::{Clock, SystemClock};
+use crate::envelope::{new_generation, Envelope};
 use crate::inbox::Stamp;
 
 /// A lock this instance holds for a running load: released (and announced, so waiters take
@@ -110,10 +112,21 @@ impl Gate {
 }
 
 /// One look of `cold_gate.lua`.
+/// What a look asks of the key's value (`cold_gate.lua`'s ARGV[3]).
+#[derive(Clone, Copy)]
+enum LookMode {
+    /// Return it if there is one.
+    Value,
+    /// Take the lock past it (the caller could not use it).
+    PastValue,
+    /// The caller just found none: put a marker in place at once.
+    Missing,
+}
+
 enum Look {
     Value(Vec<u8>),
-    Locked(String),
-    Held(String, u64),
+    Locked(Vec<u8>),
+    Held(Vec<u8>, u64),
 }
 
 /// A bid that ends without the lock: `Waited` if it waited for another holder.
@@ -125,10 +138,11 @@ fn no_lock(waited: bool) -> LockOutcome {
     }
 }
 
-fn text(v: &Value) -> Option<String> {
+/// A fence as a script returned it (bytes: a generation is binary).
+fn fence_bytes(v: &Value) -> Option<Vec<u8>> {
     match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
         _ => None,
     }
 }
@@ -141,25 +155,46 @@ fn number(v: &Value) -> i64 {
 }
 
 impl RedisTier {
-    async fn look(&self, key: &str, token: &str, past_value: bool) -> Result<Look, Unavailable> {
-        let keys = (
-            self.value_key(key),
-            self.lock_key(key),
-            self.generation_key(key),
-        );
+    /// A marker for `value_key` (see `envelope_fence` in `envelope.lua`): the header of an
+    /// entry with a new generation and no value, born at the clock known here. It lives
+    /// `GENERATION_TTL` at most, as long as a fence is trusted (`Fences::outlived`).
+    pub(super) fn marker(&self, value_key: &str) -> Vec<u8> {
+        Envelope::new(SystemClock.now_ms(), 0.0, 0.0, 0.0, false)
+            .born_at(self.inbox.clock())
+            .encode_marker(&new_generation(), value_key)
+    }
+
+    /// One look (`cold_gate.lua`): what the key holds, or the lock's bid, and the namespace
+    /// clock Redis had then (`None`: not read, a Cluster's, where the meta hash is another slot).
+    async fn look(
+        &self,
+        key: &str,
+        token: &str,
+        mode: LookMode,
+    ) -> Result<(Look, Option<Option<String>>), Unavailable> {
+        let keys = (self.value_key(key), self.lock_key(key));
+        let meta_key = (!self.link.topology.is_cluster()).then(|| self.meta_key());
+        let meta = meta_key.as_deref();
         let lock_ttl_ms = self.lock.ttl_ms();
-        let echo = self.echo(&keys.0);
+        let mark = next_echo();
         let reply: Option<Vec<Value>> = self
             .run("lock", key, |mut c| async move {
                 let mut call = self.scripts.cold_gate.key(&keys.0);
-                call.key(&keys.1)
-                    .key(&keys.2)
-                    .arg(token)
+                call.key(&keys.1);
+                if let Some(meta) = meta {
+                    call.key(meta);
+                }
+                call.arg(token)
                     .arg(lock_ttl_ms)
-                    .arg(if past_value { "1" } else { "0" })
-                    .arg(new_token())
-                    .arg(GENERATION_TTL.as_millis() as u64);
-                invoke_echoed(&call, &mut c, echo).await
+                    .arg(match mode {
+                        LookMode::Value => "0",
+                        LookMode::PastValue => "1",
+                        LookMode::Missing => "2",
+                    })
+                    .arg(self.marker(&keys.0))
+                    .arg(GENERATION_TTL.as_millis() as u64)
+                    .arg(&mark);
+                invoke_marked(&call, &mark, &mut c).await
             })
             .await?;
         let Some(reply) = reply else {
@@ -168,8 +203,12 @@ impl RedisTier {
             self.misdelivered("lock", key);
             return Err(Unavailable);
         };
-        let generation = reply.get(1).and_then(text).unwrap_or_default();
-        Ok(match reply.get(2).map(number) {
+        let generation = reply.get(1).and_then(fence_bytes).unwrap_or_default();
+        let clock = meta.map(|_| match reply.get(4) {
+            Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        });
+        let look = match reply.get(2).map(number) {
             Some(0) => match reply.first() {
                 Some(Value::BulkString(b)) => Look::Value(b.clone()),
                 _ => Look::Held(generation, 0),
@@ -179,7 +218,16 @@ impl RedisTier {
                 generation,
                 reply.get(3).map(number).unwrap_or(0).max(0) as u64,
             ),
-        })
+        };
+        Ok((look, clock))
+    }
+
+    /// The clock a load that passed the gate is born at: the one its look read, else Redis's now.
+    async fn born(&self, key: &str, read: Option<Option<String>>) -> Option<u64> {
+        match read {
+            Some(clock) => self.clock_read(key, clock).await,
+            None => self.clock_now(key).await,
+        }
     }
 
     /// A cold load's way through Redis: the value if another process has it; else take the
@@ -205,6 +253,9 @@ impl RedisTier {
         let token = new_token();
         let mut patience = self.lock.patience(Instant::now());
         let mut past_value = past_value;
+        // The caller's GET found nothing usable just now: the first look puts a marker in place
+        // at once (reading the key only if something is there).
+        let mut missing = looked && !past_value;
         // Most cold reads find the value: a plain GET answers them (0.3 µs of Redis time, where
         // the gate script takes 6.6 µs; measured with INFO commandstats). The script, which
         // takes the lock and reads the fence, runs only when the GET found nothing usable (dead
@@ -229,10 +280,19 @@ impl RedisTier {
 
             let stamp = self.inbox.stamp(key);
             // Past an unusable value for one look only: a holder may write a good one meanwhile.
-            let past = std::mem::take(&mut past_value);
-            let left = match self.look(key, &token, past).await {
+            let mode = if std::mem::take(&mut past_value) {
+                LookMode::PastValue
+            } else if std::mem::take(&mut missing) {
+                LookMode::Missing
+            } else {
+                LookMode::Value
+            };
+            let (look, clock) = match self.look(key, &token, mode).await {
                 Err(Unavailable) => return (Gate::unfenced(), no_lock(patience.waited())),
-                Ok(Look::Value(bytes)) => {
+                Ok(read) => read,
+            };
+            let left = match look {
+                Look::Value(bytes) => {
                     let found = match usable(&bytes, self.policies.serializer, &self.value_key(key))
                     {
                         Ok(found) => found,
@@ -260,13 +320,13 @@ impl RedisTier {
                     past_value = true;
                     continue;
                 }
-                Ok(Look::Locked(generation)) => {
+                Look::Locked(generation) => {
                     self.stats.lock_wins.incr();
                     let lead = Gate::Lead {
                         token: Some(token),
                         fence: Some(self.fences.read(generation)),
                         stamp: Some(stamp),
-                        born: self.clock_now(key).await,
+                        born: self.born(key, clock).await,
                         tags: Vec::new(),
                     };
                     let outcome = if patience.waited() {
@@ -276,7 +336,7 @@ impl RedisTier {
                     };
                     return (lead, outcome);
                 }
-                Ok(Look::Held(generation, left_ms)) => {
+                Look::Held(generation, left_ms) => {
                     if patience.begins_waiting() {
                         self.stats.lock_waits.incr();
                     }
@@ -287,7 +347,7 @@ impl RedisTier {
                                 token: None,
                                 fence: Some(self.fences.read(generation)),
                                 stamp: Some(stamp),
-                                born: self.clock_now(key).await,
+                                born: self.born(key, clock).await,
                                 tags: Vec::new(),
                             };
                             return (lead, LockOutcome::GaveUp);
@@ -311,24 +371,21 @@ impl RedisTier {
         let token = new_token();
         let lock_ttl_ms = self.lock.ttl_ms();
         let stamp = self.inbox.stamp(key);
-        let keys = (
-            self.value_key(key),
-            self.lock_key(key),
-            self.generation_key(key),
-        );
-        let echo = self.echo(&keys.0);
+        let keys = (self.value_key(key), self.lock_key(key));
+        let mark = next_echo();
         let reply: Result<Option<Vec<Value>>, Unavailable> = self
             .run("lock", key, |mut c| {
                 let token = token.clone();
+                let mark = &mark;
                 async move {
                     let mut call = self.scripts.refresh_gate.key(&keys.0);
                     call.key(&keys.1)
-                        .key(&keys.2)
                         .arg(token)
                         .arg(lock_ttl_ms)
-                        .arg(new_token())
-                        .arg(GENERATION_TTL.as_millis() as u64);
-                    invoke_echoed(&call, &mut c, echo).await
+                        .arg(self.marker(&keys.0))
+                        .arg(GENERATION_TTL.as_millis() as u64)
+                        .arg(mark);
+                    invoke_marked(&call, mark, &mut c).await
                 }
             })
             .await;
@@ -346,8 +403,8 @@ impl RedisTier {
             return Gate::Skip;
         }
         self.stats.lock_wins.incr();
-        let generation = reply.get(2).and_then(text).unwrap_or_default();
-        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+        let generation = reply.get(2).and_then(fence_bytes).unwrap_or_default();
+        let now = SystemClock.now_ms();
         let mut tags = Vec::new();
         if let Some(Value::BulkString(b)) = reply.get(1) {
             let found = match usable(b, self.policies.serializer, &self.value_key(key)) {
@@ -395,14 +452,16 @@ impl RedisTier {
     /// holds it).
     pub async fn force_gate(&self, key: &str) -> Gate {
         let stamp = self.inbox.stamp(key);
-        let keys = (self.value_key(key), self.generation_key(key));
-        let echo = self.echo(&keys.0);
+        let vkey = self.value_key(key);
+        let marker = self.marker(&vkey);
+        let mark = next_echo();
         let state = self.run("get", key, |mut c| async move {
-            let mut call = self.scripts.fence.key(&keys.0);
-            call.key(&keys.1)
-                .arg(new_token())
-                .arg(GENERATION_TTL.as_millis() as u64);
-            invoke_echoed::<String>(&call, &mut c, echo).await
+            let mut call = self.scripts.fence.key(&vkey);
+            call.arg(&marker)
+                .arg(GENERATION_TTL.as_millis() as u64)
+                .arg(&mark);
+            let reply = invoke_marked(&call, &mark, &mut c).await?;
+            Ok(reply.map(|r| r.first().and_then(fence_bytes).unwrap_or_default()))
         });
         let (state, born) = tokio::join!(state, self.clock_now(key));
         match state {
@@ -429,13 +488,18 @@ impl RedisTier {
         if announce {
             self.bus.carried().expect_own(key);
         }
-        let echo = self.echo(&lkey);
+        let mark = next_echo();
         let released = self
             .run("unlock", key, |mut c| async move {
                 let channel = if announce { self.bus.channel() } else { "" };
                 let mut call = self.scripts.release.key(&lkey);
-                call.arg(token).arg(channel).arg(&msg);
-                invoke_echoed::<i64>(&call, &mut c, echo).await
+                call.key(self.value_key(key))
+                    .arg(token)
+                    .arg(channel)
+                    .arg(&msg)
+                    .arg(&mark);
+                let reply = invoke_marked(&call, &mark, &mut c).await?;
+                Ok(reply.map(|r| r.first().map_or(0, int)))
             })
             .await;
         if released == Ok(None) {

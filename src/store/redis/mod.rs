@@ -1,5 +1,6 @@
-//! The Redis tier: envelopes at `<ns>:v:{key}` (expiring at their hardTtl), a generation at
-//! `<ns>:gen:{key}` that `set` and `delete` write so that loads begun before them are dropped, the cross-process lock protocol
+//! The Redis tier: envelopes at `<ns>:v:{key}` (expiring at their hardTtl), one key per entry,
+//! whose header's generation fences loads so that one begun before a `set` or `delete` is
+//! dropped (`scripts/envelope.lua`), the cross-process lock protocol
 //! around loads (`<ns>:lock:{key}`), the pub/sub bus that drops other processes' in-process
 //! copies and wakes lock waiters, and the degrade-and-recover logic that keeps Redis trouble
 //! from failing or blocking reads: every command is bounded by a timeout, and after an I/O
@@ -182,6 +183,9 @@ pub struct RedisTier {
     scripts: Scripts,
     /// The clock fences are read by.
     fences: Fences,
+    /// Counts this process's writes to Redis (sets, deletes, write-backs): a read lane marks
+    /// the first read after one (see `lane_changes`).
+    local_writes: std::sync::atomic::AtomicU64,
 }
 
 impl RedisTier {
@@ -214,6 +218,7 @@ impl RedisTier {
             shutdown,
             scripts: Scripts::new(),
             fences: Fences::new(),
+            local_writes: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -251,6 +256,8 @@ impl RedisTier {
         key::redis_lock_key(&self.policies.namespace, key)
     }
 
+    /// The generation key earlier versions fenced loads by (`set` and `delete` remove it, so
+    /// their loads running during a rolling deploy are dropped too; see `write.lua`).
     pub fn generation_key(&self, key: &str) -> String {
         key::redis_generation_key(&self.policies.namespace, key)
     }

@@ -1,6 +1,7 @@
 //! The Lua scripts (`scripts/*.lua`, each naming its KEYS/ARGV), sent by EVALSHA with a load
-//! on NOSCRIPT. The fence's test (`fence_of.lua`), a tag's record (`tag_record.lua`) and the clock's advance
-//! (`advance_of.lua`) are prepended to the scripts that share them.
+//! on NOSCRIPT. The envelope's layout (`envelope.lua`) is prepended to the scripts that read it;
+//! a tag's record (`tag_record.lua`) and the clock's advance (`advance_of.lua`) to the scripts
+//! that share them.
 
 use redis::Script;
 
@@ -13,6 +14,16 @@ pub(super) static ECHO: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
         .collect::<Vec<_>>()
         .join("\n")
 });
+
+/// A script with `envelope.lua`'s functions in front of it.
+macro_rules! with_envelope {
+    ($path:literal) => {
+        Script::new(concat!(
+            include_str!("scripts/envelope.lua"),
+            include_str!($path)
+        ))
+    };
+}
 
 /// One of each script, hashed once for the tier.
 pub struct Scripts {
@@ -35,21 +46,12 @@ pub struct Scripts {
 impl Scripts {
     pub fn new() -> Self {
         Scripts {
-            fence: Script::new(concat!(
-                include_str!("scripts/fence_of.lua"),
-                include_str!("scripts/fence.lua")
-            )),
-            cold_gate: Script::new(concat!(
-                include_str!("scripts/fence_of.lua"),
-                include_str!("scripts/cold_gate.lua")
-            )),
-            refresh_gate: Script::new(concat!(
-                include_str!("scripts/fence_of.lua"),
-                include_str!("scripts/refresh_gate.lua")
-            )),
-            write_back: Script::new(include_str!("scripts/write_back.lua")),
-            write: Script::new(include_str!("scripts/write.lua")),
-            release: Script::new(include_str!("scripts/release.lua")),
+            fence: with_envelope!("scripts/fence.lua"),
+            cold_gate: with_envelope!("scripts/cold_gate.lua"),
+            refresh_gate: with_envelope!("scripts/refresh_gate.lua"),
+            write_back: with_envelope!("scripts/write_back.lua"),
+            write: with_envelope!("scripts/write.lua"),
+            release: with_envelope!("scripts/release.lua"),
             replace: Script::new(include_str!("scripts/replace.lua")),
             tag: Script::new(concat!(
                 include_str!("scripts/tag_record.lua"),
@@ -60,13 +62,10 @@ impl Scripts {
                 include_str!("scripts/tag_record.lua"),
                 include_str!("scripts/tags.lua")
             )),
-            expire: Script::new(concat!(
-                include_str!("scripts/stale_at.lua"),
-                include_str!("scripts/expire.lua")
-            )),
+            expire: with_envelope!("scripts/expire.lua"),
             clear: Script::new(include_str!("scripts/clear.lua")),
-            sweep: Script::new(include_str!("scripts/sweep.lua")),
-            reborn: Script::new(include_str!("scripts/reborn.lua")),
+            sweep: with_envelope!("scripts/sweep.lua"),
+            reborn: with_envelope!("scripts/reborn.lua"),
             advance: Script::new(concat!(
                 include_str!("scripts/advance_of.lua"),
                 include_str!("scripts/advance.lua")

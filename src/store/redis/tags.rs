@@ -143,6 +143,12 @@ impl RedisTier {
             self.misdelivered("get", key);
             return None;
         };
+        self.clock_read(key, clock).await
+    }
+
+    /// The namespace clock Redis answered (`HGET <ns>:meta clock`, here or inside a script), as
+    /// `clock_now` takes it: known here from then on, or raised first if Redis lost it.
+    pub(super) async fn clock_read(&self, key: &str, clock: Option<String>) -> Option<u64> {
         let clock = clock_of(clock);
         if clock < self.inbox.clock() {
             // Redis lost the clock (see advance.lua): raise it before anything is born here.

@@ -175,6 +175,22 @@ impl RedisTier {
         key::write_value_get(&self.policies.namespace, key, out);
     }
 
+    /// A number that moves whenever something may have changed an entry this process could read
+    /// (a write here, an invalidation heard, a clear): a lane marks the first reads it writes
+    /// after it moved, so a read after one of this process's writes is proven aligned before it
+    /// is delivered (see `src/node/lane.rs`, `Lane::mark`).
+    pub fn lane_changes(&self) -> u64 {
+        self.inbox
+            .changes()
+            .wrapping_add(self.local_writes.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// The lane delivered replies no mark had proven yet and then turned out out of step: every
+    /// in-process copy is dropped, so nothing it delivered unproven stays in process.
+    pub fn lane_shifted_unproven(&self) {
+        self.inbox.invalidate_all();
+    }
+
     /// The mark numbered `seq` that ends a batch of lane reads, appended to `out`: an ECHO,
     /// answered with `seq` as a bulk string (see `lane_mark_answered`).
     pub fn lane_mark(&self, seq: u64, out: &mut Vec<u8>) {

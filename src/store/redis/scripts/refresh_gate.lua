@@ -1,15 +1,14 @@
 -- A background refresh's claim on a key: take the lock, and if taken return the envelope and
--- the key's fence (see write_back.lua) as they are now.
--- KEYS[1] value key, KEYS[2] lock key, KEYS[3] generation key (one hash tag: one cluster slot).
--- ARGV[1] lock token, ARGV[2] lockTtl (ms), ARGV[3] a new generation and ARGV[4] its px, for a
--- key that has none (see fence_of.lua).
--- Returns {1, value or false, fence} when ARGV[1] now holds the lock, else {0}.
+-- the key's fence (see envelope_fence) as they are now.
+-- KEYS[1] value key, KEYS[2] lock key (one hash tag: one cluster slot).
+-- ARGV[1] lock token, ARGV[2] lockTtl (ms), ARGV[3] a marker and ARGV[4] its px (see
+-- envelope_fence), ARGV[5] the caller's mark (returned last, see `invoke_marked`).
+-- Returns {1, value or false, fence, mark} when ARGV[1] now holds the lock, else {0, mark}.
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- A lock left with no expiry would hold every refresh of the key back forever.
   if redis.call('PTTL', KEYS[2]) == -1 then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
-  return {0}
+  return {0, ARGV[5]}
 end
 local value = redis.pcall('GET', KEYS[1])
 if type(value) ~= 'string' then value = false end
-local fence = fence_of(value, KEYS[3], ARGV[3], ARGV[4])
-return {1, value, fence}
+return {1, value, envelope_fence(KEYS[1], value, ARGV[3], ARGV[4]), ARGV[5]}

@@ -1,16 +1,25 @@
--- set and delete: the newest state of a key, whatever loads are running. A new generation key
--- changes the key's fence (see write_back.lua), which drops every load that began before; it
--- outlives a deleted value, so a delete is remembered as long as a load may run.
--- KEYS[1] value key, KEYS[2] generation key (one hash tag: one cluster slot).
--- ARGV[1] envelope ('' to delete), ARGV[2] its px, ARGV[3] new generation, ARGV[4] the
--- generation key's px, ARGV[5] channel, ARGV[6] message.
--- Returns 1 when the value key existed before, else 0.
-redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-local existed = redis.call('EXISTS', KEYS[1])
+-- set and delete: the newest state of a key, whatever loads are running. The new envelope has a
+-- new generation, which drops every load that began before (see write_back.lua); a delete
+-- removes the value or the marker a load is fenced by (see envelope_fence), and an absent key
+-- matches no fence: nothing needs to outlive a delete. The generation key earlier versions fenced loads by is removed,
+-- so their loads still running during a rolling deploy are dropped by this write too.
+-- KEYS[1] value key, KEYS[2] the earlier versions' generation key (one hash tag: one cluster
+-- slot).
+-- ARGV[1] envelope ('' to delete), ARGV[2] its px, ARGV[3] channel, ARGV[4] message, ARGV[5]
+-- the caller's mark (returned last, see `invoke_marked`).
+-- Returns {1 when the key held a value before (a marker is none), else 0, mark}.
+local head = redis.pcall('GETRANGE', KEYS[1], 0, 1)
+local existed = 0
+if type(head) == 'string' then
+  if #head > 0 and not envelope_marker(head) then existed = 1 end
+elseif redis.call('EXISTS', KEYS[1]) == 1 then
+  existed = 1
+end
 if ARGV[1] == '' then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
 else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('DEL', KEYS[2])
 end
-redis.call('PUBLISH', ARGV[5], ARGV[6])
-return existed
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return {existed, ARGV[5]}
