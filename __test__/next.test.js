@@ -5,7 +5,7 @@
 // `after()` to the platform's waitUntil, as on Vercel; it logs each promise handed over and settled.
 //
 // Installs examples/next's own dependencies (`npm ci`, its package-lock.json) when
-// examples/next/node_modules is missing: that needs the npm registry (README, "Contributing"). The
+// examples/next/node_modules is missing: that needs the npm registry (CONTRIBUTING.md, "Tests"). The
 // install is bounded (NPM_CI_TIMEOUT) and fails with a message that says so. Nothing is skipped: if
 // Next.js cannot be installed or built, this test fails.
 const { test } = require('node:test')
@@ -87,7 +87,7 @@ test('examples/next: next build + next start; one load for 200 cold requests; st
       cwd: app,
       env,
       timeout: NPM_CI_TIMEOUT,
-      hint: 'installing examples/next needs the npm registry; see README, "Contributing"',
+      hint: 'installing examples/next needs the npm registry; see CONTRIBUTING.md, "Tests"',
     })
   }
   timings.install = Date.now() - started

@@ -1,7 +1,7 @@
 // How to point stampede-cache at the Redis you run: one function per deployment, each returning
 // the constructor options. __test__/redis-deployments.test.js runs every one of them against a
-// real server of that kind (TLS, mutual TLS, an ACL user, a 3+3 cluster, Sentinel), and the
-// README shows them.
+// real server of that kind (TLS, mutual TLS, an ACL user, a 3+3 cluster, Sentinel), and
+// docs/redis.md shows them.
 import fs from 'node:fs'
 
 // Managed Redis over TLS (Upstash, Redis Cloud, Azure Cache, ElastiCache with encryption): the
@@ -23,7 +23,7 @@ export function privateCa(url, { caFile, certFile, keyFile }) {
   }
 }
 
-// An ACL user that may touch only this namespace's keys and channel (see the README for the
+// An ACL user that may touch only this namespace's keys and channel (see docs/redis.md for the
 // ACL SETUSER line): its name and password go in the URL.
 export function aclUser(url, namespace) {
   return { namespace, redis: url } // redis://feed-cache:s3cret@redis.internal:6379/0
