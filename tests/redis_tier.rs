@@ -187,6 +187,17 @@ async fn until_waiting(t: &RedisTier) {
     }
 }
 
+/// The write-back of a forced load (`force_gate`'s `gate`) of `key`.
+async fn forced_write_back(t: &RedisTier, key: &str, gate: &Gate) -> WriteBack {
+    let Gate::Lead { fence, .. } = gate else {
+        panic!("{gate:?}")
+    };
+    let written = envelope(60_000.0);
+    let body = Body::json(Some("\"old\""));
+    t.write_back(key, Some((&written, &body)), None, fence.as_ref(), true)
+        .await
+}
+
 /// A cold gate that must lead: (token, gate) for `write_back`.
 async fn lead(t: &RedisTier, key: &str) -> Gate {
     let gate = t.cold_gate(key, false).await;
@@ -586,19 +597,7 @@ async fn expire_ends_an_entry_s_freshness_keeps_its_value_and_expiry_and_fences_
         "its Redis expiry kept: {pttl}"
     );
     // The load that began before the expire is not written over it.
-    let Gate::Lead { fence, .. } = &gate else {
-        panic!("{gate:?}")
-    };
-    let result = a
-        .write_back(
-            "k",
-            Some((&envelope(60_000.0), &Body::json(Some("\"old\"")))),
-            None,
-            fence.as_ref(),
-            true,
-        )
-        .await;
-    assert_eq!(result, WriteBack::Dropped);
+    assert_eq!(forced_write_back(&a, "k", &gate).await, WriteBack::Dropped);
     // A second expire changes nothing but the fence; a missing key answers false.
     assert_eq!(b.expire("k", now + 5.0).await, Ok(true));
     let again = bytes_in(&mut c, "t:v:{k}").await.unwrap();
@@ -684,19 +683,7 @@ async fn expire_of_an_old_json_envelope_keeps_it_json_stale_and_fences_loads_of_
     assert!(d.generation.iter().all(u8::is_ascii_alphanumeric));
     assert_eq!(value_in(&mut c, "t:v:{j}").await.as_deref(), Some("\"v\""));
     assert_eq!(get(&mut c, "t:gen:{j}").await, None, "the old fence gone");
-    let Gate::Lead { fence, .. } = &gate else {
-        panic!("{gate:?}")
-    };
-    let result = a
-        .write_back(
-            "j",
-            Some((&envelope(60_000.0), &Body::json(Some("\"old\"")))),
-            None,
-            fence.as_ref(),
-            true,
-        )
-        .await;
-    assert_eq!(result, WriteBack::Dropped);
+    assert_eq!(forced_write_back(&a, "j", &gate).await, WriteBack::Dropped);
     // An old not-found goes.
     let negative = format!(
         r#"{{"sc":1,"gen":"{old_gen}","born":0,"freshUntil":{},"hardUntil":{},"computeMs":5,"retryAfter":0,"negative":true,"value":null}}"#,
