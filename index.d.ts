@@ -274,7 +274,7 @@ export interface LoaderContext<T> {
    * `ERR_INVALID_ARGUMENT` for a bad number.
    */
   setTtl(ttl: number, hardTtl?: number): void
-  /** Adds tags to this result (to the call's `tags`), for `deleteByTag`. */
+  /** Adds tags to this result (to the call's `tags`), for `deleteByTag` and `expireByTag`. */
   setTags(tags: string[]): void
   /**
    * Hands this result to every waiting caller and caches nothing, in any tier; the Redis lock is
@@ -438,6 +438,20 @@ export class StampedeCache<S extends SerializerOption = 'json'> {
    * back. One Redis key per tag, however many entries carry it.
    */
   deleteByTag(tags: string | string[]): Promise<void>
+  /**
+   * Soft invalidation: the entry keeps its value but is stale from now on, in this process at once
+   * and in every instance sharing the Redis (within the bus bound). The next read anywhere is
+   * served the old value at once and starts one refresh for the whole fleet, until hardTtl as
+   * usual; a load that began before never writes its result. True when there was an entry.
+   */
+  expire(key: Key): Promise<boolean>
+  /**
+   * `expire()` for every entry carrying one of the tags, in every instance: each is served stale
+   * while one refresh runs. Any number of tags, never partly applied. One Redis key per tag.
+   * `hardTtl` (ms from now): past it, those not refreshed meanwhile are gone (default: each until
+   * its own hardTtl), as Next.js's `revalidateTag(tag, { expire })`.
+   */
+  expireByTag(tags: string | string[], options?: { hardTtl?: number | undefined }): Promise<void>
   /**
    * Removes every entry of this namespace, in every instance; a load that began before never
    * writes back. No `KEYS`: Redis is swept with `SCAN`, one batch at a time. Other namespaces are

@@ -172,6 +172,22 @@ export interface EntryInfo {
 }
 
 /**
+ * `expire(key)`: applied here at once (the entry stale from now, its running load superseded),
+ * then in Redis after this instance's earlier writes of the key. Resolves with bit 0 set when a
+ * live entry was here and bit 1 when the value key existed in Redis, `QUEUED` when Redis could
+ * not take it (the effect here is kept; it is replayed later), or `UNAVAILABLE` when it was not
+ * sent (closed).
+ */
+export declare function expireEntry(id: number, key: string): Promise<number>
+
+/**
+ * `expireByTag(tags)`: as `delete_tags`, marking the entries carrying them stale instead of
+ * dead (served while one refresh runs). `within` (ms from now; absent: none) ends the window in
+ * which they are served stale: past it, those not refreshed are dead.
+ */
+export declare function expireTags(id: number, tags: Array<string>, within?: number | undefined | null): Promise<number>
+
+/**
  * The loader of `flight` failed. For a background refresh, returns its retry-after (epoch
  * ms) to record in Redis; else 0.
  */

@@ -24,9 +24,8 @@ const { StampedeCache, StampedeCacheError } = require('./index.js')
 const PHASE_PRODUCTION_BUILD = 'phase-production-build'
 // The tag header of ISR entries (next/dist/lib/constants NEXT_CACHE_TAGS_HEADER).
 const NEXT_CACHE_TAGS_HEADER = 'x-next-cache-tags'
-// StampedeCache's bounds on an entry's tags: an entry that would carry more is not stored, since a
-// tag it could not carry could never invalidate it.
-const MAX_TAGS = 64
+// StampedeCache's bound on a tag's length: an entry carrying a longer one is not stored, since a tag
+// it could not carry could never invalidate it. Their number is not bounded.
 const MAX_TAG_BYTES = 1024
 // Next.js's own keys are kept as they are up to this size, longer ones (a "use cache" key holds the
 // function's encoded arguments) are hashed to fit StampedeCache's 1,024-byte key bound.
@@ -172,7 +171,7 @@ function createStore(options, kind, where) {
   // Entries must round-trip exactly: bytes stay bytes, Buffers and Maps keep their types.
   if ('serializer' in cacheOptions) throw invalid(`${where}: serializer is chosen by the handler ('v8'); remove the option`)
   cacheOptions.serializer = 'v8'
-  // Next's lifetimes are exact (an entry past `revalidate` is a miss): no jitter unless asked for.
+  // Next's lifetimes are exact (fresh until `revalidate`, gone at `expire`): no jitter unless asked for.
   cacheOptions.jitter ??= 0
   // Every entry here lives a year at most, so a revalidateTag's or revalidatePath's record in Redis
   // need not outlive it by more: tag keys expire a year after their last revalidation.
@@ -188,6 +187,7 @@ function createStore(options, kind, where) {
   // process; StampedeCache retries it or reports it to onError).
   const writeBound = 2 * commandTimeout + 500
   const onError = typeof cacheOptions.onError === 'function' ? cacheOptions.onError : () => {}
+  const userWaitUntil = typeof cacheOptions.waitUntil === 'function' ? cacheOptions.waitUntil : undefined
 
   /** What the handler turned away: entries over maxEntryBytes, stored records that were not valid. */
   const counts = { oversizedEntries: 0, invalidRecords: 0 }
@@ -246,21 +246,32 @@ function createStore(options, kind, where) {
     return Promise.race([done, late]).finally(() => clearTimeout(timer))
   }
 
-  // The record stored for `key`, or undefined: a miss this instance must compute. Waits for a `set`
-  // of the key in progress here, and for the load of any instance computing it.
+  // What is stored for `key`: `{ record, regenerate }`, or undefined (a miss this instance must
+  // compute). Waits for a `set` of the key in progress here, and for the load of any instance
+  // computing it. A stale record (past its `revalidate`, or its tag revalidated with a profile) is
+  // served at once, and `regenerate` is true in the one `get` across instances whose refresh won
+  // the key: its Next regenerates the entry in the background and calls `set`, which is that
+  // refresh's result. Every other `get` serves the record while it runs.
   async function lookup(key, softTags) {
     const inProgress = setting.get(key.join('\0'))
     if (inProgress) await inProgress
     return new Promise((resolve) => {
       let leads = false
+      // The background refresh this `get` started (StampedeCache hands it to waitUntil at once),
+      // and whether this instance won it (its loader runs: the Redis lock was free).
+      let refresh = null
+      let won
+      const winning = new Promise((r) => (won = r))
       const id = key.join('\0')
       const load = cache.getOrLoad(
         key,
         (ctx) =>
           new Promise((resolveLoad, rejectLoad) => {
-            leads = true
-            // `load` settles once the result is in Redis (or Redis could not take it).
-            const lead = { ctx, resolve: resolveLoad, reject: rejectLoad, softTags, written: () => load }
+            const refreshing = ctx.stale !== undefined
+            if (!refreshing) leads = true
+            // `load` settles once a cold result is in Redis (or Redis could not take it); a
+            // refresh's result is written by the refresh itself, which `refresh` follows.
+            const lead = { ctx, resolve: resolveLoad, reject: rejectLoad, softTags, written: () => (refreshing ? refresh : load) }
             leading.set(id, lead)
             // Timed out (no `set` within lockTtl) or the cache closed: the load is over.
             ctx.signal.addEventListener(
@@ -271,14 +282,28 @@ function createStore(options, kind, where) {
               },
               { once: true },
             )
-            resolve(undefined) // this instance's Next computes the entry and calls `set`
+            if (refreshing) won()
+            else resolve(undefined) // this instance's Next computes the entry and calls `set`
           }),
-        // Next decides when an entry is stale; StampedeCache keeps it until it must go.
-        { loadTimeout: lockTtl, beta: 0, jitter: 0 },
+        // StampedeCache keeps an entry fresh until its `revalidate`, stale until it must go.
+        {
+          loadTimeout: lockTtl,
+          beta: 0,
+          jitter: 0,
+          waitUntil: (p) => {
+            refresh = p
+            if (userWaitUntil !== undefined) userWaitUntil(p)
+          },
+        },
       )
       load.then(
-        (record) => {
-          if (!leads) resolve(record ?? undefined)
+        async (record) => {
+          if (leads) return
+          if (record === null || record === undefined) return resolve(undefined)
+          // This get started a refresh: it regenerates if its refresh wins the key (the loader
+          // runs), else another instance does (the refresh ends without calling it).
+          const regenerate = refresh !== null && (await Promise.race([winning.then(() => true), refresh.then(() => false)]))
+          resolve({ record, regenerate })
         },
         // The computing instance gave up (no `set` within lockTtl) or failed: compute here.
         () => {
@@ -288,19 +313,19 @@ function createStore(options, kind, where) {
     })
   }
 
-  // Stores `record` for `key` for `ttl` ms with `tags`; `record === undefined`: nothing to store
-  // (the load this instance leads, if any, frees the key). Resolves within writeBound.
-  async function store(key, entry, ttl, tags) {
+  // Stores `record` for `key`, fresh for `ttl` ms and kept (stale) until `hardTtl` ms, with `tags`;
+  // `record === undefined`: nothing to store (the load this instance leads, if any, frees the key).
+  // Resolves within writeBound.
+  async function store(key, entry, ttl, hardTtl, tags) {
     const record = capped(key, entry)
     const id = key.join('\0')
     const lead = leading.get(id)
     if (lead) leading.delete(id)
     const allTags = [...new Set([...tags, ...(lead?.softTags ?? [])].filter((t) => typeof t === 'string' && t.length > 0))]
-    const storable =
-      record !== undefined && Number.isFinite(ttl) && ttl >= 1 && allTags.length <= MAX_TAGS && allTags.every((t) => Buffer.byteLength(t) <= MAX_TAG_BYTES)
+    const storable = record !== undefined && Number.isFinite(ttl) && ttl >= 1 && hardTtl >= ttl && allTags.every((t) => Buffer.byteLength(t) <= MAX_TAG_BYTES)
     if (lead) {
       if (storable) {
-        lead.ctx.setTtl(ttl, ttl)
+        lead.ctx.setTtl(ttl, hardTtl)
         if (allTags.length > 0) lead.ctx.setTags(allTags)
       } else {
         lead.ctx.skipCache()
@@ -310,7 +335,7 @@ function createStore(options, kind, where) {
       return
     }
     if (!storable) return
-    await bounded(cache.set(key, record, { ttl, hardTtl: ttl, tags: allTags }), 'next:set', key)
+    await bounded(cache.set(key, record, { ttl, hardTtl, tags: allTags }), 'next:set', key)
   }
 
   // A `set` that failed before it had a record: frees the key this instance leads.
@@ -336,12 +361,25 @@ function createStore(options, kind, where) {
     })
   }
 
-  async function invalidate(tags) {
+  // revalidateTag, updateTag, revalidatePath: Next 16's meanings. With a profile's durations
+  // (`revalidateTag(tag, 'max')`, `revalidateTag(tag, { expire })`), the entries carrying a tag turn
+  // stale: each is served stale once while one instance regenerates it, for the profile's `expire`
+  // window ('max': until each entry's own expiry); past it, those not regenerated are gone.
+  // Without durations (updateTag, the profile-less revalidateTag, revalidatePath) or with
+  // `expire: 0`, they expire at once: the next read computes them. Any number of tags, applied
+  // whole (one step in Redis).
+  async function invalidate(tags, durations) {
     const list = [
       ...new Set((Array.isArray(tags) ? tags : [tags]).filter((t) => typeof t === 'string' && t.length > 0 && Buffer.byteLength(t) <= MAX_TAG_BYTES)),
     ]
     if (list.length === 0) return
-    await bounded(cache.deleteByTag(list), 'next:revalidateTag')
+    const soft = typeof durations === 'object' && durations !== null && !(durations.expire === 0)
+    if (!soft) return bounded(cache.deleteByTag(list), 'next:revalidateTag')
+    // The profile's `expire` (seconds) ends the window in which they are served stale; none
+    // given, or past the year every entry here lives at most: each entry's own expiry.
+    const window = typeof durations.expire === 'number' && durations.expire >= 0 ? durations.expire * 1000 : Infinity
+    const options = window < ONE_YEAR_MS ? { hardTtl: window } : undefined
+    await bounded(cache.expireByTag(list, options), 'next:revalidateTag')
   }
 
   return { cache, keyOf, lookup, store, trackSet, invalidate, readEntry, refused, stats: () => ({ ...cache.stats(), ...counts }) }
@@ -375,13 +413,16 @@ function createUseCacheHandler(options) {
     async get(cacheKey, softTags) {
       const key = store.keyOf(cacheKey)
       if (key === null) return undefined
-      const record = await store.lookup(key, Array.isArray(softTags) ? softTags : [])
+      const found = await store.lookup(key, Array.isArray(softTags) ? softTags : [])
+      const record = found?.record
       // Anything but what `set` stored (another writer's value at the key) is a miss.
       if (store.refused(record, isUseCacheRecord) || !isUseCacheRecord(record)) return undefined
-      // Past `revalidate` is a miss, as in Next's own handler in production; StampedeCache's ttl
-      // already ends there, this only guards against clocks that disagree.
-      if (Date.now() > record.timestamp + record.revalidate * 1000) return undefined
-      return {
+      const now = Date.now()
+      // Past `expire` is a miss; StampedeCache's hardTtl already ends there, this only guards
+      // against clocks that disagree.
+      const expiresAt = record.timestamp + record.expire * 1000
+      if (now > expiresAt) return undefined
+      const entry = {
         value: streamOf(record.value),
         tags: record.tags,
         stale: record.stale,
@@ -389,6 +430,15 @@ function createUseCacheHandler(options) {
         expire: record.expire,
         revalidate: record.revalidate,
       }
+      // Stale and this instance regenerates it: `revalidate: -1` is Next's "serve it, and
+      // regenerate it in the background" (as its own handler answers for a stale tag).
+      if (found.regenerate) return { ...entry, revalidate: -1 }
+      // Past `revalidate` while another instance regenerates it: served as it is, dated now so
+      // that this instance's Next does not regenerate it too (its expiry unchanged).
+      if (now > record.timestamp + record.revalidate * 1000) {
+        return { ...entry, timestamp: now, expire: Math.max(record.revalidate, Math.floor((expiresAt - now) / 1000)) }
+      }
+      return entry
     },
 
     set(cacheKey, pendingEntry) {
@@ -401,14 +451,17 @@ function createUseCacheHandler(options) {
         const value = await store.readEntry(key, entry.value)
         const tags = Array.isArray(entry.tags) ? entry.tags : []
         // An `expire: 0` or `revalidate: 0` entry is dynamic: Next regenerates it on every read.
-        const lifetime = Math.min(entry.revalidate, entry.expire) * 1000
+        // Fresh until `revalidate`, then served stale (one instance regenerates it) until `expire`.
+        const fresh = Math.min(entry.revalidate, entry.expire) * 1000
+        const now = Date.now()
         // At most a year, as ISR entries: every entry of these handlers lives a year at the most.
-        const ttl = Math.min(Math.floor(entry.timestamp + lifetime - Date.now()), ONE_YEAR_MS)
+        const ttl = Math.min(Math.floor(entry.timestamp + fresh - now), ONE_YEAR_MS)
+        const hardTtl = Math.min(Math.floor(entry.timestamp + entry.expire * 1000 - now), ONE_YEAR_MS)
         const record =
-          lifetime > 0 && value !== undefined
+          fresh > 0 && value !== undefined
             ? { value, tags, stale: entry.stale, timestamp: entry.timestamp, expire: entry.expire, revalidate: entry.revalidate }
             : undefined
-        await store.store(key, record, ttl, tags)
+        await store.store(key, record, ttl, Math.max(ttl, hardTtl), tags)
       })
     },
 
@@ -416,16 +469,19 @@ function createUseCacheHandler(options) {
     async refreshTags() {},
 
     // Infinity: Next passes the soft (implicit) tags to `get`. Each entry carries its own tags and
-    // the soft tags of the request that computed it, and a revalidation kills every entry carrying
-    // one of its tags (StampedeCache's deleteByTag: one clock per tag, nothing per entry).
+    // the soft tags of the request that computed it, and a revalidation reaches every entry carrying
+    // one of its tags (StampedeCache's deleteByTag or expireByTag: one clock per tag, nothing per
+    // entry).
     async getExpiration() {
       return Infinity
     },
 
-    // revalidateTag (each form), updateTag and revalidatePath. Every entry carrying one of the tags
-    // is gone everywhere within the bus bound; the next read computes it, once across instances.
-    async updateTags(tags) {
-      await store.invalidate(tags)
+    // revalidateTag (each form), updateTag and revalidatePath, within the bus bound everywhere:
+    // with durations (a profile) every entry carrying one of the tags is served stale once while
+    // one instance regenerates it; without, or with `expire: 0`, it is gone and the next read
+    // computes it, once across instances.
+    async updateTags(tags, durations) {
+      await store.invalidate(tags, durations)
     },
 
     /** The StampedeCache under this handler (stats, close). */
@@ -469,9 +525,14 @@ function createIncrementalCacheHandler(options) {
       const key = store.keyOf(cacheKey)
       if (key === null) return null
       const softTags = [...(Array.isArray(ctx?.tags) ? ctx.tags : []), ...(Array.isArray(ctx?.softTags) ? ctx.softTags : [])]
-      const record = await store.lookup(key, softTags)
+      const found = await store.lookup(key, softTags)
+      const record = found?.record
       if (store.refused(record, isIncrementalRecord) || !isIncrementalRecord(record)) return null
-      return { lastModified: record.lastModified, value: record.value, cacheControl: record.cacheControl }
+      // Its tag was revalidated with a profile and this instance regenerates it: dated long ago,
+      // so Next serves it stale and regenerates it in the background (1: Next reads 0 as "now").
+      // Every other instance serves it as it is meanwhile.
+      const lastModified = found.regenerate ? 1 : record.lastModified
+      return { lastModified, value: record.value, cacheControl: record.cacheControl }
     }
 
     set(cacheKey, data, ctx) {
@@ -481,12 +542,15 @@ function createIncrementalCacheHandler(options) {
         const cacheControl = ctx?.fetchCache ? undefined : ctx?.cacheControl
         const expire = typeof cacheControl?.expire === 'number' ? cacheControl.expire * 1000 : ONE_YEAR_MS
         const record = { lastModified: Date.now(), value: data ?? null, cacheControl }
-        await store.store(key, record, Math.min(expire, ONE_YEAR_MS), tagsOfIncremental(data, ctx))
+        // Next judges its `revalidate` itself (from lastModified): fresh here until it must go.
+        const ttl = Math.min(expire, ONE_YEAR_MS)
+        await store.store(key, record, ttl, ttl, tagsOfIncremental(data, ctx))
       })
     }
 
-    async revalidateTag(tags) {
-      await store.invalidate(tags)
+    // revalidateTag(tags, durations?) as Next 16 calls it: see `invalidate`.
+    async revalidateTag(tags, durations) {
+      await store.invalidate(tags, durations)
     }
 
     resetRequestCache() {}

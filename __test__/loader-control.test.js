@@ -241,7 +241,7 @@ describe('tags and deleteByTag', () => {
     try {
       await cache.getOrLoad('k', () => 1, { tags: ['t'] })
       const loader = counting(1)
-      for (const tags of ['t', [1], [''], ['a\uD800'], [null], Array.from({ length: 65 }, (_, i) => `t${i}`), ['x'.repeat(1_025)]]) {
+      for (const tags of ['t', [1], [''], ['a\uD800'], [null], ['x'.repeat(1_025)]]) {
         await rejectsWithCode(() => cache.getOrLoad('other', loader, { tags }), 'ERR_INVALID_OPTION', 'tags', JSON.stringify(tags))
         await rejectsWithCode(() => cache.set('other', 1, { tags }), 'ERR_INVALID_OPTION', 'tags', `set ${JSON.stringify(tags)}`)
       }

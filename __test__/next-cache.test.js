@@ -146,9 +146,16 @@ test('examples/next-cache: two next start instances share "use cache" and unstab
   assert.equal(cold[0].run, 1)
   const sharedColdRuns = await runs(redis, 'runs:report:cold')
 
-  // revalidateTag on A: B serves a newly computed value within a few seconds, computed once.
+  // revalidateTag(tag, 'max') on A: Next 16's stale-while-revalidate. Past the bus bound, B's next
+  // request is served the old value at once (stale), while one instance regenerates it; then
+  // both serve the new value, computed once.
   const revalidated = await fetch(`${a.base}/api/revalidate?tag=report`, { method: 'POST', signal: AbortSignal.timeout(REQUEST_BOUND) })
   assert.equal(revalidated.status, 200, await revalidated.text())
+  await sleep(500)
+  const staleStarted = Date.now()
+  const served = await report(b, 'cold')
+  timings.staleServe = Date.now() - staleStarted
+  assert.equal(served.nonce, cold[0].nonce, "revalidateTag(tag, 'max'): the first request after it is served the old value")
   let fresh
   await until(
     'B to serve a newly computed report',
@@ -183,6 +190,29 @@ test('examples/next-cache: two next start instances share "use cache" and unstab
     'both instances serve the one recomputed value',
   )
   assert.equal(await runs(redis, 'runs:report:cold'), 3, 'recomputed once after revalidatePath')
+
+  // revalidateTag(tag, { expire: 0 }) and the profile-less revalidateTag(tag): gone at once on
+  // the other instance; its next request waits for a new value (never the old one), computed once.
+  let before = afterPath
+  let expected = 4
+  for (const [form, on, other] of [
+    ['now', a, b],
+    ['legacy', b, a],
+  ]) {
+    const res = await fetch(`${on.base}/api/revalidate?tag=report&form=${form}`, { method: 'POST', signal: AbortSignal.timeout(REQUEST_BOUND) })
+    assert.equal(res.status, 200, await res.text())
+    await sleep(500)
+    const next = await report(other, 'cold')
+    assert.notEqual(next.nonce, before.nonce, `revalidateTag form=${form}: not served the old value`)
+    const all = await spread([a, b], 10, (i) => report(i, 'cold'))
+    assert.ok(
+      all.every((r) => r.nonce === next.nonce),
+      `form=${form}: both instances serve the one recomputed value`,
+    )
+    assert.equal(await runs(redis, 'runs:report:cold'), expected, `form=${form}: recomputed once`)
+    before = next
+    expected++
+  }
 
   // unstable_cache (the incremental cache handler, as ISR): 20 concurrent requests, one run.
   const legacyCold = await spread([a, b], 20, (i) => legacy(i, 'cold'))

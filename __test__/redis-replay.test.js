@@ -100,6 +100,51 @@ test('a paused Redis: the changes are rejected as queued, replayed in order, and
   assert.equal((await stats(a)).replayDropped, 0)
 })
 
+test('expire and expireByTag made while Redis is paused are queued and replayed: another instance then serves those entries stale while one refresh runs', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { redis, spawnWorker, vkey } = await setup(t)
+  const a = await spawnWorker('a')
+  const b = await spawnWorker('b')
+  await changes(a, [
+    ['set', 'e1', 'v1', { ttl: 60_000 }],
+    ['set', 'e2', 'v2', { ttl: 60_000, tags: ['t'] }],
+    ['set', 'e3', 'v3', { ttl: 60_000 }],
+  ])
+  assert.deepEqual(await read(b, ['e1', 'e2', 'e3']), ['v1', 'v2', 'v3'])
+
+  redis.pause()
+  const during = await changes(a, [
+    ['expire', 'e1'],
+    ['expireByTag', 't'],
+  ])
+  for (const r of during.out) {
+    assert.equal(r.ok, false, JSON.stringify(r))
+    assert.equal(r.code, 'ERR_REDIS')
+    assert.equal(r.queued, true, 'err.queued')
+  }
+  assert.equal(during.stats.replayQueued, 2)
+  redis.resume()
+  await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained', 15_000)
+  const e1 = JSON.parse(await redis.cmd('GET', vkey('e1')))
+  assert.ok(e1.freshUntil <= Date.now(), `e1 is stale in Redis (freshUntil ${e1.freshUntil})`)
+  assert.equal(e1.value, 'v1', 'and keeps its value')
+  const e3 = JSON.parse(await redis.cmd('GET', vkey('e3')))
+  assert.ok(e3.freshUntil > Date.now(), 'e3, neither expired nor tagged, stays fresh')
+  // b heard of both: each is served stale at once while a refresh loads it, then refreshed.
+  const refresh = (keys) => b.request('run', { args: keys, body: "return Promise.all(args.map((k) => cache.getOrLoad(k, async () => 'fresh ' + k)))" })
+  await until(
+    async () => {
+      const now = await refresh(['e1', 'e2', 'e3'])
+      return now[0] === 'fresh e1' && now[1] === 'fresh e2'
+    },
+    'b refreshed the expired entries',
+    10_000,
+  )
+  assert.deepEqual(await read(b, ['e3']), ['v3'], 'e3 was never refreshed')
+  assert.equal((await stats(a)).replayDropped, 0)
+})
+
 test('a cut connection: a newer write by another instance during the outage is not replaced by the replay; an older one is', {
   timeout: TEST_TIMEOUT,
 }, async (t) => {

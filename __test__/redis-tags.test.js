@@ -585,7 +585,9 @@ test('a custom serializer is used by every tier and another process; a value it 
   assert.deepEqual(await run(A, WITH, { serializer: 'dates', l1: false }), { isDate: true, by: 'dates', loads: 1 }, "and dates cannot read v2's")
 })
 
-test('Redis Cluster: deleteByTag and clear reach entries on every master, with no cross-slot script', { timeout: 120_000 }, async (t) => {
+test('Redis Cluster: deleteByTag, expireByTag of 71 tags and clear reach entries on every master, with no cross-slot script', {
+  timeout: 120_000,
+}, async (t) => {
   const cluster = new RedisCluster({ masters: 3, replicasPerMaster: 0 })
   t.after(() => cluster.dispose())
   await cluster.start()
@@ -621,6 +623,22 @@ test('Redis Cluster: deleteByTag and clear reach entries on every master, with n
     },
     { what: "deleteByTag('odd') to reach A and B" },
   )
+  // expireByTag of a long list (every tag on its node, with its stale key on the tag's slot):
+  // the even keys are stale everywhere, still served.
+  const many = [...Array.from({ length: 70 }, (_, i) => `filler${i}`), 'even']
+  await run(B, `await cache.expireByTag(args.tags); return true`, { tags: many })
+  await eventually(
+    async () => {
+      for (const w of [A, B]) {
+        const states = await run(w, 'return Promise.all(args.keys.map(async (k) => (await cache.inspect(k))?.state ?? null))', {
+          keys: ['key0', 'key2', 'key4'],
+        })
+        assert.deepEqual(states, ['stale', 'stale', 'stale'], w.name)
+      }
+    },
+    { what: 'the expireByTag to reach A and B' },
+  )
+  assert.equal((await serves(A, 'key0')).value, 'opt:key0', 'served stale')
   await run(A, `await cache.clear(); return true`)
   await eventually(
     async () => {

@@ -106,3 +106,33 @@ test(`rolling deploy: the previous release (${PREVIOUS_COMMIT}) and this one sha
   assert.equal(O.exitInfo, null)
   assert.equal(N.exitInfo, null)
 })
+
+test(`rolling deploy: expire here of the previous release's (${PREVIOUS_COMMIT}) entries`, { skip, timeout: 120_000 }, async (t) => {
+  const { old, now } = await setup(t)
+  const [O, N] = await Promise.all([old('old'), now('new')])
+  const expire = (w, key) => w.request('run', { body: 'return cache.expire(args.key)', args: { key } })
+
+  await t.test('an old entry stays readable by both builds: served stale, refreshed once, the refresh read by this one', async () => {
+    const key = 'e:stale'
+    assert.deepEqual(await readOne(O, key, { value: valueOf(key) }), { value: valueOf(key), loads: 1 })
+    assert.equal(await expire(N, key), true)
+    // The previous release reads the entry expire rewrote: the old value at once, then one refresh.
+    const r = await readOne(await old('old-e'), key, { value: 'refreshed by the old release' })
+    assert.deepEqual(r, { value: valueOf(key), loads: 1 }, 'served stale by the previous release, refreshed once')
+    // That refresh began after the expire: it was written, and this release reads it.
+    assert.deepEqual(await readOne(await now('new-e'), key, { value: MUST_NOT_LOAD }), { value: 'refreshed by the old release', loads: 0 })
+  })
+
+  await t.test('a load the previous release began before the expire is dropped', async () => {
+    const key = 'e:fenced'
+    const run = O.start('read', { key, loader: { ms: 800, value: 'loaded before the expire' } })
+    await sleep(250)
+    assert.equal(await expire(N, key), false, 'no value held yet')
+    await run.result
+    await O.request('settle')
+    const r = await readOne(await now('new-f'), key, { value: 'loaded after' })
+    assert.deepEqual(r, { value: 'loaded after', loads: 1 }, 'the old load was not written over the expire')
+  })
+  assert.equal(O.exitInfo, null)
+  assert.equal(N.exitInfo, null)
+})

@@ -11,7 +11,7 @@
 // serializer (once per write or Redis read).
 
 const native = require('../binding.js')
-const { engine, deleteTags, clearEntries } = require('./engine.js')
+const { engine, deleteTags, expireTags, expireEntry, clearEntries } = require('./engine.js')
 const {
   StampedeCacheError,
   invalidArgument,
@@ -1483,6 +1483,25 @@ class StampedeCache {
     return removed === 1 || removedRemote === 1
   }
 
+  /**
+   * Soft invalidation: the entry keeps its value but is stale from now on, in this process at once
+   * and, with Redis, in every instance sharing it. The next read anywhere is served the old value
+   * and starts one refresh for the whole fleet; a load that began before never writes its result.
+   * Resolves true when there was an entry.
+   */
+  async expire(key) {
+    if (this.#closed) throw closedError()
+    const k = engine.encodeKey(key)
+    this.#watchInvalidations()
+    const sent = expireEntry(this.#id, k)
+    this.#publishInvalidations()
+    this.#publishInvalidation(k, 'local')
+    const outcome = await sent
+    this.#drainRedisReports()
+    if (outcome === UNAVAILABLE || outcome === QUEUED) throw redisError('expire', lastRedisFailure(this.#id), outcome === QUEUED)
+    return outcome !== 0
+  }
+
   async inspect(key) {
     if (this.#closed) throw closedError()
     const k = engine.encodeKey(key)
@@ -1507,19 +1526,45 @@ class StampedeCache {
    * instance sharing it; a load that began before never writes its result back. Costs one Redis
    * key per tag, however many entries carry it.
    */
-  async deleteByTag(tags) {
+  deleteByTag(tags) {
+    return this.#markTags(tags, 'deleteByTag', deleteTags)
+  }
+
+  /**
+   * expire() for every entry carrying one of `tags`, in this process at once and, with Redis, in
+   * every instance sharing it: each is served stale once while one refresh runs. Costs one Redis
+   * key per tag, however many entries carry it. `options.hardTtl` (ms from now): past it, those
+   * not refreshed meanwhile are gone (default: each stays until its own hardTtl).
+   */
+  expireByTag(tags, options) {
+    return this.#markTags(tags, 'expireByTag', expireTags, options)
+  }
+
+  // deleteByTag or expireByTag (`op`), through the engine's `mark`. Any number of tags: applied
+  // whole (see tags.rs), never partly. expireByTag's `options.hardTtl`: ms from now the entries
+  // it makes stale are served at most (then, unless refreshed, they are gone).
+  async #markTags(tags, op, mark, options) {
     if (this.#closed) throw closedError()
     const list = checkTags(typeof tags === 'string' ? [tags] : tags, (why) => {
-      throw invalidArgument(`deleteByTag takes a tag or an array of tags: tags ${why}`)
+      throw invalidArgument(`${op} takes a tag or an array of tags: tags ${why}`)
     })
+    let within
+    if (options !== undefined) {
+      if (options === null || typeof options !== 'object') throw invalidArgument(`${op}: options must be an object`)
+      within = options.hardTtl
+      if (within !== undefined && (typeof within !== 'number' || Number.isNaN(within) || within < 0)) {
+        throw invalidArgument(`${op}: hardTtl must be a number of ms >= 0, got ${String(within)}`)
+      }
+      if (within === Number.POSITIVE_INFINITY) within = undefined
+    }
     if (list.length === 0) return
     this.#watchInvalidations()
-    const sent = deleteTags(this.#id, list)
+    const sent = within === undefined ? mark(this.#id, list) : mark(this.#id, list, within)
     this.#publishInvalidations()
     this.#publishInvalidation(undefined, 'local', list)
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE || outcome === QUEUED) throw redisError('deleteByTag', lastRedisFailure(this.#id), outcome === QUEUED)
+    if (outcome === UNAVAILABLE || outcome === QUEUED) throw redisError(op, lastRedisFailure(this.#id), outcome === QUEUED)
   }
 
   /**

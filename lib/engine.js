@@ -83,6 +83,8 @@ native.setAnswerMaker(function makeAnswer(
   }
 })
 const deleteTags = fromNative(native.deleteTags)
+const expireTags = fromNative(native.expireTags)
+const expireEntry = fromNative(native.expireEntry)
 const clearEntries = fromNative(native.clearEntries)
 
-module.exports = { engine, deleteTags, clearEntries }
+module.exports = { engine, deleteTags, expireTags, expireEntry, clearEntries }

@@ -27,15 +27,14 @@ function encodeKey(key) {
   return nativeEncodeKey(key)
 }
 
-// Tags per entry, and per deleteByTag call, at most.
-const MAX_TAGS = 64
+// A tag's length at most. Their number is not bounded: an entry, a set, a deleteByTag or an
+// expireByTag may carry any number (each costs one Redis key, read or written together).
 const MAX_TAG_BYTES = 1024
 
 // Validates tags (an array of non-empty strings) and returns them without repeats; `fail(why)`
 // makes the error.
 function checkTags(tags, fail) {
   if (!Array.isArray(tags)) return fail('must be an array of strings')
-  if (tags.length > MAX_TAGS) return fail(`must hold at most ${MAX_TAGS} tags, got ${tags.length}`)
   for (const tag of tags) {
     if (typeof tag !== 'string' || tag.length === 0) return fail('must hold non-empty strings')
     if (!tag.isWellFormed()) return fail('must not hold lone surrogates')

@@ -16,7 +16,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Envelope, State};
 use crate::error::{Error, ErrorCode, Result};
 use crate::fresh::FreshWords;
-use crate::inbox::{tag_bucket, Inbox, Stamp, Tentative};
+use crate::inbox::{tag_bucket, Inbox, Stamp, Tentative, Verdict};
 use crate::jitter;
 use crate::policy::{self, EntryPolicy, Options};
 use crate::singleflight::{FlightId, FlightKind, Role, Singleflight};
@@ -344,11 +344,21 @@ impl<C: Clock> Cache<C> {
                 refresh: false,
             });
         }
+        let mut env = env;
         if let Some(tags) = &entry.tags {
             // Cleared or tag-deleted since it was born: gone.
-            if self.inbox.dead(env.born, &tags.buckets) {
-                self.store.remove(key);
-                return None;
+            match self.inbox.judge(env.born, &tags.buckets, now) {
+                Verdict::Dead => {
+                    self.store.remove(key);
+                    return None;
+                }
+                // Tag-expired since it was born: stale from now on (its refresh is born after);
+                // a not-found turns stale too, and is then loaded again (below).
+                Verdict::Stale if env.fresh_until > now => {
+                    entry.envelope.fresh_until = now.floor();
+                    env = entry.envelope;
+                }
+                _ => {}
             }
             if !env.negative
                 && now
@@ -366,6 +376,9 @@ impl<C: Clock> Cache<C> {
         self.inbox.fresh().offer(0.0);
         let hit = match env.state(now) {
             State::Expired => return None,
+            // A not-found past its negativeTtl's freshness (only an expire makes one): nothing
+            // worth serving stale, so it is loaded again.
+            State::Stale if env.negative => return None,
             _ if env.negative => Hit::Negative { slot },
             State::Fresh => {
                 let refresh = self.drawn_early(&env, now, beta) && self.may_refresh(key, &env, now);
@@ -594,7 +607,13 @@ impl<C: Clock> Cache<C> {
         match prepared {
             // A clear, or a deleteByTag of one of its tags, since the load began: the result
             // is older than that, and so is any copy here.
-            Some(p) if self.inbox.dead(p.envelope.born, &buckets(&p.extra.tags)) => {
+            Some(p)
+                if self.inbox.gone(
+                    p.envelope.born,
+                    &buckets(&p.extra.tags),
+                    self.clock.now_ms(),
+                ) =>
+            {
                 self.store.remove(key);
                 None
             }
@@ -636,7 +655,10 @@ impl<C: Clock> Cache<C> {
         if stamp.is_some_and(|s| s != self.inbox.stamp(key)) {
             return None;
         }
-        if self.inbox.dead(envelope.born, &buckets(&extra.tags)) {
+        if self
+            .inbox
+            .gone(envelope.born, &buckets(&extra.tags), self.clock.now_ms())
+        {
             // Redis checked it against what it knew; an invalidation heard since wins.
             self.store.remove(key);
             return None;
@@ -806,6 +828,31 @@ impl<C: Clock> Cache<C> {
     /// the deleteByTag's own clock; the [`Tentative`] says what to put back if Redis cannot
     /// take it.
     pub fn delete_tags(&mut self, tags: &[String], owns_clock: bool) -> Result<Tentative> {
+        self.mark_tags(tags, owns_clock, None)
+    }
+
+    /// `expireByTag` here, at once: every entry carrying one of `tags` and born before now is
+    /// stale (served while one refresh runs; the refresh is born after, so fresh). A load that
+    /// began before writes its result stale too: it may carry what the expiry was about, so it
+    /// does not count as the refresh after it. `until` (epoch ms; infinity: none) ends the
+    /// window in which they are served stale: past it, those not refreshed are dead (Next.js's
+    /// `revalidateTag(tag, { expire })`). Marked as [`Cache::delete_tags`] marks.
+    pub fn expire_tags(
+        &mut self,
+        tags: &[String],
+        owns_clock: bool,
+        until: f64,
+    ) -> Result<Tentative> {
+        self.mark_tags(tags, owns_clock, Some(until))
+    }
+
+    /// `stale_until`: an expireByTag's window end; `None`: a deleteByTag.
+    fn mark_tags(
+        &mut self,
+        tags: &[String],
+        owns_clock: bool,
+        stale_until: Option<f64>,
+    ) -> Result<Tentative> {
         self.ensure_open()?;
         self.apply_inbox();
         let clock = if owns_clock {
@@ -813,27 +860,76 @@ impl<C: Clock> Cache<C> {
         } else {
             self.inbox.clock() + 1
         };
+        let now = self.clock.now_ms();
         let mut before = Vec::with_capacity(tags.len());
+        let mut untils = Vec::new();
         for b in buckets(tags) {
-            before.push((b, self.inbox.tag_clock(b)));
-            self.inbox.invalidate_tag(b, clock);
+            if let Some(until) = stale_until {
+                before.push((b, self.inbox.tag_stale_clock(b)));
+                untils.push(self.inbox.tag_stale_until(b).to_bits());
+                self.inbox.stale_tag(b, clock, until, now);
+            } else {
+                before.push((b, self.inbox.tag_clock(b)));
+                self.inbox.invalidate_tag(b, clock);
+            }
         }
         Ok(Tentative {
             clock,
             tags: before,
+            stale: stale_until.is_some(),
+            untils,
             cleared: None,
         })
     }
 
-    /// A `deleteByTag` Redis did not take: its effect here is kept (the entries it killed are
-    /// removed now, as `delete` would), and its marks are put back, so entries loaded from now
+    /// `expire(key)` here: the entry keeps its value and its hardTtl but is stale from `now`
+    /// (epoch ms, whole: the same instant is written to Redis, so a refresh's basis here and
+    /// Redis's copy agree). A not-found is stale too, and then loaded again. Its running load,
+    /// if any, is superseded as by `delete`: begun before the expire, it may carry what the
+    /// expire was about, so it is not the refresh after it. Returns whether a live entry was
+    /// there.
+    pub fn expire(&mut self, key: &str, now: f64) -> Result<bool> {
+        self.ensure_open()?;
+        self.apply_inbox();
+        self.flights.supersede(key);
+        self.inbox.touch(key);
+        let inbox = &self.inbox;
+        let Some(e) = self.store.get(key) else {
+            return Ok(false);
+        };
+        let dead = e
+            .tags
+            .as_ref()
+            .is_some_and(|t| inbox.gone(e.envelope.born, &t.buckets, now));
+        if dead || e.envelope.state(now) == State::Expired {
+            return Ok(false);
+        }
+        e.envelope.fresh_until = e.envelope.fresh_until.min(now);
+        // The embedder's index may hold the entry as fresh: void it.
+        inbox.fresh().bump();
+        Ok(true)
+    }
+
+    /// A `deleteByTag` or `expireByTag` Redis did not take: its effect here is kept (the entries
+    /// it killed are removed now, as `delete` would; those it made stale stay stale), and its
+    /// marks are put back, so entries loaded from now
     /// on are not dead for a deletion that never happened in Redis.
     pub fn revert_tags(&mut self, tentative: &Tentative) {
         let inbox = &self.inbox;
+        if tentative.stale {
+            // An expireByTag: the entries it made stale here stay stale.
+            let now = self.clock.now_ms().floor();
+            self.store.stale_where(now, |e| {
+                e.tags
+                    .as_ref()
+                    .is_some_and(|t| inbox.expired(e.envelope.born, &t.buckets))
+            });
+        }
+        let now = self.clock.now_ms();
         self.store.remove_where(|e| {
             e.tags
                 .as_ref()
-                .is_some_and(|t| inbox.dead(e.envelope.born, &t.buckets))
+                .is_some_and(|t| inbox.gone(e.envelope.born, &t.buckets, now))
         });
         self.inbox.revert(tentative);
     }
@@ -858,6 +954,8 @@ impl<C: Clock> Cache<C> {
         Ok(Tentative {
             clock,
             tags: Vec::new(),
+            stale: false,
+            untils: Vec::new(),
             cleared: Some(before),
         })
     }
@@ -881,10 +979,16 @@ impl<C: Clock> Cache<C> {
         if self.tagged_dead(e) {
             return Ok(None);
         }
-        let env = e.envelope;
+        let mut env = e.envelope;
         let now = self.clock.now_ms();
         if env.state(now) == State::Expired {
             return Ok(None);
+        }
+        if e.tags
+            .as_ref()
+            .is_some_and(|t| self.inbox.expired(env.born, &t.buckets))
+        {
+            env.fresh_until = env.fresh_until.min(now.floor());
         }
         Ok(Some(EntryInfo {
             state: EntryState::of_live(&env, now),
@@ -909,9 +1013,10 @@ impl<C: Clock> Cache<C> {
 
     /// A tagged entry cleared or tag-deleted since it was born (what a hit checks).
     fn tagged_dead(&self, e: &crate::store::memory::Entry) -> bool {
-        e.tags
-            .as_ref()
-            .is_some_and(|t| self.inbox.dead(e.envelope.born, &t.buckets))
+        e.tags.as_ref().is_some_and(|t| {
+            self.inbox
+                .gone(e.envelope.born, &t.buckets, self.clock.now_ms())
+        })
     }
 
     /// Drops every entry and flight; later calls fail with `ERR_CLOSED`.
@@ -1777,6 +1882,196 @@ mod tag_tests {
         c.clear(true).unwrap();
         assert_eq!(c.complete("x", id, Loaded::new(1.0, p)), None);
         assert_eq!((c.entries(), c.flights_in_progress()), (0, 0));
+    }
+
+    #[test]
+    fn expire_keeps_the_value_stale_until_its_hard_ttl_and_one_refresh_makes_it_fresh() {
+        let mut c = cache(|r| {
+            r.ttls.ttl = Some(10_000.0);
+            r.ttls.hard_ttl = Some(100_000.0);
+        });
+        let p = c.options().defaults;
+        let slot = load(&mut c, "k", Extra::default()).unwrap();
+        assert!(matches!(c.peek("k", 0.0), Some(Hit::Fresh { .. })));
+        let epoch = c.inbox().fresh().epoch();
+        let now = c.now();
+        assert!(c.expire("k", now).unwrap(), "there was an entry");
+        assert_ne!(c.inbox().fresh().epoch(), epoch, "the fresh index is void");
+        let info = c.inspect("k").unwrap().unwrap();
+        assert_eq!((info.state, info.fresh_until), (EntryState::Stale, now));
+        assert_eq!(info.hard_until, 100_000.0, "hardTtl as before");
+        // Served stale, the same value, with one refresh asked for; a second read asks none
+        // while it runs.
+        let Some(Hit::Stale {
+            slot: s,
+            refresh: true,
+        }) = c.peek("k", 0.0)
+        else {
+            panic!("stale with a refresh")
+        };
+        assert_eq!(s, slot);
+        let id = c.begin_refresh("k", None).unwrap();
+        assert!(matches!(
+            c.peek("k", 0.0),
+            Some(Hit::Stale { refresh: false, .. })
+        ));
+        c.complete("k", id, Loaded::new(1.0, p)).unwrap();
+        assert!(matches!(c.peek("k", 0.0), Some(Hit::Fresh { .. })));
+        // Nothing there, or only a dead entry: false, and nothing happens.
+        assert!(!c.expire("none", c.now()).unwrap());
+        c.clock.advance(100_000.0);
+        assert!(!c.expire("k", c.now()).unwrap(), "past its hardTtl");
+    }
+
+    #[test]
+    fn a_load_that_began_before_expire_is_not_the_refresh_after_it() {
+        let mut c = cache(|r| r.ttls.ttl = Some(10_000.0));
+        let p = c.options().defaults;
+        load(&mut c, "k", Extra::default()).unwrap();
+        c.clock.advance(20_000.0);
+        let id = c.begin_refresh("k", None).unwrap();
+        c.clock.advance(1.0);
+        assert!(c.expire("k", c.now()).unwrap());
+        // Its result (maybe what the expire was about) is not written...
+        assert_eq!(c.complete("k", id, Loaded::new(1.0, p)), None);
+        // ...and the next read starts the refresh after the expire.
+        assert!(matches!(
+            c.peek("k", 0.0),
+            Some(Hit::Stale { refresh: true, .. })
+        ));
+        assert_eq!(c.flights_in_progress(), 0);
+    }
+
+    #[test]
+    fn an_expired_not_found_is_loaded_again() {
+        let mut c = cache(|r| r.ttls.negative_ttl = Some(5_000.0));
+        let p = c.options().defaults;
+        let id = lead(&mut c, "n");
+        c.complete(
+            "n",
+            id,
+            Loaded {
+                negative: true,
+                ..Loaded::new(1.0, p)
+            },
+        );
+        assert!(matches!(c.peek("n", 0.0), Some(Hit::Negative { .. })));
+        assert!(c.expire("n", c.now()).unwrap());
+        assert_eq!(c.peek("n", 0.0), None);
+        assert!(matches!(c.lookup("n", 0.0, false).unwrap(), Step::Lead(_)));
+    }
+
+    #[test]
+    fn expire_tags_makes_the_entries_carrying_them_stale_and_their_refresh_fresh() {
+        let mut c = cache(|r| {
+            r.ttls.ttl = Some(10_000.0);
+            r.ttls.hard_ttl = Some(100_000.0);
+        });
+        let p = c.options().defaults;
+        load(&mut c, "a", tags(&["t1"])).unwrap();
+        load(&mut c, "b", tags(&["t2", "t1"])).unwrap();
+        load(&mut c, "c", tags(&["t2"])).unwrap();
+        load(&mut c, "u", Extra::default()).unwrap();
+        let epoch = c.inbox().fresh().epoch();
+        // A load of "l" began before the expiry; it carries the tag only as it returns.
+        let late = lead(&mut c, "l");
+        c.expire_tags(&["t1".to_string()], true, f64::INFINITY)
+            .unwrap();
+        assert_ne!(c.inbox().fresh().epoch(), epoch, "the fresh index is void");
+        assert_eq!(c.inspect("a").unwrap().unwrap().state, EntryState::Stale);
+        for key in ["a", "b"] {
+            assert!(
+                matches!(c.peek(key, 0.0), Some(Hit::Stale { refresh: true, .. })),
+                "{key}: served stale, refresh asked"
+            );
+        }
+        assert!(
+            matches!(c.peek("c", 0.0), Some(Hit::Fresh { .. })),
+            "another tag"
+        );
+        assert!(
+            matches!(c.peek("u", 0.0), Some(Hit::Fresh { .. })),
+            "untagged"
+        );
+        // The load begun before is written, but stale: it may predate what changed.
+        c.complete("l", late, with_extra(1.0, p, tags(&["t1"])))
+            .unwrap();
+        assert!(matches!(c.peek("l", 0.0), Some(Hit::Stale { .. })));
+        // A refresh begun after the expiry is born after it: fresh.
+        let id = c.begin_refresh("a", None).unwrap();
+        c.complete("a", id, with_extra(1.0, p, tags(&["t1"])));
+        assert!(matches!(c.peek("a", 0.0), Some(Hit::Fresh { .. })));
+        assert_eq!(c.inspect("a").unwrap().unwrap().state, EntryState::Fresh);
+        // Stale until its hardTtl, then gone.
+        c.clock.advance(100_000.0);
+        assert_eq!(c.peek("b", 0.0), None);
+    }
+
+    #[test]
+    fn expire_tags_with_a_window_ends_what_was_not_refreshed_when_it_is_over() {
+        let mut c = cache(|r| {
+            r.ttls.ttl = Some(10_000.0);
+            r.ttls.hard_ttl = Some(1_000_000.0);
+        });
+        let p = c.options().defaults;
+        load(&mut c, "read", tags(&["t"])).unwrap();
+        load(&mut c, "unread", tags(&["t"])).unwrap();
+        load(&mut c, "other", tags(&["u"])).unwrap();
+        let until = c.now() + 5_000.0;
+        c.expire_tags(&["t".to_string()], true, until).unwrap();
+        // Within the window: stale; "read" is refreshed (born after the mark: untouched by it).
+        assert!(matches!(
+            c.peek("read", 0.0),
+            Some(Hit::Stale { refresh: true, .. })
+        ));
+        let id = c.begin_refresh("read", None).unwrap();
+        c.complete("read", id, with_extra(1.0, p, tags(&["t"])));
+        c.clock.advance(5_000.0);
+        assert_eq!(c.peek("unread", 0.0), None, "the window is over: gone");
+        assert_eq!(c.inspect("unread").unwrap(), None);
+        assert!(
+            matches!(c.peek("read", 0.0), Some(Hit::Fresh { .. })),
+            "refreshed in it"
+        );
+        assert!(matches!(c.peek("other", 0.0), Some(Hit::Fresh { .. })));
+        // A later mark once the window is over keeps what the first one ended dead, and gives
+        // entries born since their own window.
+        load(&mut c, "unread", tags(&["t"])).unwrap();
+        let before_second = c.inbox().tag_clock(tag_bucket("t"));
+        c.expire_tags(&["t".to_string()], true, f64::INFINITY)
+            .unwrap();
+        assert!(
+            c.inbox().tag_clock(tag_bucket("t")) > before_second,
+            "folded into a death"
+        );
+        assert!(matches!(c.peek("unread", 0.0), Some(Hit::Stale { .. })));
+        c.clock.advance(100_000.0);
+        assert!(
+            matches!(c.peek("unread", 0.0), Some(Hit::Stale { .. })),
+            "no window: stale until its own expiry"
+        );
+    }
+
+    #[test]
+    fn a_stale_mark_redis_did_not_take_is_put_back() {
+        let mut c = cache(|_| {});
+        load(&mut c, "k", tags(&["t"])).unwrap();
+        let t = c
+            .expire_tags(&["t".to_string()], false, f64::INFINITY)
+            .unwrap();
+        assert!(t.stale);
+        let b = tag_bucket("t");
+        assert_eq!(c.inbox().tag_stale_clock(b), t.clock);
+        c.revert_tags(&t);
+        assert_eq!(c.inbox().tag_stale_clock(b), 0);
+        assert_eq!(c.inbox().tag_clock(b), 0, "the dead marks untouched");
+        assert_eq!(
+            c.inspect("k").unwrap().unwrap().state,
+            EntryState::Stale,
+            "its effect here is kept"
+        );
+        load(&mut c, "k2", tags(&["t"])).unwrap();
+        assert_eq!(c.inspect("k2").unwrap().unwrap().state, EntryState::Fresh);
     }
 
     #[test]

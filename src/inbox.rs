@@ -13,6 +13,10 @@
 //!   load that began before the invalidation is born too early to be kept. Buckets are shared
 //!   by tags that hash alike, so a `deleteByTag` may also drop a few entries of an unrelated tag
 //!   (a reload, never a stale value).
+//! - per bucket of tag names, the clock of the newest `expireByTag` heard of one of them: an
+//!   entry born before it is *stale* (kept and served while one refresh runs), not dead; its
+//!   refresh is born at or after that clock, so it is fresh again. A shared bucket may make an
+//!   unrelated entry stale too (one early refresh, never a stale value served as fresh).
 
 use crate::sync::LockOrRecover;
 use std::collections::hash_map::DefaultHasher;
@@ -69,6 +73,14 @@ pub struct Inbox {
     clock: AtomicU64,
     /// Per bucket of tag names, the clock of the newest deleteByTag heard for one of them.
     tag_clocks: Box<[AtomicU64]>,
+    /// Per bucket of tag names, the clock of the newest expireByTag heard for one of them.
+    tag_stale: Box<[AtomicU64]>,
+    /// Per bucket, the time (epoch ms, f64 bits) after which what its expireByTags made stale is
+    /// dead (an expireByTag given a window); infinity: each entry's own expiry.
+    tag_stale_until: Box<[AtomicU64]>,
+    /// Serializes the writers of `tag_stale` and `tag_stale_until` (a bucket's pair changes
+    /// together; readers load them without it).
+    stale_marks: Mutex<()>,
     /// The clock of the newest clear heard.
     cleared: AtomicU64,
     /// Shared with the embedder's index of fresh entries: whatever is heard here voids it at
@@ -89,22 +101,42 @@ impl Default for Inbox {
             epoch: AtomicU64::new(0),
             clock: AtomicU64::new(0),
             tag_clocks: (0..TAG_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            tag_stale: (0..TAG_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            tag_stale_until: (0..TAG_BUCKETS)
+                .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
+                .collect(),
+            stale_marks: Mutex::new(()),
             cleared: AtomicU64::new(0),
             fresh: Arc::default(),
         }
     }
 }
 
-/// A `deleteByTag` or `clear` applied here before Redis took it: the clock it was marked at
-/// (one past the clock known here), and what each mark replaced, to put back if Redis cannot
-/// take it (while Redis is unreachable, entries stay usable rather than all dead here).
+/// A `deleteByTag`, `expireByTag` or `clear` applied here before Redis took it: the clock it was
+/// marked at (one past the clock known here), and what each mark replaced, to put back if Redis
+/// cannot take it (while Redis is unreachable, entries stay usable rather than all dead here).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tentative {
     pub clock: u64,
     /// `(bucket, its clock before)`.
     pub tags: Vec<(u16, u64)>,
+    /// The marks in `tags` are expireByTag's (stale), not deleteByTag's (dead).
+    pub stale: bool,
+    /// For stale marks, each bucket's window end before (f64 bits), in the order of `tags`.
+    pub untils: Vec<u64>,
     /// The clear clock before (a clear).
     pub cleared: Option<u64>,
+}
+
+/// What clears and tags since an entry's birth make of it (see [`Inbox::judge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Neither: as its own times say.
+    Live,
+    /// Tag-expired: stale from now on, whatever its freshUntil says.
+    Stale,
+    /// Cleared, tag-deleted, or tag-expired with a window that is over.
+    Dead,
 }
 
 /// 20 bits of epoch over 32 of sequence: enough to tell "changed" from "unchanged", and under
@@ -261,6 +293,79 @@ impl Inbox {
         self.tag_clocks[bucket as usize].load(Ordering::Acquire)
     }
 
+    /// An expireByTag of a tag in `bucket` at clock `c`, heard at `now`: entries of the bucket
+    /// born before `c` turn stale, and dead after `until` (epoch ms; infinity: at their own
+    /// expiry). A bucket keeps one window: the earliest of those not yet over (an entry dies
+    /// early at worst: a reload, never a stale value served too long); one that is over is
+    /// folded into the deleteByTag clock first, so what it made stale stays dead.
+    pub fn stale_tag(&self, bucket: u16, c: u64, until: f64, now: f64) {
+        let b = bucket as usize;
+        let _writer = self.stale_marks.lock_or_recover();
+        let old = self.tag_stale[b].load(Ordering::Acquire);
+        let old_until = f64::from_bits(self.tag_stale_until[b].load(Ordering::Acquire));
+        let mut until = until;
+        if old > 0 {
+            if old_until <= now {
+                self.invalidate_tag(bucket, old);
+            } else {
+                until = until.min(old_until);
+            }
+        }
+        if until != old_until {
+            self.tag_stale_until[b].store(until.to_bits(), Ordering::Release);
+        }
+        if self.tag_stale[b].fetch_max(c, Ordering::AcqRel) < c || until != old_until {
+            self.fresh.bump();
+        }
+    }
+
+    #[inline]
+    pub fn tag_stale_clock(&self, bucket: u16) -> u64 {
+        self.tag_stale[bucket as usize].load(Ordering::Acquire)
+    }
+
+    /// The end of the bucket's stale window (epoch ms; infinity: none).
+    #[inline]
+    pub fn tag_stale_until(&self, bucket: u16) -> f64 {
+        f64::from_bits(self.tag_stale_until[bucket as usize].load(Ordering::Acquire))
+    }
+
+    /// Whether an entry born at `born` with tags in `buckets` was tag-expired since (it is then
+    /// stale, whatever its freshUntil says).
+    #[inline]
+    pub fn expired(&self, born: u64, buckets: &[u16]) -> bool {
+        buckets.iter().any(|b| self.tag_stale_clock(*b) > born)
+    }
+
+    /// Whether an entry born at `born` with tags in `buckets` is dead at `now`: cleared or
+    /// tag-deleted since it was born, or tag-expired with a window that is over.
+    #[inline]
+    pub fn gone(&self, born: u64, buckets: &[u16], now: f64) -> bool {
+        self.judge(born, buckets, now) == Verdict::Dead
+    }
+
+    /// What clears and tags since `born` make of an entry with tags in `buckets` at `now`, in one
+    /// pass over its buckets (a tagged hit's whole cost).
+    #[inline]
+    pub fn judge(&self, born: u64, buckets: &[u16], now: f64) -> Verdict {
+        if self.cleared() > born {
+            return Verdict::Dead;
+        }
+        let mut verdict = Verdict::Live;
+        for b in buckets {
+            if self.tag_clock(*b) > born {
+                return Verdict::Dead;
+            }
+            if self.tag_stale_clock(*b) > born {
+                if self.tag_stale_until(*b) <= now {
+                    return Verdict::Dead;
+                }
+                verdict = Verdict::Stale;
+            }
+        }
+        verdict
+    }
+
     /// A clear at clock `c`: every entry born before `c` is dead.
     pub fn clear_at(&self, c: u64) {
         if self.cleared.fetch_max(c, Ordering::AcqRel) < c {
@@ -274,13 +379,19 @@ impl Inbox {
 
     /// Puts back what `t` marked, where nothing newer replaced it since.
     pub fn revert(&self, t: &Tentative) {
-        for (b, before) in &t.tags {
-            let _ = self.tag_clocks[*b as usize].compare_exchange(
-                t.clock,
-                *before,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
+        let marks = if t.stale {
+            &self.tag_stale
+        } else {
+            &self.tag_clocks
+        };
+        let _writer = t.stale.then(|| self.stale_marks.lock_or_recover());
+        for (i, (b, before)) in t.tags.iter().enumerate() {
+            let put_back = marks[*b as usize]
+                .compare_exchange(t.clock, *before, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+            if let (true, Some(until)) = (put_back && t.stale, t.untils.get(i)) {
+                self.tag_stale_until[*b as usize].store(*until, Ordering::Release);
+            }
         }
         if let Some(before) = t.cleared {
             let _ =
@@ -427,6 +538,42 @@ mod tests {
         assert_eq!(inbox.tag_clock(a), c.max(2));
         inbox.clear_at(7);
         assert!(inbox.dead(6, &[]) && !inbox.dead(7, &[]));
+    }
+
+    #[test]
+    fn a_bucket_keeps_the_earliest_stale_window_not_over_and_folds_one_that_is() {
+        let inbox = Inbox::default();
+        let b = tag_bucket("t");
+        assert_eq!(inbox.judge(0, &[b], 0.0), Verdict::Live);
+        inbox.stale_tag(b, 2, 1_000.0, 0.0);
+        assert_eq!(inbox.judge(1, &[b], 500.0), Verdict::Stale);
+        assert_eq!(inbox.judge(2, &[b], 500.0), Verdict::Live, "born at it");
+        // A later mark with a later window (or none) keeps the earlier one while it runs.
+        inbox.stale_tag(b, 3, f64::INFINITY, 500.0);
+        assert_eq!(inbox.tag_stale_until(b), 1_000.0);
+        assert_eq!(
+            inbox.judge(1, &[b], 1_000.0),
+            Verdict::Dead,
+            "the window is over"
+        );
+        assert_eq!(inbox.judge(2, &[b], 999.0), Verdict::Stale);
+        // Once over, a new mark turns the old one into a death and starts its own window.
+        inbox.stale_tag(b, 4, 5_000.0, 2_000.0);
+        assert_eq!(
+            inbox.tag_clock(b),
+            3,
+            "what the old window made stale stays dead"
+        );
+        assert_eq!(inbox.tag_stale_until(b), 5_000.0);
+        assert_eq!(inbox.judge(3, &[b], 2_000.0), Verdict::Stale);
+        assert_eq!(inbox.judge(2, &[b], 2_000.0), Verdict::Dead);
+        // An older or repeated message changes nothing it should not.
+        let epoch = inbox.fresh().epoch();
+        inbox.stale_tag(b, 4, 5_000.0, 2_000.0);
+        assert_eq!(inbox.fresh().epoch(), epoch);
+        assert_eq!(inbox.judge(4, &[b], 2_000.0), Verdict::Live);
+        inbox.clear_at(9);
+        assert_eq!(inbox.judge(8, &[], 0.0), Verdict::Dead);
     }
 
     #[test]

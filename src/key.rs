@@ -128,6 +128,12 @@ pub fn redis_tag_key(namespace: &str, tag: &str) -> String {
     tagged(namespace, "tag", tag)
 }
 
+/// The Redis key of a tag's expiry: the namespace clock of the newest `expireByTag` of it (an
+/// entry carrying the tag born before it is stale). On the tag key's cluster slot.
+pub fn redis_tag_stale_key(namespace: &str, tag: &str) -> String {
+    tagged(namespace, "stale", tag)
+}
+
 /// The namespace's hash: `clock` (advanced by every `deleteByTag` and `clear`) and `cleared`
 /// (the clock of the newest `clear`).
 pub fn redis_meta_key(namespace: &str) -> String {
@@ -206,6 +212,11 @@ mod tests {
         assert_eq!(redis_generation_key("sc", "user:42"), "sc:gen:{user:42}");
         assert_eq!(redis_tag_key("sc", "user:42"), "sc:tag:{user:42}");
         assert_eq!(redis_tag_key("sc", "a}b"), "sc:tagx:{617d62}");
+        assert_eq!(redis_tag_stale_key("sc", "user:42"), "sc:stale:{user:42}");
+        assert_eq!(
+            hash_tag(&redis_tag_stale_key("sc", "a}b")),
+            hash_tag(&redis_tag_key("sc", "a}b"))
+        );
         assert_eq!(redis_meta_key("sc"), "sc:meta");
     }
 

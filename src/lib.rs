@@ -71,7 +71,9 @@
 //!   before a `clear`, or before a `deleteByTag` of one of its tags (by **tag bucket**, a hash
 //!   of the tag), is **dead** wherever it is read. **Tentative**: such a deletion applied here
 //!   before Redis took it, put back if Redis cannot take it. **Sweep**: `clear`'s SCAN that
-//!   deletes the dead entries from Redis afterwards.
+//!   deletes the dead entries from Redis afterwards. **Stale** (tag-expired): born before an
+//!   `expireByTag` of one of its tags (the clock advances for it too), an entry is served stale
+//!   and refreshed rather than dead; `expire(key)` ends one entry's freshness in place.
 //! * **Write order** ([`store::redis::WriteOrder`]): one instance's Redis writes run in call
 //!   order per key; a namespace-wide write (`deleteByTag`, `clear`) is ordered against all.
 //! * **Probe**: after a Redis failure the tier is skipped at once, and one background probe at a

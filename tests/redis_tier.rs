@@ -147,6 +147,21 @@ async fn get(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<Str
     redis::cmd("GET").arg(key).query_async(c).await.unwrap()
 }
 
+/// The namespace clock of the tiers' namespace (`t`), as Redis holds it.
+async fn namespace_clock(c: &mut redis::aio::MultiplexedConnection) -> String {
+    redis::cmd("HGET")
+        .arg("t:meta")
+        .arg("clock")
+        .query_async(c)
+        .await
+        .unwrap()
+}
+
+/// The bytes Redis holds at `key`.
+async fn bytes_in(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<Vec<u8>> {
+    redis::cmd("GET").arg(key).query_async(c).await.unwrap()
+}
+
 /// The value the entry at `key` holds, as its JSON (a marker, or no key: `None`).
 async fn value_in(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
     let bytes: Option<Vec<u8>> = redis::cmd("GET").arg(key).query_async(c).await.unwrap();
@@ -170,6 +185,17 @@ async fn until_waiting(t: &RedisTier) {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// The write-back of a forced load (`force_gate`'s `gate`) of `key`.
+async fn forced_write_back(t: &RedisTier, key: &str, gate: &Gate) -> WriteBack {
+    let Gate::Lead { fence, .. } = gate else {
+        panic!("{gate:?}")
+    };
+    let written = envelope(60_000.0);
+    let body = Body::json(Some("\"old\""));
+    t.write_back(key, Some((&written, &body)), None, fence.as_ref(), true)
+        .await
 }
 
 /// A cold gate that must lead: (token, gate) for `write_back`.
@@ -656,4 +682,216 @@ async fn each_bid_for_the_lock_says_how_it_ended() {
     // The counters agree: won and took over are wins; every bid that waited is one wait.
     let s = b_stats.snapshot();
     assert_eq!((s.lock_wins, s.lock_waits), (2, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_ends_an_entry_s_freshness_keeps_its_value_and_expiry_and_fences_older_loads() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let (b, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let written = envelope(60_000.0);
+    assert_eq!(
+        a.write(
+            "k",
+            Some((&written, &Body::json(Some("\"v\"")))),
+            now_ms() as u64,
+            None
+        )
+        .await,
+        Ok(Some(false))
+    );
+    let pttl_before: i64 = redis::cmd("PTTL")
+        .arg("t:v:{k}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let before = bytes_in(&mut c, "t:v:{k}").await.unwrap();
+    let before = Envelope::decode(&before).unwrap().generation.to_vec();
+    // A forced load of the key begins (its fence is read now: it compares only the set part of
+    // the generation), then the key is expired elsewhere.
+    let gate = a.force_gate("k").await;
+    let now = now_ms().floor();
+    assert_eq!(b.expire("k", now).await, Ok(true));
+    let bytes = bytes_in(&mut c, "t:v:{k}").await.unwrap();
+    let d = Envelope::decode(&bytes).expect("still an envelope this reads");
+    assert_eq!(d.envelope.fresh_until, now, "stale from now");
+    assert_eq!(d.envelope.hard_until, written.hard_until, "its expiry kept");
+    assert_eq!(d.envelope.born, written.born, "its birth kept");
+    assert_ne!(d.generation[..4], before[..4], "a new set part");
+    assert_eq!(value_in(&mut c, "t:v:{k}").await.as_deref(), Some("\"v\""));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("t:v:{k}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(
+        pttl > 0 && pttl <= pttl_before,
+        "its Redis expiry kept: {pttl}"
+    );
+    // The load that began before the expire is not written over it.
+    assert_eq!(forced_write_back(&a, "k", &gate).await, WriteBack::Dropped);
+    // A second expire changes nothing but the fence; a missing key answers false.
+    assert_eq!(b.expire("k", now + 5.0).await, Ok(true));
+    let again = bytes_in(&mut c, "t:v:{k}").await.unwrap();
+    let again = Envelope::decode(&again).unwrap();
+    assert_eq!(again.envelope.fresh_until, now);
+    assert_ne!(again.generation, d.generation, "the fence moved again");
+    assert_eq!(b.expire("none", now).await, Ok(false));
+    assert_eq!(bytes_in(&mut c, "t:v:{none}").await, None, "nothing made");
+    // A not-found has no value to serve stale: it goes.
+    let negative = Envelope::new(now_ms(), 60_000.0, 60_000.0, 1.0, true);
+    b.write(
+        "n",
+        Some((&negative, &Body::json(None))),
+        now_ms() as u64,
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(bytes_in(&mut c, "t:v:{n}").await.is_some());
+    assert_eq!(b.expire("n", now).await, Ok(true));
+    assert_eq!(bytes_in(&mut c, "t:v:{n}").await, None);
+    // Something this library did not write is left as it is.
+    let _: () = redis::cmd("SET")
+        .arg("t:v:{foreign}")
+        .arg("{\"x\":1}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(b.expire("foreign", now).await, Ok(true));
+    assert_eq!(
+        get(&mut c, "t:v:{foreign}").await.as_deref(),
+        Some("{\"x\":1}")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_drops_the_marker_of_a_load_on_a_key_with_no_value_as_a_delete_does() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let (b, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let gate = lead(&a, "m").await;
+    assert!(bytes_in(&mut c, "t:v:{m}").await.is_some(), "its marker");
+    assert_eq!(b.expire("m", now_ms()).await, Ok(false), "no value held");
+    assert_eq!(bytes_in(&mut c, "t:v:{m}").await, None, "the marker gone");
+    assert_eq!(
+        write_back(&a, "m", &gate, "\"late\"").await,
+        WriteBack::Dropped
+    );
+    assert_eq!(bytes_in(&mut c, "t:v:{m}").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_of_an_old_json_envelope_keeps_it_json_stale_and_fences_loads_of_either_release() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let now = now_ms().floor();
+    let old_gen = "0123456789abcdef0123456789abcdef";
+    let json = format!(
+        r#"{{"sc":1,"gen":"{old_gen}","born":0,"freshUntil":{},"hardUntil":{},"computeMs":5,"retryAfter":0,"value":"v"}}"#,
+        now + 60_000.0,
+        now + 120_000.0
+    );
+    let _: () = redis::cmd("SET")
+        .arg("t:v:{j}")
+        .arg(&json)
+        .arg("PX")
+        .arg(120_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // The previous release's fence (its generation key), beside the envelope it wrote.
+    let _: () = redis::cmd("SET")
+        .arg("t:gen:{j}")
+        .arg("prev")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let gate = a.force_gate("j").await;
+    assert_eq!(a.expire("j", now).await, Ok(true));
+    let text = get(&mut c, "t:v:{j}").await.expect("kept");
+    assert!(text.starts_with(r#"{"sc":1,"gen":""#), "still JSON: {text}");
+    let d = Envelope::decode(text.as_bytes()).expect("readable");
+    assert_eq!(d.envelope.fresh_until, now, "stale from now");
+    assert_eq!(d.envelope.hard_until, now + 120_000.0, "its expiry kept");
+    assert_ne!(d.generation[..4], old_gen.as_bytes()[..4], "a new set part");
+    assert!(d.generation.iter().all(u8::is_ascii_alphanumeric));
+    assert_eq!(value_in(&mut c, "t:v:{j}").await.as_deref(), Some("\"v\""));
+    assert_eq!(get(&mut c, "t:gen:{j}").await, None, "the old fence gone");
+    assert_eq!(forced_write_back(&a, "j", &gate).await, WriteBack::Dropped);
+    // An old not-found goes.
+    let negative = format!(
+        r#"{{"sc":1,"gen":"{old_gen}","born":0,"freshUntil":{},"hardUntil":{},"computeMs":5,"retryAfter":0,"negative":true,"value":null}}"#,
+        now + 60_000.0,
+        now + 120_000.0
+    );
+    let _: () = redis::cmd("SET")
+        .arg("t:v:{jn}")
+        .arg(&negative)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(a.expire("jn", now).await, Ok(true));
+    assert_eq!(get(&mut c, "t:v:{jn}").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tag_list_of_any_length_is_recorded_at_one_clock_by_one_script() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let tags: Vec<String> = (0..300).map(|i| format!("tag{i}")).collect();
+    for stale in [false, true] {
+        a.mark_tags(&tags, stale.then_some(f64::INFINITY))
+            .await
+            .unwrap();
+        let clock = namespace_clock(&mut c).await;
+        let kind = if stale { "stale" } else { "tag" };
+        for tag in &tags {
+            assert_eq!(
+                get(&mut c, &format!("t:{kind}:{{{tag}}}")).await.as_deref(),
+                Some(clock.as_str()),
+                "{kind} {tag}"
+            );
+        }
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(format!("t:{kind}:{{tag299}}"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(pttl > 0, "the records expire");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expire_by_tag_window_is_recorded_and_once_over_folded_into_a_deletion() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let tags = vec!["w".to_string()];
+    let until = now_ms().floor() + 300.0;
+    a.mark_tags(&tags, Some(until)).await.unwrap();
+    let first = namespace_clock(&mut c).await;
+    assert_eq!(
+        get(&mut c, "t:stale:{w}").await,
+        Some(format!("{first} {}", until as u64)),
+        "the clock and the window's end"
+    );
+    assert_eq!(get(&mut c, "t:tag:{w}").await, None, "nothing dead yet");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    a.mark_tags(&tags, Some(f64::INFINITY)).await.unwrap();
+    let second = namespace_clock(&mut c).await;
+    assert_eq!(
+        get(&mut c, "t:stale:{w}").await,
+        Some(second),
+        "a new window: none"
+    );
+    assert_eq!(
+        get(&mut c, "t:tag:{w}").await,
+        Some(first),
+        "the window that was over: what it made stale is dead"
+    );
 }

@@ -511,6 +511,61 @@ pub fn has_redis(id: u32) -> bool {
     engine(id).is_some_and(|e| e.borrow().redis.is_some())
 }
 
+/// `expire(key)`: applied here at once (the entry stale from now, its running load superseded),
+/// then in Redis after this instance's earlier writes of the key. Resolves with bit 0 set when a
+/// live entry was here and bit 1 when the value key existed in Redis, `QUEUED` when Redis could
+/// not take it (the effect here is kept; it is replayed later), or `UNAVAILABLE` when it was not
+/// sent (closed).
+#[napi]
+pub fn expire_entry(env: &Env, id: u32, key: String) -> Result<PromiseRaw<'_, i32>, JsErr> {
+    let (tx, rx) = oneshot::channel();
+    let (here, tier) = with_engine(id, |e| {
+        let now = e.cache.now().floor();
+        let here = e.cache.expire(&key, now)?;
+        Ok((here, e.redis.clone().map(|tier| (tier, now))))
+    })?;
+    let queued = tier.map(|(tier, now)| {
+        let job_tier = tier.clone();
+        let job_key = key.clone();
+        let at_ms = tier.change_time(SystemClock.now_ms().max(0.0) as u64);
+        tier.in_order(&key, async move {
+            let change = Change::Expire {
+                key: job_key,
+                now,
+                at_ms,
+            };
+            let _ = tx.send(job_tier.take_change(change).await);
+        });
+    });
+    settle::spawn_settled(env, async move {
+        let here = here as i32;
+        if queued.is_none() {
+            return Ok(here);
+        }
+        Ok(match rx.await {
+            Ok(Taken::Now(Applied::Expired { existed })) => here | (existed as i32) << 1,
+            Ok(Taken::Now(_) | Taken::Later) => here,
+            Ok(Taken::Queued) => QUEUED,
+            Ok(Taken::Closed) | Err(_) => UNAVAILABLE,
+        })
+    })
+    .map_err(|e| napi_fail(ErrorCode::Redis, e))
+}
+
+/// `expireByTag(tags)`: as `delete_tags`, marking the entries carrying them stale instead of
+/// dead (served while one refresh runs). `within` (ms from now; absent: none) ends the window in
+/// which they are served stale: past it, those not refreshed are dead.
+#[napi]
+pub fn expire_tags(
+    env: &Env,
+    id: u32,
+    tags: Vec<String>,
+    within: Option<f64>,
+) -> Result<PromiseRaw<'_, i32>, JsErr> {
+    let within = within.filter(|w| w.is_finite()).map(|w| w.max(0.0));
+    mark_tags(env, id, tags, Some(within))
+}
+
 /// `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
 /// that began before and will carry one, is dead), then in Redis after this instance's earlier
 /// writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis, `QUEUED`
@@ -518,10 +573,29 @@ pub fn has_redis(id: u32) -> bool {
 /// replayed later), `UNAVAILABLE` when it was not sent (closed).
 #[napi]
 pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'_, i32>, JsErr> {
+    mark_tags(env, id, tags, None)
+}
+
+/// `deleteByTag` (`stale: None`) or `expireByTag` (`stale: Some(window in ms, if any)`) here,
+/// then in Redis.
+fn mark_tags(
+    env: &Env,
+    id: u32,
+    tags: Vec<String>,
+    stale: Option<Option<f64>>,
+) -> Result<PromiseRaw<'_, i32>, JsErr> {
     let (tx, rx) = oneshot::channel();
+    let mut stale_until = None;
     let tier = with_engine(id, |e| {
         let owns_clock = e.redis.is_none();
-        let tentative = e.cache.delete_tags(&tags, owns_clock)?;
+        let tentative = match stale {
+            Some(within) => {
+                let until = within.map_or(f64::INFINITY, |w| (e.cache.now() + w).floor());
+                stale_until = Some(until);
+                e.cache.expire_tags(&tags, owns_clock, until)?
+            }
+            None => e.cache.delete_tags(&tags, owns_clock)?,
+        };
         Ok(e.redis.clone().map(|tier| (tier, tentative)))
     })?;
     let (queued, tentative) = match tier {
@@ -529,7 +603,14 @@ pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'
             let job_tier = tier.clone();
             let at_ms = tier.change_time(SystemClock.now_ms().max(0.0) as u64);
             tier.in_order_global(async move {
-                let change = Change::DeleteTags { tags, at_ms };
+                let change = match stale_until {
+                    None => Change::DeleteTags { tags, at_ms },
+                    Some(stale_until) => Change::ExpireTags {
+                        tags,
+                        stale_until,
+                        at_ms,
+                    },
+                };
                 let _ = tx.send(job_tier.take_change(change).await);
             });
             (true, Some(tentative))

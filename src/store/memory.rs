@@ -269,6 +269,25 @@ impl MemoryStore {
         keys.len()
     }
 
+    /// Ends the freshness, at `now`, of every entry `stale` picks (an expireByTag applied here);
+    /// values, slots and LRU order stay. Returns how many.
+    pub fn stale_where(&mut self, now: f64, stale: impl Fn(&Entry) -> bool) -> usize {
+        let Some(lru) = self.lru.as_mut() else {
+            return 0;
+        };
+        let mut n = 0;
+        for (_, e) in lru.iter_mut() {
+            if e.envelope.fresh_until > now && stale(e) {
+                e.envelope.fresh_until = now;
+                n += 1;
+            }
+        }
+        if n > 0 {
+            self.fresh.bump();
+        }
+        n
+    }
+
     /// Slots freed since the last call, whose values the embedder should drop. Take them before
     /// keeping a value at a slot an insert returned: the insert may have reused one of them.
     pub fn take_released(&mut self) -> Vec<Slot> {

@@ -408,15 +408,17 @@ impl RedisTier {
                 }
             }
         }
-        let judged = asks.into_iter().map(|(i, key, stamp, found)| async move {
-            let alive = self.alive(key, found.envelope.born, &found.tags).await;
-            let f = match alive {
-                Ok(true) => Fetched::Found(found.remote(stamp)),
-                Ok(false) => Fetched::Missing,
-                Err(Unavailable) => Fetched::Unavailable,
-            };
-            (i, f)
-        });
+        let judged = asks
+            .into_iter()
+            .map(|(i, key, stamp, mut found)| async move {
+                let alive = self.alive(key, &mut found.envelope, &found.tags).await;
+                let f = match alive {
+                    Ok(true) => Fetched::Found(found.remote(stamp)),
+                    Ok(false) => Fetched::Missing,
+                    Err(Unavailable) => Fetched::Unavailable,
+                };
+                (i, f)
+            });
         for (i, f) in join_all(judged).await {
             fetched[i] = f;
         }

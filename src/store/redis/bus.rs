@@ -5,7 +5,8 @@
 //!
 //! Namespace-wide messages start with the byte 0xFF, which no UTF-8 key can start with (older
 //! instances, which read messages as UTF-8, ignore them): `0xFF T <origin> <clock> <tag>` (a
-//! deleteByTag) and `0xFF C <origin> <clock>` (a clear). Each subscription first learns the
+//! deleteByTag), `0xFF S <origin> <clock> <until> <tag>` (an expireByTag; until `-` for none) and `0xFF C <origin> <clock>`
+//! (a clear). Each subscription first learns the
 //! namespace clock and the clear clock, which were decided before it (see `tags.rs`).
 //!
 //! This part owns what the bus says and hears: the channel, this instance's origin, the
@@ -83,10 +84,12 @@ impl Bus {
             .unwrap_or_else(|| self.announcement(key).into_bytes())
     }
 
-    /// A deleteByTag's announcement of `tag` at `clock`.
-    pub fn tag_message(&self, clock: u64, tag: &str) -> Vec<u8> {
+    /// A deleteByTag's announcement of a tag (`stale`: an expireByTag's), less the clock and
+    /// the tag that follow it (`<clock> <tag>`).
+    pub fn tag_prefix(&self, stale: bool) -> Vec<u8> {
         let mut msg = vec![NAMESPACE_MESSAGE];
-        msg.extend_from_slice(format!("T {} {clock} {tag}", self.origin).as_bytes());
+        let kind = if stale { 'S' } else { 'T' };
+        msg.extend_from_slice(format!("{kind} {} ", self.origin).as_bytes());
         msg
     }
 
@@ -125,7 +128,9 @@ impl Bus {
         Some(key)
     }
 
-    /// A deleteByTag (`T <origin> <clock> <tag>`) or clear (`C <origin> <clock>`) anywhere,
+    /// A deleteByTag (`T <origin> <clock> <tag>`), expireByTag (`S <origin> <clock> <until> <tag>`)
+    /// or clear
+    /// (`C <origin> <clock>`) anywhere,
     /// this instance's own included (the clock it was given may be newer than the mark it made).
     fn hear_namespace_message(&self, text: &[u8]) {
         let Ok(text) = std::str::from_utf8(text) else {
@@ -139,6 +144,17 @@ impl Bus {
         let Ok(clock) = clock.parse::<u64>() else {
             return;
         };
+        if kind == "S" {
+            // `S <origin> <clock> <until> <tag>` (until `-`: none).
+            let Some((until, tag)) = parts.next().and_then(|rest| rest.split_once(' ')) else {
+                return;
+            };
+            self.inbox.observe_clock(clock);
+            let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+            self.inbox
+                .stale_tag(tag_bucket(tag), clock, super::tags::until_of(until), now);
+            return;
+        }
         match (kind, parts.next()) {
             ("T", Some(tag)) => {
                 self.inbox.observe_clock(clock);
@@ -210,10 +226,18 @@ mod tests {
     #[test]
     fn namespace_messages_move_the_clock_and_wake_no_key() {
         let (bus, inbox) = bus("me");
-        let mut tagged = bus.tag_message(7, "t");
+        let mut tagged = bus.tag_prefix(false);
+        tagged.extend_from_slice(b"7 t");
         assert_eq!(tagged[0], NAMESPACE_MESSAGE);
         assert_eq!(bus.hear(&tagged), None);
         assert_eq!(inbox.clock(), 7);
+        assert_eq!(inbox.tag_clock(tag_bucket("t")), 7);
+        let mut staled = bus.tag_prefix(true);
+        staled.extend_from_slice(b"8 - t");
+        assert_eq!(bus.hear(&staled), None);
+        assert_eq!(inbox.clock(), 8);
+        assert_eq!(inbox.tag_stale_clock(tag_bucket("t")), 8);
+        assert_eq!(inbox.tag_clock(tag_bucket("t")), 7, "stale, not dead");
         let mut cleared = bus.clear_prefix();
         cleared.extend_from_slice(b"9");
         assert_eq!(bus.hear(&cleared), None);

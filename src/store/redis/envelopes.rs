@@ -1,8 +1,8 @@
 //! Envelopes in Redis: reads, and writes fenced against newer state. A key's fence is the
-//! generation inside its envelope (new with every write), or its lock when it holds none. A
-//! load's result is written only if the fence is still the one the load began from
-//! (`write_back.lua`), so neither a `set` or `delete` since, nor the result of a load that took
-//! over an expired lock, is ever overwritten. A `clear` or `deleteByTag` since
+//! generation inside its envelope (new with every write, and with an `expire`), or its lock
+//! when it holds none. A load's result is written only if the fence is still the one the load
+//! began from (`write_back.lua`), so neither a `set`, `delete` or `expire` since, nor the result
+//! of a load that took over an expired lock, is ever overwritten. A `clear` or `deleteByTag` since
 //! the load began makes its result dead on arrival instead (see `tags.rs`).
 
 use redis::Value;
@@ -370,7 +370,8 @@ impl RedisTier {
                 }
             },
         };
-        match self.alive(key, found.envelope.born, &found.tags).await {
+        let mut found = found;
+        match self.alive(key, &mut found.envelope, &found.tags).await {
             Ok(true) => Fetched::Found(found.remote(stamp)),
             Ok(false) => Fetched::Missing,
             Err(Unavailable) => Fetched::Unavailable,
@@ -558,6 +559,40 @@ impl RedisTier {
             }
         }
         Ok(Some(existed == 1))
+    }
+
+    /// `expire(key)` in Redis, already applied here: the entry keeps its value and expiry but its
+    /// freshUntil becomes `now` and its generation is drawn anew, set part included
+    /// (`expire.lua`): a load that began before, forced or not, never writes back, as after a
+    /// delete. Other processes drop their copies. Returns whether the key held a value. Run it
+    /// through `in_order`.
+    pub async fn expire(&self, key: &str, now: f64) -> Result<bool, Unavailable> {
+        self.wrote_here();
+        let keys = (self.value_key(key), self.generation_key(key));
+        let msg = self.bus.announcement(key);
+        self.bus.carried().expect_own(key);
+        let generation = new_generation();
+        let mark = next_echo();
+        let expired = self
+            .run("expire", key, |mut c| async move {
+                let mut call = self.scripts.expire.key(&keys.0);
+                call.key(&keys.1)
+                    .arg(now as u64)
+                    .arg(&generation[..])
+                    .arg(self.bus.channel())
+                    .arg(&msg)
+                    .arg(&mark);
+                let reply = invoke_marked(&call, &mark, &mut c).await?;
+                Ok(reply.map(|r| r.first().map_or(0, int)))
+            })
+            .await;
+        // A read sent before this, answered after, must not be kept over it.
+        self.inbox.touch(key);
+        let Some(existed) = expired? else {
+            self.misdelivered("expire", key);
+            return Err(Unavailable);
+        };
+        Ok(existed == 1)
     }
 
     /// A load holding `token` failed or timed out: record a failed refresh's `retry_after` in

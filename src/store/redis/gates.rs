@@ -303,8 +303,8 @@ impl RedisTier {
                             return (Gate::unfenced(), no_lock(patience.waited()));
                         }
                     };
-                    if let Some(found) = found {
-                        match self.alive(key, found.envelope.born, &found.tags).await {
+                    if let Some(mut found) = found {
+                        match self.alive(key, &mut found.envelope, &found.tags).await {
                             Ok(true) => {
                                 let waited = patience.waited();
                                 return (Gate::Found(found.remote(stamp)), no_lock(waited));
@@ -415,17 +415,21 @@ impl RedisTier {
                     return Gate::unfenced();
                 }
             };
-            if let Some(found) = found {
+            if let Some(mut found) = found {
                 let e = found.envelope;
                 if e.fresh_until > local_fresh_until || !e.refresh_allowed(now) {
                     // Redis has a newer copy, or a failed refresh holds refreshes back: use it,
-                    // unless it is dead (then refresh it).
-                    match self.alive(key, e.born, &found.tags).await {
-                        Ok(true) => {
+                    // unless it is dead or tag-expired since it was born (then refresh it: an
+                    // expireByTag leaves the copy in Redis as it was).
+                    match self.alive(key, &mut found.envelope, &found.tags).await {
+                        Ok(true)
+                            if found.envelope.fresh_until >= e.fresh_until
+                                || !e.refresh_allowed(now) =>
+                        {
                             self.release(key, &token, false).await;
                             return Gate::Found(found.remote(stamp));
                         }
-                        Ok(false) => {}
+                        Ok(_) => {}
                         Err(Unavailable) => {
                             self.release(key, &token, false).await;
                             return Gate::unfenced();

@@ -6,10 +6,13 @@
 //! from failing or blocking reads: every command is bounded by a timeout, and after an I/O
 //! failure Redis is skipped at once (one probe at a time tries it again) until it answers.
 //!
-//! `deleteByTag` and `clear` touch no entry: they advance the namespace clock (`<ns>:meta`) and
-//! record it at the tag's key (`<ns>:tag:{tag}`) or as the clear clock; an entry born before
-//! either is dead wherever it is read (see `inbox.rs` and `tags.rs`). Every Lua script touches
-//! one cluster slot.
+//! `deleteByTag`, `expireByTag` and `clear` touch no entry: they advance the namespace clock
+//! (`<ns>:meta`) and record it at the tag's key (`<ns>:tag:{tag}`), its stale key
+//! (`<ns>:stale:{tag}`) or as the clear clock; an entry born before a deletion or a clear is dead
+//! wherever it is read, one born before an expireByTag stale (see `inbox.rs` and `tags.rs`).
+//! `expire(key)` ends one envelope's freshness in place and changes its generation. Every Lua
+//! script touches one cluster slot, but `tags.rs`'s one-step script on a single server, which
+//! touches the meta hash and every tag's keys (all on that server).
 //!
 //! `RedisTier` (this file) is composed of parts that own their state and run no command:
 //! - `Policies` (this file): the constructor's choices (namespace, serializer, lockTtl,
@@ -26,8 +29,8 @@
 //!
 //! The tier's work runs commands on its connection (`run`, here), so it is written as methods
 //! of `RedisTier`, one file per concern: `envelopes` (reads and fenced writes), `gates` (the
-//! lock bids and release, and the fence a load takes), `tags` (deleteByTag, clear, and whether
-//! an entry read is still alive), `batch` (many keys in one round trip), `subscriber` (the
+//! lock bids and release, and the fence a load takes), `tags` (deleteByTag, expireByTag, clear,
+//! and whether an entry read is still alive or stale), `batch` (many keys in one round trip), `subscriber` (the
 //! bus's subscription loop), `sentinel` (following the master across failovers), `lane` (the
 //! read lane the embedder's event loop drives). These methods call one another through
 //! `self` (a write-back releases the lock, a gate reads the envelope); `replaying` (set,
@@ -278,6 +281,10 @@ impl RedisTier {
 
     pub fn tag_key(&self, tag: &str) -> String {
         key::redis_tag_key(&self.policies.namespace, tag)
+    }
+
+    pub fn tag_stale_key(&self, tag: &str) -> String {
+        key::redis_tag_stale_key(&self.policies.namespace, tag)
     }
 
     pub fn meta_key(&self) -> String {

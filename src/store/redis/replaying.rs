@@ -1,12 +1,13 @@
-//! Changes (`set`, `delete`, `deleteByTag`, `clear`; a kind more is a variant of `Change` and an
+//! Changes (`set`, `delete`, `expire`, `deleteByTag`, `expireByTag`, `clear`; a kind more is a variant of `Change` and an
 //! arm of `apply`) that reach Redis even when it cannot take them at once. A change Redis
 //! refuses (down, timed out, an error) is queued (`replay`) and replayed, in the order the
 //! changes were made, once Redis answers again; a change made while others wait goes behind
 //! them, so the order holds across the outage. A replayed `set` or `delete` carries the time it
 //! was made and is dropped in Redis when the key holds a change made at or after that time
-//! (`write.lua`): a replay never replaces a newer write, whichever instance made it. A replayed
-//! `deleteByTag` or `clear` is numbered when Redis takes it, so it may also remove entries
-//! written meanwhile (a reload, never an older value served).
+//! (`write.lua`): a replay never replaces a newer `set`, whichever instance made it. A replayed
+//! `expire`, `deleteByTag`, `expireByTag` or `clear` applies to what Redis holds when it is
+//! taken (a tag's is numbered then), so it may also reach entries written meanwhile (a refresh
+//! or a reload, never an older value served).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -38,6 +39,19 @@ pub enum Change {
         tags: Vec<String>,
         at_ms: u64,
     },
+    /// `expire(key)`, made at `at_ms`: the entry stale from `now` (epoch ms, as it was then).
+    Expire {
+        key: String,
+        now: f64,
+        at_ms: u64,
+    },
+    /// `expireByTag(tags)`: stale, and gone at `stale_until` (epoch ms; infinite: at each
+    /// entry's own hardTtl) unless refreshed.
+    ExpireTags {
+        tags: Vec<String>,
+        stale_until: f64,
+        at_ms: u64,
+    },
     /// `tentative`: what the clear marked here (put back if Redis cannot take it at once).
     Clear {
         tentative: Tentative,
@@ -48,8 +62,8 @@ pub enum Change {
 impl replay::Change for Change {
     fn key(&self) -> Option<&str> {
         match self {
-            Change::Write { key, .. } => Some(key),
-            Change::DeleteTags { .. } | Change::Clear { .. } => None,
+            Change::Write { key, .. } | Change::Expire { key, .. } => Some(key),
+            Change::DeleteTags { .. } | Change::ExpireTags { .. } | Change::Clear { .. } => None,
         }
     }
 
@@ -57,6 +71,8 @@ impl replay::Change for Change {
         match self {
             Change::Write { at_ms, .. }
             | Change::DeleteTags { at_ms, .. }
+            | Change::Expire { at_ms, .. }
+            | Change::ExpireTags { at_ms, .. }
             | Change::Clear { at_ms, .. } => *at_ms,
         }
     }
@@ -71,6 +87,10 @@ pub enum Applied {
     },
     /// A replayed set or delete older than what the key holds: not applied.
     Superseded,
+    /// An expire; whether the value key existed.
+    Expired {
+        existed: bool,
+    },
     Tagged,
     /// A clear, at this clock (sweep the entries born before it).
     Cleared {
@@ -171,7 +191,12 @@ impl RedisTier {
                     Some(key.as_str()),
                 )
             }
+            Change::Expire { key, .. } => {
+                self.inbox.invalidate(key);
+                ("expire", Some(key.as_str()))
+            }
             Change::DeleteTags { .. } => ("deleteByTag", None),
+            Change::ExpireTags { .. } => ("expireByTag", None),
             Change::Clear { .. } => ("clear", None),
         };
         self.reports.push_each(
@@ -274,7 +299,19 @@ impl RedisTier {
                     }
                 }
             }
-            Change::DeleteTags { tags, .. } => match self.delete_tags(tags).await {
+            Change::Expire { key, now, .. } => {
+                // Whatever the key holds when it is replayed turns stale (a set made after the
+                // expire too: one refresh more, never an older value served).
+                let existed = self.expire(key, *now).await?;
+                Ok(Applied::Expired { existed })
+            }
+            Change::DeleteTags { tags, .. } => match self.mark_tags(tags, None).await {
+                Ok(()) => Ok(Applied::Tagged),
+                Err(TagFailure::NotTaken | TagFailure::Partial) => Err(Unavailable),
+            },
+            Change::ExpireTags {
+                tags, stale_until, ..
+            } => match self.mark_tags(tags, Some(*stale_until)).await {
                 Ok(()) => Ok(Applied::Tagged),
                 Err(TagFailure::NotTaken | TagFailure::Partial) => Err(Unavailable),
             },

@@ -1,5 +1,7 @@
 //! The Lua scripts (`scripts/*.lua`, each naming its KEYS/ARGV), sent by EVALSHA with a load
-//! on NOSCRIPT. The envelope's layout (`envelope.lua`) is prepended to the scripts that read it.
+//! on NOSCRIPT. The envelope's layout (`envelope.lua`) is prepended to the scripts that read it;
+//! a tag's record (`tag_record.lua`) and the clock's advance (`advance_of.lua`) to the scripts
+//! that share them.
 
 use redis::Script;
 
@@ -37,6 +39,8 @@ pub struct Scripts {
     pub(super) sweep: Script,
     pub(super) reborn: Script,
     pub(super) advance: Script,
+    pub(super) tags: Script,
+    pub(super) expire: Script,
 }
 
 impl Scripts {
@@ -49,11 +53,23 @@ impl Scripts {
             write: with_envelope!("scripts/write.lua"),
             release: with_envelope!("scripts/release.lua"),
             replace: Script::new(include_str!("scripts/replace.lua")),
-            tag: Script::new(include_str!("scripts/tag.lua")),
+            tag: Script::new(concat!(
+                include_str!("scripts/tag_record.lua"),
+                include_str!("scripts/tag.lua")
+            )),
+            tags: Script::new(concat!(
+                include_str!("scripts/advance_of.lua"),
+                include_str!("scripts/tag_record.lua"),
+                include_str!("scripts/tags.lua")
+            )),
+            expire: with_envelope!("scripts/expire.lua"),
             clear: Script::new(include_str!("scripts/clear.lua")),
             sweep: with_envelope!("scripts/sweep.lua"),
             reborn: with_envelope!("scripts/reborn.lua"),
-            advance: Script::new(include_str!("scripts/advance.lua")),
+            advance: Script::new(concat!(
+                include_str!("scripts/advance_of.lua"),
+                include_str!("scripts/advance.lua")
+            )),
         }
     }
 }

@@ -1,4 +1,5 @@
-//! `deleteByTag` and `clear` in Redis, and whether an entry read from Redis is still alive.
+//! `deleteByTag`, `expireByTag` and `clear` in Redis, and whether an entry read from Redis is
+//! still alive (and, tag-expired, stale).
 //!
 //! Neither touches an entry. The namespace clock (`HINCRBY <ns>:meta clock`) numbers them; a
 //! deleteByTag records its clock at each tag's key (`tag.lua`), a clear as the namespace's clear
@@ -7,7 +8,10 @@
 //! a clear, or a deleteByTag of one of its tags, has a later clock. So a load that began before
 //! either writes a result that is dead on arrival (and not even sent when this process already
 //! knows), and the invalidation costs one key per tag whatever the number of entries carrying
-//! it. Each script touches one key, so all of it works on Redis Cluster.
+//! it. An expireByTag records its clock at each tag's stale key (`<ns>:stale:{<tag>}`, on the tag
+//! key's slot): an entry born before it is stale, served while one refresh runs. On one server a
+//! call's tags are recorded by one script (`tags.lua`), so a list of any length is never partly
+//! applied; on a Cluster each tag's records are on its own slot, written by `tag.lua` each.
 //!
 //! An entry read from Redis is checked against the clear clock and the tag clocks heard on the
 //! bus (in the inbox) and, for a tagged entry, against its tags' keys (one GET each, sent
@@ -31,6 +35,8 @@ use futures_util::future::join_all;
 use super::envelopes::{invoke_echoed, query_echoed, Echo};
 use super::topology::{masters_of, Node};
 use super::{RedisTier, Unavailable};
+use crate::clock::{Clock, SystemClock};
+use crate::envelope::Envelope;
 use crate::inbox::{tag_bucket, Tentative};
 
 /// Keys asked of SCAN per step of the sweep (memory stays bounded by one batch).
@@ -47,6 +53,59 @@ pub enum TagFailure {
     NotTaken,
     /// The clock advanced, but a tag's key may not have been written.
     Partial,
+}
+
+/// What a tag method records: a deleteByTag's death, or an expireByTag's staleness with the end
+/// of its window as text (whole epoch ms, `-` for none), as records and messages spell it.
+#[derive(Debug, Clone, PartialEq)]
+enum TagMark {
+    Dead,
+    Stale(String),
+}
+
+impl TagMark {
+    fn of(stale_until: Option<f64>) -> TagMark {
+        match stale_until {
+            None => TagMark::Dead,
+            Some(u) if u.is_finite() => TagMark::Stale(format!("{}", u.max(0.0).floor() as u64)),
+            Some(_) => TagMark::Stale("-".to_string()),
+        }
+    }
+
+    fn is_stale(&self) -> bool {
+        matches!(self, TagMark::Stale(_))
+    }
+
+    fn op(&self) -> &'static str {
+        if self.is_stale() {
+            "expireByTag"
+        } else {
+            "deleteByTag"
+        }
+    }
+
+    /// The announcement after the bus prefix: `<clock> <tag>`, or `<clock> <until> <tag>`.
+    fn message(&self, clock: u64, tag: &str) -> String {
+        match self {
+            TagMark::Dead => format!("{clock} {tag}"),
+            TagMark::Stale(until) => format!("{clock} {until} {tag}"),
+        }
+    }
+}
+
+/// A window's end as records and messages spell it (`-`, or anything unreadable: none).
+pub(super) fn until_of(text: &str) -> f64 {
+    text.parse::<u64>().map_or(f64::INFINITY, |u| u as f64)
+}
+
+/// An expireByTag's record (`<clock>` or `<clock> <until>`): its clock and its window's end.
+fn stale_record_of(text: Option<String>) -> (u64, f64) {
+    let Some(text) = text else {
+        return (0, f64::INFINITY);
+    };
+    let mut parts = text.split_whitespace();
+    let clock = parts.next().and_then(|c| c.parse().ok()).unwrap_or(0);
+    (clock, parts.next().map_or(f64::INFINITY, until_of))
 }
 
 /// A clock stored as text (a missing or foreign value counts as 0).
@@ -129,14 +188,35 @@ impl RedisTier {
 
     /// Whether an entry born at `born` carrying `tags`, read from Redis for `key`, is still
     /// alive: no clear, and no deleteByTag of one of its tags, since it was born.
+    ///
+    /// An entry alive but tag-expired (an expireByTag of one of its tags since it was born) has
+    /// its freshness ended in `envelope` (its freshUntil becomes now): it is served stale and
+    /// refreshed, as in process; a tag-expired not-found is dead (loaded again).
     pub(super) async fn alive(
         &self,
         key: &str,
-        born: u64,
+        envelope: &mut Envelope,
         tags: &[String],
     ) -> Result<bool, Unavailable> {
+        let alive = self.alive_at(key, envelope.born, tags).await?;
+        if alive && !tags.is_empty() {
+            let buckets: Vec<u16> = tags.iter().map(|t| tag_bucket(t)).collect();
+            if self.inbox.expired(envelope.born, &buckets) {
+                // A not-found has no value to serve stale: loaded again, as in process.
+                if envelope.negative {
+                    return Ok(false);
+                }
+                let now = SystemClock.now_ms().floor();
+                envelope.fresh_until = envelope.fresh_until.min(now);
+            }
+        }
+        Ok(alive)
+    }
+
+    async fn alive_at(&self, key: &str, born: u64, tags: &[String]) -> Result<bool, Unavailable> {
         let buckets: Vec<u16> = tags.iter().map(|t| tag_bucket(t)).collect();
-        if self.inbox.dead(born, &buckets) {
+        let now = SystemClock.now_ms();
+        if self.inbox.gone(born, &buckets, now) {
             return Ok(false);
         }
         let bus_up = self.bus_up();
@@ -147,29 +227,33 @@ impl RedisTier {
         let clock_at = |read: redis::Cmd, redis_key: &str| {
             let echo = self.echo(redis_key);
             self.run("get", key, |mut c| async move {
-                match query_echoed::<Option<String>>(&read, &mut c, echo).await {
-                    Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(None)),
+                match query_echoed::<Vec<Option<String>>>(&read, &mut c, echo).await {
+                    Err(e) if e.code() == Some("WRONGTYPE") => Ok(Some(Vec::new())),
                     other => other,
                 }
             })
         };
+        // A tag's deleteByTag and expireByTag records share its slot: one MGET each.
         let reads = tags.iter().map(|tag| {
             let tkey = self.tag_key(tag);
-            let mut read = redis::cmd("GET");
-            read.arg(&tkey);
+            let mut read = redis::cmd("MGET");
+            read.arg(&tkey).arg(self.tag_stale_key(tag));
             clock_at(read, &tkey)
         });
         let cleared = async {
             if bus_up {
                 return Ok(Some(None));
             }
-            let mut read = redis::cmd("HGET");
+            let mut read = redis::cmd("HMGET");
             let meta = self.meta_key();
             read.arg(&meta).arg("cleared");
-            clock_at(read, &meta).await.map(|c| c.map(Some))
+            clock_at(read, &meta)
+                .await
+                .map(|c| c.map(|mut c| Some(c.pop().flatten())))
         };
         let (clocks, cleared) = tokio::join!(join_all(reads), cleared);
-        let clocks: Vec<Option<Option<String>>> = clocks.into_iter().collect::<Result<_, _>>()?;
+        let clocks: Vec<Option<Vec<Option<String>>>> =
+            clocks.into_iter().collect::<Result<_, _>>()?;
         let (Some(cleared), true) = (cleared?, clocks.iter().all(Option::is_some)) else {
             // Out of step: a clock is unknown, so whether the entry was deleted is too.
             self.misdelivered("get", key);
@@ -178,50 +262,151 @@ impl RedisTier {
         if let Some(cleared) = cleared {
             self.inbox.clear_at(clock_of(cleared));
         }
-        for (bucket, clock) in buckets.iter().zip(clocks.into_iter().flatten()) {
-            // Known here from now on: a deletion that did happen (only ever conservative).
-            self.inbox.invalidate_tag(*bucket, clock_of(clock));
+        for (bucket, records) in buckets.iter().zip(clocks.into_iter().flatten()) {
+            // Known here from now on: a deletion or expiry that did happen (only ever
+            // conservative).
+            let mut records = records.into_iter();
+            self.inbox
+                .invalidate_tag(*bucket, clock_of(records.next().flatten()));
+            let (stale, until) = stale_record_of(records.next().flatten());
+            if stale > 0 {
+                self.inbox.stale_tag(*bucket, stale, until, now);
+            }
         }
-        Ok(!self.inbox.dead(born, &buckets))
+        Ok(!self.inbox.gone(born, &buckets, now))
     }
 
-    /// `deleteByTag(tags)` in Redis, already applied here: advances the namespace clock,
-    /// records it at each tag's key and announces it. `Err(NotTaken)`: Redis gave no clock, so
-    /// nothing happened there; the caller keeps the effect here and puts its marks back
-    /// (`Cache::revert_tags`, on the thread that owns the in-process tier). `Err(Partial)`: the
-    /// clock advanced but a tag's key may not have been written. The caller rejects with
-    /// ERR_REDIS either way. Run it through `in_order_global`.
-    pub async fn delete_tags(&self, tags: &[String]) -> Result<(), TagFailure> {
+    /// `deleteByTag(tags)` (`stale_until: None`) or `expireByTag(tags)` (its window's end, epoch
+    /// ms, infinity for none) in Redis, already applied here: advances the namespace clock,
+    /// records it at each tag's record key and announces it. `Err(NotTaken)`: Redis gave no
+    /// clock, so nothing happened there; the caller keeps the effect here and puts its marks
+    /// back (`Cache::revert_tags`, on the thread that owns the in-process tier). `Err(Partial)`:
+    /// the clock advanced but a tag's record may not have been written (a Cluster only). The
+    /// caller rejects with ERR_REDIS either way. Run it through `in_order_global`.
+    ///
+    /// On one server (or a Sentinel's master) every tag goes in one script (`tags.lua`), so a
+    /// list of any length is applied whole or not at all. On a Cluster each tag's records are on
+    /// its own slot: the clock advances first, then each tag's record is written on its node.
+    pub async fn mark_tags(
+        &self,
+        tags: &[String],
+        stale_until: Option<f64>,
+    ) -> Result<(), TagFailure> {
+        let mark = TagMark::of(stale_until);
+        if !self.link.topology.is_cluster() {
+            return self.mark_tags_at_once(tags, &mark).await;
+        }
+        let op = mark.op();
         let first = tags.first().map_or("", String::as_str);
-        let clock = self.advance_clock("deleteByTag", first, 1).await;
+        let clock = self.advance_clock(op, first, 1).await;
         let Ok(clock) = clock else {
             return Err(TagFailure::NotTaken);
         };
-        self.inbox.observe_clock(clock);
-        for tag in tags {
-            self.inbox.invalidate_tag(tag_bucket(tag), clock);
-        }
+        self.heard_tags(tags, clock, &mark);
         let px = self.tag_key_px();
+        let now = SystemClock.now_ms().floor();
+        let mark = &mark;
         let writes = tags.iter().map(|tag| {
-            let tkey = self.tag_key(tag);
-            let msg = self.bus.tag_message(clock, tag);
-            let echo = self.echo(&tkey);
-            self.run("deleteByTag", tag, |mut c| async move {
-                let mut call = self.scripts.tag.key(&tkey);
-                call.arg(clock).arg(self.bus.channel()).arg(msg).arg(px);
+            let keys = (self.tag_record_key(tag, mark), self.tag_key(tag));
+            let mut msg = self.bus.tag_prefix(mark.is_stale());
+            msg.extend_from_slice(mark.message(clock, tag).as_bytes());
+            let echo = self.echo(&keys.0);
+            self.run(op, tag, |mut c| async move {
+                let mut call = self.scripts.tag.key(&keys.0);
+                if let TagMark::Stale(until) = mark {
+                    call.key(&keys.1);
+                    call.arg(clock).arg(self.bus.channel()).arg(msg).arg(px);
+                    call.arg(until).arg(now as u64);
+                } else {
+                    call.arg(clock).arg(self.bus.channel()).arg(msg).arg(px);
+                }
                 invoke_echoed::<i64>(&call, &mut c, echo).await
             })
         });
         let written = join_all(writes).await;
         if written.contains(&Ok(None)) {
             // Out of step: whether that tag's key was written is unknown.
-            self.misdelivered("deleteByTag", first);
+            self.misdelivered(op, first);
             return Err(TagFailure::Partial);
         }
         if written.iter().any(Result::is_err) {
             return Err(TagFailure::Partial);
         }
         Ok(())
+    }
+
+    /// `mark_tags` where every key is on one server: one `tags.lua` call for the whole list.
+    async fn mark_tags_at_once(&self, tags: &[String], mark: &TagMark) -> Result<(), TagFailure> {
+        let op = mark.op();
+        let first = tags.first().map_or("", String::as_str);
+        let meta = self.meta_key();
+        let known = self.inbox.clock();
+        let px = self.tag_key_px();
+        let now = SystemClock.now_ms().floor();
+        let echo = self.echo(&meta);
+        let clock = self
+            .run(op, first, |mut c| async move {
+                let mut call = self.scripts.tags.key(&meta);
+                for tag in tags {
+                    call.key(self.tag_record_key(tag, mark));
+                    if mark.is_stale() {
+                        call.key(self.tag_key(tag));
+                    }
+                }
+                let until = match mark {
+                    TagMark::Stale(until) => until.as_str(),
+                    TagMark::Dead => "-",
+                };
+                call.arg(known)
+                    .arg(px)
+                    .arg(self.bus.channel())
+                    .arg(self.bus.tag_prefix(mark.is_stale()))
+                    .arg(if mark.is_stale() { "1" } else { "0" })
+                    .arg(until)
+                    .arg(now as u64);
+                for tag in tags {
+                    call.arg(tag.as_str());
+                }
+                invoke_echoed::<u64>(&call, &mut c, echo).await
+            })
+            .await;
+        match clock {
+            Ok(Some(clock)) => {
+                self.heard_tags(tags, clock, mark);
+                Ok(())
+            }
+            Ok(None) => {
+                // Out of step: the script may have run, at a clock unknown here; the marks here
+                // stay (entries dead or stale, never wrongly fresh).
+                self.misdelivered(op, first);
+                Err(TagFailure::Partial)
+            }
+            Err(Unavailable) => Err(TagFailure::NotTaken),
+        }
+    }
+
+    /// Marks `tags` here at `clock`, as their announcements will.
+    fn heard_tags(&self, tags: &[String], clock: u64, mark: &TagMark) {
+        self.inbox.observe_clock(clock);
+        let now = SystemClock.now_ms();
+        for tag in tags {
+            match mark {
+                TagMark::Stale(until) => {
+                    self.inbox
+                        .stale_tag(tag_bucket(tag), clock, until_of(until), now)
+                }
+                TagMark::Dead => self.inbox.invalidate_tag(tag_bucket(tag), clock),
+            }
+        }
+    }
+
+    /// The key a deleteByTag (or an expireByTag) of `tag` records its clock at.
+    fn tag_record_key(&self, tag: &str, mark: &TagMark) -> String {
+        if mark.is_stale() {
+            self.tag_stale_key(tag)
+        } else {
+            self.tag_key(tag)
+        }
     }
 
     /// How long a deleteByTag's record lives in Redis (ms): `tagTtl`, the longest an entry
@@ -458,6 +643,21 @@ mod tests {
     fn glob_characters_of_a_namespace_are_escaped() {
         assert_eq!(glob_escape("app"), "app");
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+
+    #[test]
+    fn stale_records_and_marks_spell_their_window() {
+        assert_eq!(stale_record_of(Some("7".into())), (7, f64::INFINITY));
+        assert_eq!(stale_record_of(Some("7 1500".into())), (7, 1500.0));
+        assert_eq!(stale_record_of(Some("x".into())), (0, f64::INFINITY));
+        assert_eq!(stale_record_of(None), (0, f64::INFINITY));
+        assert_eq!(TagMark::of(None), TagMark::Dead);
+        assert_eq!(
+            TagMark::of(Some(f64::INFINITY)).message(3, "a b"),
+            "3 - a b"
+        );
+        assert_eq!(TagMark::of(Some(1500.7)).message(3, "t"), "3 1500 t");
+        assert_eq!(until_of("-"), f64::INFINITY);
     }
 
     #[test]

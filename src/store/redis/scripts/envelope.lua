@@ -10,6 +10,7 @@ local ENVELOPE_TIMED = '\198'
 local ENVELOPE_FIXED = 40
 local ENVELOPE_TIMED_FIXED = 46
 local ENVELOPE_MARKER = 16
+local ENVELOPE_NEGATIVE = 1
 
 -- Whether `value` (an envelope or its first bytes) begins with a binary header's first byte.
 local function envelope_magic(value)
@@ -67,6 +68,45 @@ local function envelope_carrying(value, current)
       .. string.sub(value, ENVELOPE_FIXED + 1)
   end
   return string.sub(value, 1, 1) .. middle .. string.sub(value, ENVELOPE_FIXED + 1)
+end
+
+-- expire: `value` stale from `now` (epoch ms: its freshUntil at most that) under a new
+-- `generation` (8 bytes, all new as a set draws them, so a load fenced by `value` is dropped,
+-- a forced one too). An old JSON envelope keeps its layout, for the builds that read only that:
+-- its gen becomes the generation in hex, the first digit moved off the old one's so its set part
+-- (its first 4 characters) changes too. nil when `value` is no envelope (it stays as it is);
+-- false when it has no value to serve stale: a marker (a load running on a key with no value)
+-- or a not-found. Those go: an absent key matches no fence, and the next read loads.
+local function envelope_expired(value, now, generation)
+  now = tonumber(now)
+  if envelope_binary(value) then
+    if envelope_marker(value) or bit.band(string.byte(value, 2), ENVELOPE_NEGATIVE) ~= 0 then
+      return false
+    end
+    local fresh = math.min((struct.unpack('>I6', value, 25)), now)
+    return string.sub(value, 1, 10) .. generation .. string.sub(value, 19, 24)
+      .. struct.pack('>I6', fresh) .. string.sub(value, 31)
+  end
+  if type(value) ~= 'string' then return nil end
+  local old = string.match(value, '^{"sc":1,"gen":"(%w*)"')
+  if not old then return nil end
+  local meta = string.sub(value, 1, string.find(value, ',"value":', 1, true) or #value)
+  if string.find(meta, ',"negative":true', 1, true) then return false end
+  local gen = (string.gsub(generation, '.', function(c) return string.format('%02x', string.byte(c)) end))
+  if string.sub(gen, 1, 1) == string.sub(old, 1, 1) then
+    gen = (string.sub(old, 1, 1) == 'g' and 'h' or 'g') .. string.sub(gen, 2)
+  end
+  value = '{"sc":1,"gen":"' .. gen .. string.sub(value, 16 + #old)
+  local head, fresh = string.match(value, '^({"sc":1,[^{}]-"freshUntil":)([%d%.eE%+%-]+)')
+  if not head or (tonumber(fresh) or 0) <= now then return value end
+  return head .. string.format('%d', now) .. string.sub(value, #head + #fresh + 1)
+end
+
+-- `value` (binary) carrying the set part (first 4 bytes, see `Generation`) of `generation`
+-- when that is a binary envelope's; an old JSON envelope's generation has none to carry.
+local function envelope_with_set_part(value, generation)
+  if #generation ~= 8 then return value end
+  return string.sub(value, 1, 10) .. string.sub(generation, 1, 4) .. string.sub(value, 15)
 end
 
 -- A load's fence: the generation of `value`, the key's envelope as the load begins. A key that
