@@ -57,6 +57,7 @@ const SAMPLES = {
   'max-bytes.mjs': { expect: [/^2 true$/] },
   'serializers.mjs': { expect: [/^true 10n$/, /^1970-01-02T00:00:00\.000Z$/] },
   'batch.mjs': { expect: [/^\[\{"id":"u1"\},\{"id":"u2"\},null,\{"id":"u1"\}\] 1$/, /^u4$/] },
+  'expire.mjs': { expect: [/^stale$/, /^1$/, /^2$/, /^2$/, /^3$/] },
   'shared.mjs': { redis: true, expect: [/^loads 1$/, /^b sees it: true$/, /^after set: 2$/] },
   'wait-until.mjs': { expect: [/^v1$/, /^handed 1$/, /^v2$/] },
   'server.mjs': {
