@@ -350,6 +350,10 @@ export interface Stats {
   l1Entries: number
   /** The serialized size of the in-process tier's values now, in bytes. */
   l1Bytes: number
+  /** Changes (set, delete, deleteByTag, clear) Redis could not take, waiting to be replayed. */
+  replayQueued: number
+  /** Changes dropped without replay: more than 10,000 waited (each also reported to onError). */
+  replayDropped: number
 }
 
 /** Every `code` a `StampedeCacheError` carries. */
@@ -373,6 +377,11 @@ export type StampedeCacheErrorCode =
 export class StampedeCacheError extends Error {
   readonly name: 'StampedeCacheError'
   readonly code: StampedeCacheErrorCode
+  /**
+   * On an `ERR_REDIS` rejection of `set`, `delete`, `deleteByTag` or `clear`: true when the change
+   * is applied in this process and queued, to be replayed to Redis (in order) once it answers.
+   */
+  readonly queued?: boolean
   constructor(code: StampedeCacheErrorCode, message: string, options?: { cause?: unknown })
 }
 
@@ -415,6 +424,11 @@ export class StampedeCache<S extends SerializerOption = 'json'> {
   getMany<T = unknown>(keys: readonly Key[]): Promise<(Stored<T, S> | undefined)[]>
   /** A fresh or stale value; never loads. `T` is the type of the value that was stored. */
   get<T = unknown>(key: Key): Promise<Stored<T, S> | undefined>
+  /**
+   * Resolves once Redis holds the value. When Redis cannot take it, the value is applied in this
+   * process and the call rejects with `ERR_REDIS` and `err.queued === true`: it is replayed to
+   * Redis, in order, once it answers (so do `delete`, `deleteByTag` and `clear`).
+   */
   set<T>(key: Key, value: T, options?: SetOptions): Promise<void>
   /** True when something was removed. */
   delete(key: Key): Promise<boolean>

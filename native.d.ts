@@ -99,7 +99,8 @@ export declare function beginRefresh(id: number, key: string, seen: number): num
  * in Redis after this instance's earlier writes: the clear clock (every entry born before it
  * is dead everywhere), then a sweep that deletes those entries (SCAN, one batch at a time).
  * Resolves 1 once Redis holds the clear (a failed sweep is reported, not thrown: the entries
- * are dead already), 0 without Redis, `UNAVAILABLE` when Redis could not take it.
+ * are dead already), 0 without Redis, `QUEUED` when Redis could not take it (replayed later,
+ * swept then), `UNAVAILABLE` when it was not sent (closed).
  */
 export declare function clearEntries(id: number): Promise<number>
 
@@ -149,8 +150,9 @@ export declare function deleteEntry(id: number, key: string): Array<number>
 /**
  * `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
  * that began before and will carry one, is dead), then in Redis after this instance's earlier
- * writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis,
- * `UNAVAILABLE` when Redis could not take it (the effect here is kept; see `Cache::revert_tags`).
+ * writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis, `QUEUED`
+ * when Redis could not take it (the effect here is kept, see `Cache::revert_tags`; it is
+ * replayed later), `UNAVAILABLE` when it was not sent (closed).
  */
 export declare function deleteTags(id: number, tags: Array<string>): Promise<number>
 
@@ -172,8 +174,9 @@ export interface EntryInfo {
 /**
  * `expire(key)`: applied here at once (the entry stale from now, its running load superseded),
  * then in Redis after this instance's earlier writes of the key. Resolves with bit 0 set when a
- * live entry was here and bit 1 when the value key existed in Redis, or `UNAVAILABLE` when
- * Redis could not take it (the effect here is kept).
+ * live entry was here and bit 1 when the value key existed in Redis, `QUEUED` when Redis could
+ * not take it (the effect here is kept; it is replayed later), or `UNAVAILABLE` when it was not
+ * sent (closed).
  */
 export declare function expireEntry(id: number, key: string): Promise<number>
 
@@ -430,6 +433,12 @@ export declare const PURPOSE_PAST_VALUE: number
 /** A background refresh of a stale or early-refreshed entry. */
 export declare const PURPOSE_REFRESH: number
 
+/**
+ * A `set`, `delete`, `deleteByTag` or `clear` Redis could not take: queued, and replayed once
+ * Redis answers again.
+ */
+export declare const QUEUED: number
+
 /** The `reason` the channels give a flight, by purpose (`PURPOSE_COLD` to `PURPOSE_FORCE`). */
 export declare const REASONS: string[]
 
@@ -496,7 +505,8 @@ export interface RedisReport {
 /**
  * Sends what `set_entry` just wrote (or, with `delete`, the key's removal) to Redis after this
  * instance's earlier writes of the key. Resolves 1 when a value key existed before, 0 when not,
- * `UNAVAILABLE` when Redis could not take the change.
+ * `QUEUED` when Redis could not take the change (it is replayed later), `UNAVAILABLE` when it
+ * was not sent (closed).
  */
 export declare function redisWrite(id: number, key: string, valueJson: string | undefined | null, delete: boolean, fmt: number): Promise<number>
 
@@ -554,6 +564,8 @@ export interface Stats {
   l2Hits: number
   l1Entries: number
   l1Bytes: number
+  replayQueued: number
+  replayDropped: number
 }
 
 /** Join flight `n`: await its leader's promise. */

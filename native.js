@@ -922,6 +922,7 @@ module.exports.PURPOSE_COLD = nativeBinding.PURPOSE_COLD
 module.exports.PURPOSE_FORCE = nativeBinding.PURPOSE_FORCE
 module.exports.PURPOSE_PAST_VALUE = nativeBinding.PURPOSE_PAST_VALUE
 module.exports.PURPOSE_REFRESH = nativeBinding.PURPOSE_REFRESH
+module.exports.QUEUED = nativeBinding.QUEUED
 module.exports.REASONS = nativeBinding.REASONS
 module.exports.redisFailed = nativeBinding.redisFailed
 module.exports.redisFetch = nativeBinding.redisFetch

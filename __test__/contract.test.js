@@ -29,6 +29,8 @@ const STATS_KEYS = [
   'l2Hits',
   'l1Entries',
   'l1Bytes',
+  'replayQueued',
+  'replayDropped',
 ]
 
 /** Waits until `cache.inspect(key)` reports `state` (polling), at most `ms`. */
@@ -1595,6 +1597,8 @@ describe('The rest: get, set, delete, inspect, stats, settle, close, l1', () => 
         // The in-process tier now: a ('"A"', 3 bytes as JSON), n (null, 4), c ('"C2"', 4).
         l1Entries: 3,
         l1Bytes: 11,
+        replayQueued: 0,
+        replayDropped: 0,
       })
       // A snapshot: mutating it changes nothing.
       const s = cache.stats()

@@ -48,6 +48,7 @@ const MAIN_FILES = [
   'lib/fresh.js',
   'lib/keys.js',
   'lib/lane.js',
+  'lib/reentry.js',
   'lib/scope.js',
   'native.js',
   'nestjs.d.ts',

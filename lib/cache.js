@@ -38,6 +38,7 @@ const {
   loadTraced,
 } = require('./channels.js')
 const { requestScope, withWaitUntil } = require('./scope.js')
+const { asLoadOf, asLoadOfMany, inLoad, inLoadOf, storeOf } = require('./reentry.js')
 const { UNREADABLE, codecOf, toStored } = require('./codec.js')
 const { checkTags, tagsOption } = require('./keys.js')
 const { Batch, Outcome, ColdKey, checkBatchKeys, keyLengths, inSlices, LEADING } = require('./batch.js')
@@ -94,9 +95,12 @@ const { POLICY_TTL, POLICY_HARD_TTL, POLICY_NEGATIVE_TTL, POLICY_LOAD_TIMEOUT, P
 const { PURPOSE_COLD, PURPOSE_REFRESH, PURPOSE_FORCE, PURPOSE_PAST_VALUE, REASONS } = native
 // A key of a getOrLoadMany call's first read that Redis did not answer with a value (#readFirst).
 const MISSED = Symbol('missed')
-const { GATE_FOUND, GATE_MISSING, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, UNAVAILABLE } = native
+const { GATE_FOUND, GATE_MISSING, GATE_SKIP, GATE_CLOSED, LOCK_NONE, LOCK_OUTCOMES, DROPPED, UNAVAILABLE, QUEUED } = native
 const { FMT_JSON } = native
 const noop = () => {}
+const identity = (x) => x
+/** The ctx of each key of a nested loadMany call (#loadManyNested): nothing is cached, so nothing to set. */
+const NESTED_BATCH_CTX = Object.freeze({ setTtl: noop, setTags: noop })
 /** What a call without options means (see #callOptions). */
 const NO_OPTIONS = Object.freeze({ policy: null, signal: undefined, waitUntil: undefined, force: false, tags: null })
 
@@ -124,6 +128,8 @@ class StampedeCache {
   #onError
   /** The Redis key prefix, for the channels' messages. */
   #namespace
+  /** What this cache's entries are named by in a load's scope (lib/reentry.js), before their key. */
+  #store
   /** The engine keeps the invalidations it applies for us (someone listens to them). */
   #watchingInvalidations = false
   /** The serializer, as a codec (see JSON_CODEC). */
@@ -162,6 +168,7 @@ class StampedeCache {
     this.#onError = onError
     // Validated by the engine above.
     this.#namespace = options?.namespace ?? 'sc'
+    this.#store = storeOf(options)
   }
 
   getOrLoad(key, loader, options) {
@@ -266,6 +273,10 @@ class StampedeCache {
     const encoded = new Array(rest.length)
     for (let j = 0; j < rest.length; j++) encoded[j] = engine.encodeKey(keys[rest[j]])
     if (signal?.aborted) throw abortError(signal)
+    if (inLoad()) {
+      const nested = this.#loadManyNested(keys, rest, encoded, out, loadMany, policy, options)
+      if (nested !== null) return signal ? withSignal(nested, signal) : nested
+    }
     this.#watchInvalidations()
     // The keys the in-process tier did not have are read from Redis first, in one batch as
     // getMany reads them (on the read lane when it can), with no flight, lookup or lock bid per
@@ -721,7 +732,9 @@ class StampedeCache {
         for (const e of entries) e.ctx.setTags(tags)
       },
     }
-    const call = () => b.loadMany(keys, ctx)
+    // Its keys' loads, for a call inside loadMany (lib/reentry.js).
+    const store = this.#store
+    const call = () => asLoadOfMany(new Set(names.map((n) => store + n)), () => b.loadMany(keys, ctx))
     const started = loadTraced()
       ? () => loadChannel.tracePromise(async () => call(), { cache: this, namespace: this.#namespace, key: names[0], keys: names, reason: REASONS[b.purpose] })
       : call
@@ -925,6 +938,10 @@ class StampedeCache {
     const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : this.#callOptions(options)
     const k = engine.encodeKey(key)
     if (signal?.aborted) throw abortError(signal)
+    if (inLoad() && inLoadOf(this.#store + k)) {
+      const nested = this.#loadNested(k, loader, policy)
+      return signal ? withSignal(nested, signal) : nested
+    }
     this.#watchInvalidations()
     // One number: n * STEP_KINDS + kind (see `lookup` in src/node/local.rs).
     const looked = engine.lookup(this.#id, k, policy, force)
@@ -950,6 +967,66 @@ class StampedeCache {
       coalesceChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     }
     return signal ? withSignal(load, signal) : load
+  }
+
+  // A getOrLoad inside the load of its own key (lib/reentry.js), which would otherwise wait for
+  // the load it is part of: its loader runs now, alone, bounded by loadTimeout; its caller gets
+  // what a hit would return, and nothing is written (the enclosing load writes the key).
+  async #loadNested(k, loader, policy) {
+    const result = { policy, tags: null, skip: false, done: false }
+    try {
+      return toStored(this.#codec, await this.#callLoader(k, loader, undefined, policy, PURPOSE_COLD, result)).stored
+    } finally {
+      result.done = true
+    }
+  }
+
+  // A getOrLoadMany inside the load of some of its keys (lib/reentry.js): those keys go to one
+  // loadMany call of their own, now, whose results are cached nowhere (the enclosing loads write
+  // them); the call's other keys are answered as usual. `rest`: the positions of `keys` not served
+  // yet (`encoded`: their keys); `out`: the call's answers so far. Null when no key is in a load.
+  #loadManyNested(keys, rest, encoded, out, loadMany, policy, options) {
+    let own = null
+    let others = null
+    for (let j = 0; j < rest.length; j++) {
+      if (inLoadOf(this.#store + encoded[j])) (own ??= []).push(j)
+      else (others ??= []).push(rest[j])
+    }
+    if (own === null) return null
+    const b = this.#newBatch(loadMany, policy, PURPOSE_COLD)
+    const answers = new Map()
+    const entries = []
+    for (const j of own) {
+      const k = encoded[j]
+      if (answers.has(k)) continue
+      b.lead(k, keys[rest[j]])
+      // Each position holds its value as a hit would return it, or its Error (one the value
+      // cannot be serialized with too), as getOrLoadMany answers.
+      const answer = new Promise((resolve, reject) => entries.push({ k, ctx: NESTED_BATCH_CTX, resolve, reject })).then((value) => {
+        try {
+          return toStored(this.#codec, value).stored
+        } catch (err) {
+          return err
+        }
+      }, identity)
+      answers.set(k, answer)
+    }
+    this.#callLoadMany(b, entries)
+    const mine = Promise.all(own.map((j) => answers.get(encoded[j])))
+    const theirs =
+      others === null
+        ? null
+        : this.getOrLoadMany(
+            others.map((i) => keys[i]),
+            loadMany,
+            options,
+          )
+    return Promise.all([mine, theirs]).then(([values, usual]) => {
+      if (b.error !== null) throw b.error
+      for (let n = 0; n < own.length; n++) out[rest[own[n]]] = values[n]
+      for (let n = 0; others !== null && n < others.length; n++) out[others[n]] = usual[n]
+      return out
+    })
   }
 
   // A getOrLoad or getOrLoadMany call's options, checked.
@@ -1217,7 +1294,7 @@ class StampedeCache {
       }
       // A loader may throw synchronously or return a plain value: both become this promise.
       Promise.resolve()
-        .then(() => loader(this.#context(k, stale, control.signal, result)))
+        .then(() => asLoadOf(this.#store + k, () => loader(this.#context(k, stale, control.signal, result))))
         .then(resolve, reject)
     })
     return loaded.finally(() => {
@@ -1386,7 +1463,7 @@ class StampedeCache {
     if (sent === null) return
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('set', lastRedisFailure(this.#id))
+    if (outcome === UNAVAILABLE || outcome === QUEUED) throw redisError('set', lastRedisFailure(this.#id), outcome === QUEUED)
   }
 
   async delete(key) {
@@ -1402,7 +1479,7 @@ class StampedeCache {
     if (sent === null) return removed === 1
     const removedRemote = await sent
     this.#drainRedisReports()
-    if (removedRemote === UNAVAILABLE) throw redisError('delete', lastRedisFailure(this.#id))
+    if (removedRemote === UNAVAILABLE || removedRemote === QUEUED) throw redisError('delete', lastRedisFailure(this.#id), removedRemote === QUEUED)
     return removed === 1 || removedRemote === 1
   }
 
@@ -1421,7 +1498,7 @@ class StampedeCache {
     this.#publishInvalidation(k, 'local')
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('expire', lastRedisFailure(this.#id))
+    if (outcome === UNAVAILABLE || outcome === QUEUED) throw redisError('expire', lastRedisFailure(this.#id), outcome === QUEUED)
     return outcome !== 0
   }
 
@@ -1487,7 +1564,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local', list)
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError(op, lastRedisFailure(this.#id))
+    if (outcome === UNAVAILABLE || outcome === QUEUED) throw redisError(op, lastRedisFailure(this.#id), outcome === QUEUED)
   }
 
   /**
@@ -1505,7 +1582,7 @@ class StampedeCache {
     this.#publishInvalidation(undefined, 'local')
     const outcome = await sent
     this.#drainRedisReports()
-    if (outcome === UNAVAILABLE) throw redisError('clear', lastRedisFailure(this.#id))
+    if (outcome === UNAVAILABLE || outcome === QUEUED) throw redisError('clear', lastRedisFailure(this.#id), outcome === QUEUED)
   }
 
   stats() {

@@ -51,12 +51,22 @@ function closedError() {
 }
 
 // `cause`: the latest Redis failure's message (the binding's, passwords scrubbed), if known.
-function redisError(op, cause) {
+// `queued`: the change waits in this cache and is replayed, in order, once Redis answers again
+// (err.queued === true); else it was not sent at all (the cache closed meanwhile).
+function redisError(op, cause, queued = false) {
   const why = cause ? `: ${cause}` : ' (Redis is unavailable)'
-  return new StampedeCacheError(
+  if (!queued) {
+    return new StampedeCacheError(
+      'ERR_REDIS',
+      `Redis could not take the ${op}${why}. It is applied in this process only; other instances keep their copies until Redis answers again`,
+    )
+  }
+  const err = new StampedeCacheError(
     'ERR_REDIS',
-    `Redis could not take the ${op}${why}. It is applied in this process only; other instances keep their copies until Redis answers again`,
+    `Redis could not take the ${op} now${why}. It is applied in this process and will be replayed to Redis, in order, once it answers again, so every instance gets it`,
   )
+  err.queued = true
+  return err
 }
 
 // Without onError, an outage's first failure and its end are told once each (README, "Errors"):

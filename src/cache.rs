@@ -21,7 +21,7 @@ use crate::jitter;
 use crate::policy::{self, EntryPolicy, Options};
 use crate::singleflight::{FlightId, FlightKind, Role, Singleflight};
 use crate::stats::Stats;
-use crate::store::memory::{MemoryStore, Slot, Tags};
+use crate::store::memory::{Held, MemoryStore, Slot, Tags};
 use crate::xfetch;
 
 /// What a read found.
@@ -183,6 +183,9 @@ pub struct Cache<C: Clock = SystemClock> {
     /// gate can tell a copy refreshed elsewhere meanwhile (newer than the basis) from the one
     /// this refresh replaces, with or without an in-process entry (`l1: false` keeps none).
     refreshing: HashMap<FlightId, f64>,
+    /// Takes the in-process copies to check against Redis after a lost bus connection (set by
+    /// the embedder when there is a Redis tier); without one they are dropped instead.
+    verifier: Option<Box<dyn Fn(Vec<Held>)>>,
 }
 
 /// Applied invalidations kept between two `take_applied` calls at most (the embedder takes them
@@ -211,7 +214,13 @@ impl<C: Clock> Cache<C> {
             observing: false,
             applied: Vec::new(),
             refreshing: HashMap::new(),
+            verifier: None,
         }
+    }
+
+    /// What takes the in-process copies to check after a lost bus connection (see `verifier`).
+    pub fn set_verifier(&mut self, verifier: Box<dyn Fn(Vec<Held>)>) {
+        self.verifier = Some(verifier);
     }
 
     pub fn inbox(&self) -> &Arc<Inbox> {
@@ -226,6 +235,15 @@ impl<C: Clock> Cache<C> {
             if d.clear_all {
                 self.store.clear();
                 self.note_applied(None);
+            } else if d.verify {
+                match &self.verifier {
+                    // The check drops, through this inbox, those another instance changed.
+                    Some(verify) => verify(self.store.held()),
+                    None => {
+                        self.store.clear();
+                        self.note_applied(None);
+                    }
+                }
             }
             for key in d.keys {
                 self.store.remove(&key);

@@ -261,7 +261,7 @@ impl Envelope {
     /// versions wrote (`decode_json`). Anything else is `None`: a miss, never an error.
     pub fn decode(bytes: &[u8]) -> Option<Decoded<'_>> {
         match bytes.first() {
-            Some(&layout::MAGIC) => decode_binary(bytes),
+            Some(&(layout::MAGIC | layout::MAGIC_TIMED)) => decode_binary(bytes),
             Some(b'{') => Self::decode_json(std::str::from_utf8(bytes).ok()?),
             _ => None,
         }
@@ -271,6 +271,19 @@ impl Envelope {
     /// any, then `body.value_json` as given (never re-serialized). `generation` names this write
     /// (the scripts compare it to fence loads).
     pub fn encode(&self, body: &Body<'_>, generation: &Generation, value_key: &str) -> Vec<u8> {
+        self.encode_made_at(body, generation, value_key, 0)
+    }
+
+    /// [`Envelope::encode`] for a change made at `made_at` (epoch ms; 0 for none, as a load's
+    /// result): a `set`'s envelope carries the time, so a replayed change older than it is
+    /// refused (`write.lua`).
+    pub fn encode_made_at(
+        &self,
+        body: &Body<'_>,
+        generation: &Generation,
+        value_key: &str,
+        made_at: u64,
+    ) -> Vec<u8> {
         let value = body.value_json.unwrap_or("");
         let mut out = Vec::with_capacity(layout::FIXED + 6 + value.len());
         let mut flags = (body.fmt.code() as u8) << layout::FMT_SHIFT;
@@ -291,7 +304,7 @@ impl Envelope {
         if retry > 0 {
             flags |= layout::RETRY;
         }
-        self.push_head(&mut out, flags, generation, value_key);
+        self.push_head(&mut out, flags, generation, value_key, made_at);
         if retry > 0 {
             out.extend_from_slice(&retry.to_be_bytes()[2..]);
         }
@@ -312,25 +325,35 @@ impl Envelope {
     /// with the key absent runs (see `fence.lua`). Read, it is a miss.
     pub fn encode_marker(&self, generation: &Generation, value_key: &str) -> Vec<u8> {
         let mut out = Vec::with_capacity(layout::FIXED);
-        self.push_head(&mut out, layout::MARKER, generation, value_key);
+        self.push_head(&mut out, layout::MARKER, generation, value_key, 0);
         out
     }
 
-    fn push_head(&self, out: &mut Vec<u8>, flags: u8, generation: &Generation, value_key: &str) {
-        out.push(layout::MAGIC);
+    /// The header: `made_at` > 0 selects the timed layout (see [`layout`]).
+    fn push_head(
+        &self,
+        out: &mut Vec<u8>,
+        flags: u8,
+        generation: &Generation,
+        value_key: &str,
+        made_at: u64,
+    ) {
+        let made_at = made_at.min(layout::MAX_U48);
+        out.push(if made_at > 0 {
+            layout::MAGIC_TIMED
+        } else {
+            layout::MAGIC
+        });
         out.push(flags);
         out.extend_from_slice(&key_mark_bits(value_key).to_be_bytes());
         out.extend_from_slice(generation);
         out.extend_from_slice(&self.born.min(layout::MAX_U48).to_be_bytes()[2..]);
         out.extend_from_slice(&layout::ms(self.fresh_until.round()).to_be_bytes()[2..]);
         out.extend_from_slice(&layout::ms(self.hard_until.round()).to_be_bytes()[2..]);
-        let us = (self.compute_ms * 1_000.0).round();
-        let us = if us.is_finite() && us > 0.0 {
-            us.min(f64::from(u32::MAX)) as u32
-        } else {
-            0
-        };
-        out.extend_from_slice(&us.to_be_bytes());
+        out.extend_from_slice(&layout::compute_us(self.compute_ms).to_be_bytes());
+        if made_at > 0 {
+            out.extend_from_slice(&made_at.to_be_bytes()[2..]);
+        }
     }
 
     /// Reads the layout `encode` writes without tags, in one pass over the metadata with no
@@ -556,6 +579,7 @@ impl Envelope {
                 .kh
                 .map(|k| k.as_bytes().try_into().unwrap_or([b'!'; 16])),
             marker: false,
+            made_at: 0,
         })
     }
 }
@@ -613,6 +637,9 @@ pub struct Decoded<'a> {
     pub key_mark: Option<[u8; 16]>,
     /// A marker (see [`Envelope::encode_marker`]): no value, a miss.
     pub marker: bool,
+    /// When the last `set` of the key was made (epoch ms; see
+    /// [`Envelope::encode_made_at`]); 0 when the header names none.
+    pub made_at: u64,
 }
 
 impl Decoded<'_> {
@@ -648,7 +675,7 @@ pub fn new_generation() -> Generation {
 ///
 /// | offset | bytes | field |
 /// |---:|---:|---|
-/// | 0 | 1 | `MAGIC` (0xC5: the layout's version; never `{`, never valid UTF-8 first) |
+/// | 0 | 1 | `MAGIC` (0xC5: the layout's version; never `{`, never valid UTF-8 first), or `MAGIC_TIMED` (0xC6: the same with `madeAt`) |
 /// | 1 | 1 | flags: negative, undefined, tagged, retryAfter, marker, compressed; the format in bits 6-7 |
 /// | 2 | 8 | the key's mark (`key_mark_bits` of the Redis key) |
 /// | 10 | 8 | the generation (`Generation`) |
@@ -656,11 +683,18 @@ pub fn new_generation() -> Generation {
 /// | 24 | 6 | freshUntil (epoch ms) |
 /// | 30 | 6 | hardUntil (epoch ms) |
 /// | 36 | 4 | computeMs in µs (saturating at about 71 minutes) |
-/// | 40 | 6 | retryAfter (epoch ms), only with its flag |
+/// | 40 | 6 | madeAt (epoch ms): when the key's last `set` was made, only with `MAGIC_TIMED` |
+/// | .. | 6 | retryAfter (epoch ms), only with its flag |
 /// | .. | 4 + n | the tags as a JSON array, its length first, only when tagged |
 /// | .. | rest | the value's serialized bytes, as given |
+///
+/// `madeAt` is how a replayed change (one Redis could not take when it was made) tells whether
+/// the key holds a newer one: a `set` writes it, and a load writing over that carries it over
+/// (`write_back.lua`), as it carries the generation's set part. An entry no `set` or `delete` ever touched (a cache-aside fill) goes without it. The
+/// flags byte has no bit left, so the layout's version byte says it.
 pub mod layout {
     pub const MAGIC: u8 = 0xC5;
+    pub const MAGIC_TIMED: u8 = 0xC6;
     pub const NEGATIVE: u8 = 0x01;
     pub const UNDEFINED: u8 = 0x02;
     pub const TAGGED: u8 = 0x04;
@@ -676,7 +710,20 @@ pub mod layout {
     pub const COMPUTE: usize = 36;
     /// The header without its optional parts.
     pub const FIXED: usize = 40;
+    pub const MADE_AT: usize = 40;
+    /// A timed header without its other optional parts.
+    pub const TIMED_FIXED: usize = 46;
     pub const MAX_U48: u64 = (1 << 48) - 1;
+
+    /// computeMs as the header holds it: whole µs, saturating.
+    pub fn compute_us(ms: f64) -> u32 {
+        let us = (ms * 1_000.0).round();
+        if us.is_finite() && us > 0.0 {
+            us.min(f64::from(u32::MAX)) as u32
+        } else {
+            0
+        }
+    }
 
     /// Epoch ms as the header holds them: whole, 0 to 2^48 - 1 (the year 10889).
     pub fn ms(t: f64) -> u64 {
@@ -728,7 +775,12 @@ fn decompressed(b: &[u8]) -> Option<Vec<u8>> {
 /// Reads the binary layout (see [`layout`]); `None` for anything that does not hold together.
 fn decode_binary(b: &[u8]) -> Option<Decoded<'_>> {
     use layout::*;
-    if b.len() < FIXED || b[0] != MAGIC {
+    let made_at = match b.first() {
+        Some(&MAGIC) => 0,
+        Some(&MAGIC_TIMED) => u48(b, MADE_AT)?,
+        _ => return None,
+    };
+    if b.len() < FIXED {
         return None;
     }
     let flags = b[1];
@@ -745,7 +797,7 @@ fn decode_binary(b: &[u8]) -> Option<Decoded<'_>> {
     if envelope.hard_until < envelope.fresh_until {
         return None;
     }
-    let mut at = FIXED;
+    let mut at = if made_at > 0 { TIMED_FIXED } else { FIXED };
     if flags & RETRY != 0 {
         envelope.retry_after = u48(b, at)? as f64;
         at += 6;
@@ -783,7 +835,79 @@ fn decode_binary(b: &[u8]) -> Option<Decoded<'_>> {
         fmt,
         key_mark: Some(hex_mark(mark)),
         marker,
+        made_at,
     })
+}
+
+/// How many bytes from the start of a value key hold every field [`same_write`] reads of the
+/// binary layout: the fixed header (what `GETRANGE key 0 HEADER_BYTES-1` asks for).
+pub const HEADER_BYTES: usize = layout::FIXED;
+
+/// The same for an envelope earlier versions wrote as JSON (`{"sc":1,...}`: its fields are text,
+/// about 200 bytes with a 46-character generation).
+pub const JSON_HEADER_BYTES: usize = 256;
+
+/// Whether `header`, the first [`HEADER_BYTES`] (of an old JSON envelope, [`JSON_HEADER_BYTES`]),
+/// or more, of `value_key`'s value, begins the envelope of the very write `held` was read or
+/// written with: the same birth, freshness, expiry and load time as the header holds them
+/// (every write makes new ones; two writes of a key agreeing on all four, to the millisecond and
+/// the microsecond of load time, are not told apart), and a header naming that key. Anything
+/// else (another write, a marker, another format, a foreign value, too few bytes) is false. The
+/// one place a write is recognised by its header, for the check after a lost bus connection
+/// (`verify.rs`).
+pub fn same_write(header: &[u8], held: &Envelope, value_key: &str) -> bool {
+    use layout::*;
+    match header.first() {
+        Some(&(MAGIC | MAGIC_TIMED)) if header.len() >= FIXED => {
+            let compute = u32::from_be_bytes([header[36], header[37], header[38], header[39]]);
+            header[1] & MARKER == 0
+                && header[MARK..MARK + 8] == key_mark_bits(value_key).to_be_bytes()
+                && u48(header, BORN) == Some(held.born.min(MAX_U48))
+                && u48(header, FRESH) == Some(ms(held.fresh_until.round()))
+                && u48(header, HARD) == Some(ms(held.hard_until.round()))
+                && compute == compute_us(held.compute_ms)
+        }
+        Some(b'{') => {
+            // A cut inside a multi-byte character can only be in the value, after the fields.
+            let text = match std::str::from_utf8(header) {
+                Ok(text) => text,
+                Err(e) => std::str::from_utf8(&header[..e.valid_up_to()]).unwrap_or_default(),
+            };
+            json_header_fields(text).is_some_and(|f| {
+                f == [
+                    held.born as f64,
+                    held.fresh_until,
+                    held.hard_until,
+                    held.compute_ms,
+                ]
+            })
+        }
+        _ => false,
+    }
+}
+
+/// born, freshUntil, hardUntil and computeMs of an old JSON envelope, in the order its writer
+/// put them.
+fn json_header_fields(text: &str) -> Option<[f64; 4]> {
+    let mut rest = text.strip_prefix("{\"sc\":1,\"gen\":\"")?;
+    let mut out = [0.0; 4];
+    for (i, name) in [
+        "\"born\":",
+        "\"freshUntil\":",
+        "\"hardUntil\":",
+        "\"computeMs\":",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let at = rest.find(name)? + name.len();
+        rest = &rest[at..];
+        // A number cut off by the end of the header is not read as a shorter one.
+        let end = rest.find([',', '}'])?;
+        out[i] = rest[..end].parse().ok()?;
+        rest = &rest[end..];
+    }
+    Some(out)
 }
 
 /// The name an envelope carries of the Redis key it was written to: FNV-1a (64 bits) of the
@@ -916,6 +1040,106 @@ fn push_number(out: &mut String, n: f64) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_header_names_the_write_it_begins_and_no_other() {
+        use super::*;
+        let e = Envelope {
+            fresh_until: 1_796_000_000_123.0,
+            hard_until: 1_796_000_600_123.0,
+            compute_ms: 1.0856600000000185,
+            negative: false,
+            retry_after: 1_796_000_000_500.0,
+            born: 42,
+        };
+        let value = "\"ü\"".repeat(200);
+        let tags = ["t".to_string()];
+        let body = Body {
+            value_json: Some(&value),
+            tags: &tags,
+            fmt: Fmt::Json,
+        };
+        let key = "ns:v:{k}";
+        let g = new_generation();
+        // The binary layout, timed (a set's) or not (a load's): the fixed header is enough.
+        for bytes in [
+            e.encode(&body, &g, key),
+            e.encode_made_at(&body, &g, key, 1_796_000_000_000),
+        ] {
+            let header = &bytes[..HEADER_BYTES];
+            assert!(same_write(header, &e, key));
+            assert!(same_write(&bytes, &e, key), "the whole value too");
+            assert!(
+                !same_write(&header[..HEADER_BYTES - 1], &e, key),
+                "too short"
+            );
+            assert!(!same_write(header, &e, "ns:v:{other}"), "another key's");
+            let other = Envelope {
+                fresh_until: e.fresh_until + 1.0,
+                ..e
+            };
+            assert!(!same_write(header, &other, key));
+            assert!(!same_write(header, &Envelope { born: 43, ..e }, key));
+            let slower = Envelope {
+                compute_ms: e.compute_ms + 0.001,
+                ..e
+            };
+            assert!(!same_write(header, &slower, key));
+        }
+        // A marker is no write of a value, whatever its times.
+        assert!(!same_write(&e.encode_marker(&g, key), &e, key));
+        // An old JSON envelope: its fields are within JSON_HEADER_BYTES.
+        let text = e.encode_json(&body, &"t".repeat(46), key);
+        let header = &text.as_bytes()[..JSON_HEADER_BYTES];
+        assert!(same_write(header, &e, key));
+        assert!(same_write(text.as_bytes(), &e, key));
+        assert!(
+            !same_write(&text.as_bytes()[..HEADER_BYTES], &e, key),
+            "cut in its fields"
+        );
+        let later = Envelope {
+            hard_until: e.hard_until + 1.0,
+            ..e
+        };
+        assert!(!same_write(header, &later, key));
+        assert!(!same_write(b"{\"foreign\":1}", &e, key));
+        assert!(!same_write(b"", &e, key));
+    }
+
+    #[test]
+    fn a_timed_envelope_carries_when_its_change_was_made() {
+        use super::*;
+        let e = Envelope::new(1_000.0, 100.0, 1_000.0, 5.0, false);
+        let g = new_generation();
+        let key = "sc:v:{k}";
+        let tags = ["a".to_string(), "b".to_string()];
+        let body = Body {
+            value_json: Some("\"AQI=\""),
+            tags: &tags,
+            fmt: Fmt::V8,
+        };
+        let retrying = Envelope {
+            retry_after: 1_500.0,
+            ..e
+        };
+        let untimed = retrying.encode(&body, &g, key);
+        let timed = retrying.encode_made_at(&body, &g, key, 1_796_000_000_123);
+        assert_eq!(untimed[0], layout::MAGIC);
+        assert_eq!(timed[0], layout::MAGIC_TIMED);
+        assert_eq!(timed.len(), untimed.len() + 6, "6 bytes more, nothing else");
+        let (a, b) = (
+            Envelope::decode(&untimed).unwrap(),
+            Envelope::decode(&timed).unwrap(),
+        );
+        assert_eq!(a.made_at, 0);
+        assert_eq!(b.made_at, 1_796_000_000_123);
+        assert_eq!(
+            (a.envelope, a.generation, &a.tags),
+            (b.envelope, b.generation, &b.tags)
+        );
+        assert_eq!(b.value_json.as_deref(), Some("\"AQI=\""));
+        assert_eq!(b.fmt, Fmt::V8);
+        assert!(Envelope::decode(&timed[..layout::TIMED_FIXED - 1]).is_none());
+    }
 
     #[test]
     fn an_envelope_names_the_key_it_was_written_for() {

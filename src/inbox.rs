@@ -56,8 +56,10 @@ pub struct Inbox {
     pending: AtomicBool,
     /// Keys another process replaced or deleted, each once, at most MAX_PENDING_KEYS.
     keys: Mutex<HashSet<Box<str>>>,
-    /// Drop everything (the bus reconnected and may have missed messages).
+    /// Drop everything (the bus reconnected and what it missed cannot be told).
     clear_all: AtomicBool,
+    /// Check every in-process copy against Redis (the bus reconnected: see `verify_all`).
+    verify: AtomicBool,
     /// False while invalidations may be missed (bus down, Redis up): stale in-process copies
     /// are then re-checked against Redis instead of served.
     trust_stale: AtomicBool,
@@ -92,6 +94,7 @@ impl Default for Inbox {
             pending: AtomicBool::new(false),
             keys: Mutex::new(HashSet::new()),
             clear_all: AtomicBool::new(false),
+            verify: AtomicBool::new(false),
             trust_stale: AtomicBool::new(true),
             stamps: (0..STAMP_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             sequence: AtomicU64::new(0),
@@ -146,6 +149,8 @@ fn compose(epoch: u64, seq: u64) -> Stamp {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Delivery {
     pub clear_all: bool,
+    /// Hand every in-process copy to the check against Redis (see `Inbox::verify_all`).
+    pub verify: bool,
     pub keys: Vec<Box<str>>,
 }
 
@@ -193,6 +198,15 @@ impl Inbox {
         self.fresh.bump();
     }
 
+    /// The bus subscribed again after a gap: the in-process copies are checked against Redis
+    /// (the embedder hands them over at its next call), and those another instance changed
+    /// meanwhile are dropped. Until then none is proved fresh without the engine.
+    pub fn verify_all(&self) {
+        self.verify.store(true, Ordering::Relaxed);
+        self.pending.store(true, Ordering::Release);
+        self.fresh.bump();
+    }
+
     /// Changes every key's stamp without queueing anything (a clear in this process).
     pub fn touch_all(&self) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
@@ -230,8 +244,10 @@ impl Inbox {
         std::sync::atomic::fence(Ordering::Acquire);
         let keys = std::mem::take(&mut *self.keys.lock_or_recover());
         let clear_all = self.clear_all.swap(false, Ordering::Relaxed);
+        let verify = self.verify.swap(false, Ordering::Relaxed);
         Delivery {
             clear_all,
+            verify,
             keys: keys.into_iter().collect(),
         }
     }

@@ -34,6 +34,7 @@ counters!(
     lock_waits,
     redis_errors,
     l2_hits,
+    replay_dropped,
 );
 
 #[derive(Debug, Default)]

@@ -292,7 +292,10 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     let mut c = server.conn().await;
     // delete: the key stays gone.
     let gate = lead(&a, "d").await;
-    assert_eq!(b.write("d", None).await, Ok(false));
+    assert_eq!(
+        b.write("d", None, now_ms() as u64, None).await,
+        Ok(Some(false))
+    );
     assert_eq!(
         write_back(&a, "d", &gate, "\"old\"").await,
         WriteBack::Dropped
@@ -307,9 +310,14 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     let gate = lead(&a, "s").await;
     let newer = envelope(60_000.0);
     assert_eq!(
-        b.write("s", Some((&newer, &Body::json(Some("\"new\"")))))
-            .await,
-        Ok(false)
+        b.write(
+            "s",
+            Some((&newer, &Body::json(Some("\"new\"")))),
+            now_ms() as u64,
+            None
+        )
+        .await,
+        Ok(Some(false))
     );
     assert_eq!(
         write_back(&a, "s", &gate, "\"old\"").await,
@@ -324,6 +332,120 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     assert_eq!(
         write_back(&a, "d", &gate, "\"after\"").await,
         WriteBack::Written
+    );
+}
+
+/// A replayed set or delete (one Redis could not take when it was made) is dropped when the key
+/// holds a change made at or after it, by any instance: a set's envelope, or a load's result
+/// written over one; one made after the key's latest change applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_change_never_replaces_a_newer_one() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let (b, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let made = now_ms() as u64;
+    let e = envelope(60_000.0);
+    let live = Body::json(Some("\"b live\""));
+    assert_eq!(
+        b.write("r", Some((&e, &live)), made + 10, None).await,
+        Ok(Some(false))
+    );
+    let older = Body::json(Some("\"a older\""));
+    assert_eq!(
+        a.write("r", Some((&e, &older)), made, Some(made)).await,
+        Ok(None),
+        "an older replayed set is dropped"
+    );
+    assert_eq!(a.write("r", None, made + 5, Some(made + 5)).await, Ok(None));
+    assert_eq!(
+        value_in(&mut c, "t:v:{r}").await.as_deref(),
+        Some("\"b live\"")
+    );
+    let newer = Body::json(Some("\"a newer\""));
+    assert_eq!(
+        a.write("r", Some((&e, &newer)), made + 20, Some(made + 20))
+            .await,
+        Ok(Some(true)),
+        "a newer replayed set applies"
+    );
+    assert_eq!(
+        value_in(&mut c, "t:v:{r}").await.as_deref(),
+        Some("\"a newer\"")
+    );
+    assert_eq!(
+        a.write("r", None, made + 30, Some(made + 30)).await,
+        Ok(Some(true))
+    );
+    assert_eq!(
+        value_in(&mut c, "t:v:{r}").await,
+        None,
+        "and so does a newer delete"
+    );
+    // A load's result written over a set keeps the set's time: a replayed set older than that
+    // set is still dropped, one newer applies.
+    assert_eq!(
+        b.write("w", Some((&e, &live)), made + 40, None).await,
+        Ok(Some(false))
+    );
+    let gate = b.cold_gate("w", true).await;
+    assert!(matches!(gate, Gate::Lead { .. }), "{gate:?}");
+    assert_eq!(
+        write_back(&b, "w", &gate, "\"loaded\"").await,
+        WriteBack::Written
+    );
+    assert_eq!(
+        a.write("w", Some((&e, &older)), made + 35, Some(made + 35))
+            .await,
+        Ok(None),
+        "a replayed set older than the set the load followed"
+    );
+    assert_eq!(
+        a.write("w", None, made + 39, Some(made + 39)).await,
+        Ok(None)
+    );
+    assert_eq!(
+        value_in(&mut c, "t:v:{w}").await.as_deref(),
+        Some("\"loaded\"")
+    );
+    assert_eq!(
+        a.write("w", None, made + 41, Some(made + 41)).await,
+        Ok(Some(true))
+    );
+    // Two changes of this instance in one millisecond are two: the second is the newer.
+    let first = a.change_time(made + 100);
+    let second = a.change_time(made + 100);
+    assert!(second > first);
+    let one = Body::json(Some("1"));
+    let two = Body::json(Some("2"));
+    assert_eq!(
+        a.write("r", Some((&e, &one)), first, Some(first)).await,
+        Ok(Some(false)),
+        "r was deleted"
+    );
+    assert_eq!(
+        a.write("r", Some((&e, &two)), second, Some(second)).await,
+        Ok(Some(true))
+    );
+    assert_eq!(value_in(&mut c, "t:v:{r}").await.as_deref(), Some("2"));
+    // A key never written, or filled by loads alone: a replayed set applies.
+    assert_eq!(
+        a.write("fresh", Some((&e, &newer)), made, Some(made)).await,
+        Ok(Some(false))
+    );
+    let gate = lead(&b, "filled").await;
+    assert_eq!(
+        write_back(&b, "filled", &gate, "\"loaded\"").await,
+        WriteBack::Written
+    );
+    assert_eq!(
+        a.write("filled", Some((&e, &newer)), made, Some(made))
+            .await,
+        Ok(Some(true))
+    );
+    assert_eq!(
+        value_in(&mut c, "t:v:{filled}").await.as_deref(),
+        Some("\"a newer\"")
     );
 }
 
@@ -381,8 +503,14 @@ async fn refresh_is_skipped_while_another_holds_the_lock_and_backs_off_after_a_f
     let (b, _) = tier(&server.url, 10_000);
     let stale = Envelope::new(now_ms() - 10_000.0, 1_000.0, 60_000.0, 5.0, false);
     assert_eq!(
-        a.write("k", Some((&stale, &Body::json(Some("1"))))).await,
-        Ok(false)
+        a.write(
+            "k",
+            Some((&stale, &Body::json(Some("1")))),
+            now_ms() as u64,
+            None
+        )
+        .await,
+        Ok(Some(false))
     );
 
     let Gate::Lead {
@@ -564,9 +692,14 @@ async fn expire_ends_an_entry_s_freshness_keeps_its_value_and_expiry_and_fences_
     let mut c = server.conn().await;
     let written = envelope(60_000.0);
     assert_eq!(
-        a.write("k", Some((&written, &Body::json(Some("\"v\"")))))
-            .await,
-        Ok(false)
+        a.write(
+            "k",
+            Some((&written, &Body::json(Some("\"v\"")))),
+            now_ms() as u64,
+            None
+        )
+        .await,
+        Ok(Some(false))
     );
     let pttl_before: i64 = redis::cmd("PTTL")
         .arg("t:v:{k}")
@@ -608,9 +741,14 @@ async fn expire_ends_an_entry_s_freshness_keeps_its_value_and_expiry_and_fences_
     assert_eq!(bytes_in(&mut c, "t:v:{none}").await, None, "nothing made");
     // A not-found has no value to serve stale: it goes.
     let negative = Envelope::new(now_ms(), 60_000.0, 60_000.0, 1.0, true);
-    b.write("n", Some((&negative, &Body::json(None))))
-        .await
-        .unwrap();
+    b.write(
+        "n",
+        Some((&negative, &Body::json(None))),
+        now_ms() as u64,
+        None,
+    )
+    .await
+    .unwrap();
     assert!(bytes_in(&mut c, "t:v:{n}").await.is_some());
     assert_eq!(b.expire("n", now).await, Ok(true));
     assert_eq!(bytes_in(&mut c, "t:v:{n}").await, None);

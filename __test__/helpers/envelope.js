@@ -4,6 +4,8 @@
 // wrote (which the cache still reads), so a test can `JSON.parse(raw).value` either.
 
 const MAGIC = 0xc5
+// The same header with madeAt (when the key's last set or delete was made) at 40-45.
+const MAGIC_TIMED = 0xc6
 const FIXED = 40
 const FLAGS = { negative: 0x01, undefined: 0x02, tagged: 0x04, retry: 0x08, marker: 0x10, compressed: 0x20 }
 const FMTS = [null, 'v8', 'custom', 'custom-b64']
@@ -47,7 +49,9 @@ function lz4Block(src, size) {
 
 /** The fields of a binary envelope, or null when `buf` is not one. */
 function decodeEnvelope(buf) {
-  if (!Buffer.isBuffer(buf) || buf.length < FIXED || buf[0] !== MAGIC) return null
+  if (!Buffer.isBuffer(buf) || buf.length < FIXED || (buf[0] !== MAGIC && buf[0] !== MAGIC_TIMED)) return null
+  const timed = buf[0] === MAGIC_TIMED
+  if (timed && buf.length < FIXED + 6) return null
   const flags = buf[1]
   const out = {
     sc: 1,
@@ -60,6 +64,10 @@ function decodeEnvelope(buf) {
     retryAfter: 0,
   }
   let at = FIXED
+  if (timed) {
+    out.madeAt = u48(buf, at)
+    at += 6
+  }
   if (flags & FLAGS.retry) {
     out.retryAfter = u48(buf, at)
     at += 6
@@ -88,4 +96,4 @@ function envelopeJson(buf) {
   return `${JSON.stringify(head).slice(0, -1)},"value":${value}}`
 }
 
-module.exports = { decodeEnvelope, envelopeJson, MAGIC }
+module.exports = { decodeEnvelope, envelopeJson, MAGIC, MAGIC_TIMED }

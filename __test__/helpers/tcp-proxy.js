@@ -6,7 +6,8 @@
 // more, but both sockets stay open (no FIN, no RST), which is what a failover behind a load
 // balancer, a NAT entry that expired or a dead peer looks like to the client. Connections accepted
 // after the freeze are forwarded normally, so a client that drops a silent socket and connects
-// again gets through.
+// again gets through. `cut()` is the network between the client and Redis going away: every
+// connection is reset and new ones are closed at once, until `mend()`.
 
 const net = require('node:net')
 const { listenLoopback } = require('./loopback')
@@ -30,8 +31,15 @@ class TcpProxy {
     return this
   }
 
+  /** While true, connections are closed as they arrive (see cut). */
+  #cut = false
+
   #onConnection(client) {
     this.accepted++
+    if (this.#cut) {
+      client.destroy()
+      return
+    }
     const upstream = net.connect({ host: '127.0.0.1', port: this.targetPort })
     const pair = { client, upstream, frozen: false }
     this.#pairs.add(pair)
@@ -77,6 +85,21 @@ class TcpProxy {
       n++
     }
     return n
+  }
+
+  /** Resets every connection open now and closes new ones at once, until mend(). */
+  cut() {
+    this.#cut = true
+    for (const { client, upstream } of this.#pairs) {
+      client.destroy()
+      upstream.destroy()
+    }
+    this.#pairs.clear()
+  }
+
+  /** Forwards new connections again after cut(). */
+  mend() {
+    this.#cut = false
   }
 
   /** Connections open now (frozen ones included). */

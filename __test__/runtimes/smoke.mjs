@@ -69,6 +69,16 @@ for (const l1 of [undefined, false]) {
     tagGone = (await a.get('t')) === undefined
     if (!tagGone) await sleep(10)
   }
+  // A loader never waits for itself: the nested call of its own key, in this cache and in the
+  // other one sharing its namespace, answers at once (through the runtime's AsyncLocalStorage).
+  const nestedStarted = Date.now()
+  const nested = await a.getOrLoad('self', async () => {
+    const same = await a.getOrLoad('self', async () => 'same')
+    const other = await b.getOrLoad('self', async () => 'other')
+    const many = await b.getOrLoadMany(['self'], async (keys) => keys.map(() => 'many'))
+    return `${same},${other},${many[0]}`
+  })
+  const nestedMs = Date.now() - nestedStarted
   let keyCode = null
   try {
     await a.getOrLoad('', load)
@@ -83,6 +93,9 @@ for (const l1 of [undefined, false]) {
     refreshed: refreshed.n,
     loads,
     tagGone,
+    nested,
+    nestedFast: nestedMs < 5_000,
+    nestedKept: await b.get('self'),
     keyCode,
     redisErrors: a.stats().redisErrors + b.stats().redisErrors,
     lanes,

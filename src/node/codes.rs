@@ -190,6 +190,10 @@ pub const UNAVAILABLE: i32 = -1;
 /// long ago (kept in process only).
 #[napi]
 pub const NOT_SENT: i32 = -2;
+/// A `set`, `delete`, `deleteByTag` or `clear` Redis could not take: queued, and replayed once
+/// Redis answers again.
+#[napi]
+pub const QUEUED: i32 = -3;
 
 /// How a value is written in the Redis envelope (`fmt`, see `envelope::Fmt`): JSON.
 #[napi]

@@ -21,7 +21,7 @@ use crate::store::redis::{Policies, RedisTier};
 #[napi]
 pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, JsErr> {
     let options = engine_options(options.as_ref())?;
-    let cache = Cache::new(options);
+    let mut cache = Cache::new(options);
     let redis = match cache.options().redis.as_ref() {
         None => None,
         Some(config) => {
@@ -49,6 +49,13 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
             let connecting = tier.clone();
             napi::bindgen_prelude::spawn(async move { connecting.connect().await });
             napi::bindgen_prelude::spawn(tier.clone().run_bus());
+            // After a lost bus connection, the copies held here are checked against Redis.
+            let checking = std::sync::Arc::downgrade(&tier);
+            cache.set_verifier(Box::new(move |held| {
+                if let Some(tier) = checking.upgrade() {
+                    napi::bindgen_prelude::spawn(async move { tier.verify_held(held).await });
+                }
+            }));
             Some(tier)
         }
     };

@@ -206,15 +206,18 @@ pub struct Stats {
     pub l2_hits: f64,
     pub l1_entries: f64,
     pub l1_bytes: f64,
+    pub replay_queued: f64,
+    pub replay_dropped: f64,
 }
 
 /// Counters since construction (still readable after `close`).
 #[napi]
 pub fn stats(id: u32) -> Stats {
-    let (s, (entries, bytes)) = engine(id)
+    let (s, (entries, bytes), queued) = engine(id)
         .map(|e| {
             let e = e.borrow();
-            (e.cache.stats.snapshot(), e.cache.l1_usage())
+            let queued = e.redis.as_ref().map_or(0, |t| t.replay_queued());
+            (e.cache.stats.snapshot(), e.cache.l1_usage(), queued)
         })
         .unwrap_or_default();
     Stats {
@@ -232,6 +235,8 @@ pub fn stats(id: u32) -> Stats {
         l2_hits: s.l2_hits as f64,
         l1_entries: entries as f64,
         l1_bytes: bytes as f64,
+        replay_queued: queued as f64,
+        replay_dropped: s.replay_dropped as f64,
     }
 }
 

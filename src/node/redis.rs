@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use super::answer::{Landed, RedisAnswer};
 use super::codes::{
     DROPPED, NOT_SENT, NO_SLOT, PURPOSE_COLD, PURPOSE_FORCE, PURPOSE_PAST_VALUE, PURPOSE_REFRESH,
-    UNAVAILABLE, WRITTEN, WRITTEN_NOWHERE,
+    QUEUED, UNAVAILABLE, WRITTEN, WRITTEN_NOWHERE,
 };
 use super::engines::{engine, with_engine, EngineState};
 use super::flight::{Flight, Found, Gated};
@@ -26,10 +26,13 @@ use super::options::{loaded_of, LoadResult};
 use super::reads::{carried, carried_gate, fetch, gate, settle_lane_read, For, Gating};
 use super::{napi_fail, settle, JsErr};
 use crate::cache::Extra;
+use crate::clock::{Clock, SystemClock};
 use crate::envelope::{Body, Envelope, Fmt};
 use crate::error::ErrorCode;
 use crate::inbox::Stamp;
-use crate::store::redis::{explained, HeldLock, Outage, RedisTier, TagFailure, WriteBack};
+use crate::store::redis::{
+    explained, Applied, Change, HeldLock, Outage, RedisTier, Taken, WriteBack,
+};
 
 /// The engine's read lane, if it can take a read now (`lane::ready`).
 pub(super) fn lane_of(env: &Env, id: u32, tier: &Arc<RedisTier>) -> Option<Rc<RefCell<Lane>>> {
@@ -367,7 +370,8 @@ pub fn finish_write(id: u32, flight: f64, keep: bool) -> i32 {
 
 /// Sends what `set_entry` just wrote (or, with `delete`, the key's removal) to Redis after this
 /// instance's earlier writes of the key. Resolves 1 when a value key existed before, 0 when not,
-/// `UNAVAILABLE` when Redis could not take the change.
+/// `QUEUED` when Redis could not take the change (it is replayed later), `UNAVAILABLE` when it
+/// was not sent (closed).
 #[napi]
 pub fn redis_write(
     env: &Env,
@@ -386,21 +390,16 @@ pub fn redis_write(
             return None;
         }
         let job_tier = tier.clone();
-        let job_key = key.clone();
+        // When the change was made: a replay of it never replaces a later one.
+        let change = Change::Write {
+            key: key.clone(),
+            entry: if delete { None } else { written },
+            value_json,
+            fmt: Fmt::from_code(fmt),
+            at_ms: tier.change_time(SystemClock.now_ms().max(0.0) as u64),
+        };
         tier.in_order(&key, async move {
-            let entry = if delete { None } else { written };
-            let body = entry.as_ref().map(|(_, tags)| Body {
-                value_json: value_json.as_deref(),
-                tags,
-                fmt: Fmt::from_code(fmt),
-            });
-            let outcome = job_tier
-                .write(
-                    &job_key,
-                    entry.as_ref().zip(body.as_ref()).map(|((e, _), b)| (e, b)),
-                )
-                .await;
-            let _ = tx.send(outcome);
+            let _ = tx.send(job_tier.take_change(change).await);
         });
         Some(())
     });
@@ -409,8 +408,10 @@ pub fn redis_write(
             return Ok(UNAVAILABLE);
         }
         Ok(match rx.await {
-            Ok(Ok(existed)) => existed as i32,
-            _ => UNAVAILABLE,
+            Ok(Taken::Now(Applied::Wrote { existed })) => existed as i32,
+            Ok(Taken::Now(_) | Taken::Later) => 0,
+            Ok(Taken::Queued) => QUEUED,
+            Ok(Taken::Closed) | Err(_) => UNAVAILABLE,
         })
     })
 }
@@ -512,8 +513,9 @@ pub fn has_redis(id: u32) -> bool {
 
 /// `expire(key)`: applied here at once (the entry stale from now, its running load superseded),
 /// then in Redis after this instance's earlier writes of the key. Resolves with bit 0 set when a
-/// live entry was here and bit 1 when the value key existed in Redis, or `UNAVAILABLE` when
-/// Redis could not take it (the effect here is kept).
+/// live entry was here and bit 1 when the value key existed in Redis, `QUEUED` when Redis could
+/// not take it (the effect here is kept; it is replayed later), or `UNAVAILABLE` when it was not
+/// sent (closed).
 #[napi]
 pub fn expire_entry(env: &Env, id: u32, key: String) -> Result<PromiseRaw<'_, i32>, JsErr> {
     let (tx, rx) = oneshot::channel();
@@ -525,8 +527,14 @@ pub fn expire_entry(env: &Env, id: u32, key: String) -> Result<PromiseRaw<'_, i3
     let queued = tier.map(|(tier, now)| {
         let job_tier = tier.clone();
         let job_key = key.clone();
+        let at_ms = tier.change_time(SystemClock.now_ms().max(0.0) as u64);
         tier.in_order(&key, async move {
-            let _ = tx.send(job_tier.expire(&job_key, now).await);
+            let change = Change::Expire {
+                key: job_key,
+                now,
+                at_ms,
+            };
+            let _ = tx.send(job_tier.take_change(change).await);
         });
     });
     settle::spawn_settled(env, async move {
@@ -535,8 +543,10 @@ pub fn expire_entry(env: &Env, id: u32, key: String) -> Result<PromiseRaw<'_, i3
             return Ok(here);
         }
         Ok(match rx.await {
-            Ok(Ok(there)) => here | (there as i32) << 1,
-            _ => UNAVAILABLE,
+            Ok(Taken::Now(Applied::Expired { existed })) => here | (existed as i32) << 1,
+            Ok(Taken::Now(_) | Taken::Later) => here,
+            Ok(Taken::Queued) => QUEUED,
+            Ok(Taken::Closed) | Err(_) => UNAVAILABLE,
         })
     })
     .map_err(|e| napi_fail(ErrorCode::Redis, e))
@@ -558,8 +568,9 @@ pub fn expire_tags(
 
 /// `deleteByTag(tags)`: applied here at once (every entry carrying one of them, and every load
 /// that began before and will carry one, is dead), then in Redis after this instance's earlier
-/// writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis,
-/// `UNAVAILABLE` when Redis could not take it (the effect here is kept; see `Cache::revert_tags`).
+/// writes (later ones wait for it). Resolves 1 once Redis holds it, 0 without Redis, `QUEUED`
+/// when Redis could not take it (the effect here is kept, see `Cache::revert_tags`; it is
+/// replayed later), `UNAVAILABLE` when it was not sent (closed).
 #[napi]
 pub fn delete_tags(env: &Env, id: u32, tags: Vec<String>) -> Result<PromiseRaw<'_, i32>, JsErr> {
     mark_tags(env, id, tags, None)
@@ -590,8 +601,17 @@ fn mark_tags(
     let (queued, tentative) = match tier {
         Some((tier, tentative)) => {
             let job_tier = tier.clone();
+            let at_ms = tier.change_time(SystemClock.now_ms().max(0.0) as u64);
             tier.in_order_global(async move {
-                let _ = tx.send(job_tier.mark_tags(&tags, stale_until).await);
+                let change = match stale_until {
+                    None => Change::DeleteTags { tags, at_ms },
+                    Some(stale_until) => Change::ExpireTags {
+                        tags,
+                        stale_until,
+                        at_ms,
+                    },
+                };
+                let _ = tx.send(job_tier.take_change(change).await);
             });
             (true, Some(tentative))
         }
@@ -602,20 +622,23 @@ fn mark_tags(
             if !queued {
                 return Ok(None);
             }
-            Ok(Some(rx.await.unwrap_or(Err(TagFailure::NotTaken))))
+            Ok(Some(rx.await.unwrap_or(Taken::Closed)))
         },
         // On the JS thread, which owns the in-process tier.
         move |_, outcome| {
             Ok(match outcome {
                 None => 0,
-                Some(Ok(())) => 1,
-                Some(Err(failure)) => {
-                    if let (TagFailure::NotTaken, Some(t)) = (failure, &tentative) {
-                        if let Some(e) = engine(id) {
-                            e.borrow_mut().cache.revert_tags(t);
-                        }
+                Some(Taken::Now(_) | Taken::Later) => 1,
+                Some(taken) => {
+                    // Marked again when Redis takes it (its replay), at Redis's clock.
+                    if let (Some(t), Some(e)) = (&tentative, engine(id)) {
+                        e.borrow_mut().cache.revert_tags(t);
                     }
-                    UNAVAILABLE
+                    if taken == Taken::Queued {
+                        QUEUED
+                    } else {
+                        UNAVAILABLE
+                    }
                 }
             })
         },
@@ -627,7 +650,8 @@ fn mark_tags(
 /// in Redis after this instance's earlier writes: the clear clock (every entry born before it
 /// is dead everywhere), then a sweep that deletes those entries (SCAN, one batch at a time).
 /// Resolves 1 once Redis holds the clear (a failed sweep is reported, not thrown: the entries
-/// are dead already), 0 without Redis, `UNAVAILABLE` when Redis could not take it.
+/// are dead already), 0 without Redis, `QUEUED` when Redis could not take it (replayed later,
+/// swept then), `UNAVAILABLE` when it was not sent (closed).
 #[napi]
 pub fn clear_entries(env: &Env, id: u32) -> Result<PromiseRaw<'_, i32>, JsErr> {
     let (tx, rx) = oneshot::channel();
@@ -639,16 +663,22 @@ pub fn clear_entries(env: &Env, id: u32) -> Result<PromiseRaw<'_, i32>, JsErr> {
     let sweeper = tier.as_ref().map(|(tier, _)| tier.clone());
     if let Some((tier, tentative)) = tier {
         let job_tier = tier.clone();
+        let at_ms = tier.change_time(SystemClock.now_ms().max(0.0) as u64);
         tier.in_order_global(async move {
-            let _ = tx.send(job_tier.clear(&tentative).await.ok());
+            let change = Change::Clear { tentative, at_ms };
+            let _ = tx.send(job_tier.take_change(change).await);
         });
     }
     settle::spawn_settled(env, async move {
         let Some(tier) = sweeper else {
             return Ok(0);
         };
-        let Ok(Some(clock)) = rx.await else {
-            return Ok(UNAVAILABLE);
+        let clock = match rx.await {
+            Ok(Taken::Now(Applied::Cleared { clock })) => clock,
+            // Swept by the replay.
+            Ok(Taken::Now(_) | Taken::Later) => return Ok(1),
+            Ok(Taken::Queued) => return Ok(QUEUED),
+            Ok(Taken::Closed) | Err(_) => return Ok(UNAVAILABLE),
         };
         // Outside the write order: later writes need not wait for it, and it never deletes
         // what they write (only entries born before the clear).

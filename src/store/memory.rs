@@ -46,6 +46,14 @@ pub struct Entry {
     pub tags: Option<Box<Tags>>,
 }
 
+/// An entry as the check against Redis after a lost bus connection needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    pub key: String,
+    pub envelope: Envelope,
+    pub tags: Vec<String>,
+}
+
 #[derive(Debug)]
 pub struct MemoryStore {
     /// `None` when the tier is off (`l1: false`): nothing is kept.
@@ -229,6 +237,20 @@ impl MemoryStore {
             self.released.push(e.slot);
         }
         Some(e)
+    }
+
+    /// Every entry's key, envelope and tags (for the check after a lost bus connection).
+    pub fn held(&self) -> Vec<Held> {
+        let Some(lru) = self.lru.as_ref() else {
+            return Vec::new();
+        };
+        lru.iter()
+            .map(|(k, e)| Held {
+                key: k.to_string(),
+                envelope: e.envelope,
+                tags: e.tags.as_ref().map_or_else(Vec::new, |t| t.names.to_vec()),
+            })
+            .collect()
     }
 
     /// Removes every entry `dead` says is dead; returns how many.

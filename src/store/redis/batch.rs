@@ -79,7 +79,7 @@ fn look_of(reply: &Value) -> Option<Look> {
 
 /// How a Cluster batch's keys are put in pipelines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Grouping {
+pub(super) enum Grouping {
     /// One pipeline per node of the slot map (per slot for slots it names no owner for).
     ByNode,
     /// One pipeline per slot: for keys a node pipeline could not serve (a stale map).
@@ -124,9 +124,9 @@ enum Sent {
 
 /// A batch's replies: one per Redis key (`Unavailable` for a key of a pipeline that failed, or
 /// was not sent), and the keys whose node pipeline was redirected (`Sent::Moved`).
-struct Piped {
-    replies: Vec<Result<Value, Unavailable>>,
-    moved: Vec<usize>,
+pub(super) struct Piped {
+    pub(super) replies: Vec<Result<Value, Unavailable>>,
+    pub(super) moved: Vec<usize>,
 }
 
 /// A node refused a key of the pipeline as not its own (the crate gave up following).
@@ -215,7 +215,7 @@ impl RedisTier {
     /// goes to the node serving it), as `invoke_echoed` sends one after a single script call.
     /// `Err(Misdelivered)` when a mark is not in its place (an extra reply in front, or one
     /// missing, moved every reply after it onto another key's command).
-    async fn pipelined(
+    pub(super) async fn pipelined(
         &self,
         op: &'static str,
         redis_keys: &[String],

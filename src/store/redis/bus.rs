@@ -172,10 +172,15 @@ impl Bus {
         }
     }
 
-    /// Subscribed again after a gap: announcements may have been missed meanwhile, so every
-    /// in-process copy and every carried envelope goes.
-    pub fn missed_announcements(&self) {
-        self.inbox.invalidate_all();
+    /// Subscribed again after a gap: announcements may have been missed meanwhile. Every
+    /// carried envelope goes; the in-process copies are checked against Redis (`verify.rs`),
+    /// unless a clear happened meanwhile (`cleared`): then every copy goes.
+    pub fn missed_announcements(&self, cleared: bool) {
+        if cleared {
+            self.inbox.invalidate_all();
+        } else {
+            self.inbox.verify_all();
+        }
         self.carried.clear();
     }
 

@@ -468,8 +468,12 @@ impl RedisTier {
         }
     }
 
-    /// `set` (`Some`) or `delete` (`None`): the newest state of the key, with a new generation
-    /// that drops every load that began before. `Ok(existed)`: whether a value key was there.
+    /// `set` (`Some`) or `delete` (`None`), made at `at_ms` (epoch ms): the newest state of the
+    /// key, with a new generation that drops every load that began before (a set's envelope
+    /// names `at_ms`; a delete leaves nothing). `Ok(Some(existed))`: whether the key held a
+    /// value. `replayed`: the change was made at
+    /// that time and Redis could not take it then; `Ok(None)` when the key holds a change made at
+    /// or after it (not applied).
     /// A set's entry is born at the namespace clock known when it runs (after every earlier
     /// deleteByTag and clear of this instance); Redis's clock is read alongside, and if it was
     /// ahead (one elsewhere, not yet heard of here) the entry's born is raised to it, so a set
@@ -479,16 +483,21 @@ impl RedisTier {
         &self,
         key: &str,
         written: Option<(&Envelope, &Body<'_>)>,
-    ) -> Result<bool, Unavailable> {
+        at_ms: u64,
+        replayed: Option<u64>,
+    ) -> Result<Option<bool>, Unavailable> {
         self.wrote_here();
         let generation = new_generation();
         let (text, px, born) = match written {
             Some((envelope, body)) => {
                 let born = envelope.born.max(self.inbox.clock());
                 (
-                    envelope
-                        .born_at(born)
-                        .encode(body, &generation, &self.value_key(key)),
+                    envelope.born_at(born).encode_made_at(
+                        body,
+                        &generation,
+                        &self.value_key(key),
+                        at_ms,
+                    ),
                     envelope.remaining_ms(SystemClock.now_ms()),
                     Some(born),
                 )
@@ -508,7 +517,8 @@ impl RedisTier {
                 .arg(px)
                 .arg(self.bus.channel())
                 .arg(&msg)
-                .arg(&mark);
+                .arg(&mark)
+                .arg(replayed.map_or(String::new(), |at| at.to_string()));
             let reply = invoke_marked(&call, &mark, &mut c).await?;
             Ok(reply.map(|r| r.first().map_or(0, int)))
         });
@@ -528,6 +538,11 @@ impl RedisTier {
             self.misdelivered(op, key);
             return Err(Unavailable);
         };
+        if existed < 0 {
+            // A replay older than what the key holds: nothing was written (nor announced).
+            self.bus.carried().own_heard(key);
+            return Ok(None);
+        }
         if let (Some(born), Some(clock)) = (born, clock) {
             if clock > born {
                 let echo = self.echo(&vkey);
@@ -543,7 +558,7 @@ impl RedisTier {
                 }
             }
         }
-        Ok(existed == 1)
+        Ok(Some(existed == 1))
     }
 
     /// `expire(key)` in Redis, already applied here: the entry keeps its value and expiry but its
@@ -622,7 +637,8 @@ impl RedisTier {
         // load fenced by this entry is not dropped for a recorded backoff.
         let generation: crate::envelope::Generation =
             d.generation.try_into().unwrap_or_else(|_| new_generation());
-        let replacement = envelope.encode(&d.body(), &generation, &vkey);
+        // The time of the key's last set or delete stays too (see `write.lua`).
+        let replacement = envelope.encode_made_at(&d.body(), &generation, &vkey, d.made_at);
         let echo = self.echo(&vkey);
         let replaced = self
             .run("set", key, |mut c| async move {

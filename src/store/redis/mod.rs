@@ -24,7 +24,8 @@
 //! - `lock`: the lock's life (lockTtl), the waiters here, and how long one bid may wait;
 //! - `fence`: the clock fences are read by, and when one is too old to be written back;
 //! - `reports` (the rate-limited `onError` queue), `scripts` (`scripts/*.lua`, each naming its
-//!   KEYS/ARGV), `order` (one instance's writes in call order).
+//!   KEYS/ARGV), `order` (one instance's writes in call order), `replay` (the changes Redis could
+//!   not take, waiting: bounded, oldest first).
 //!
 //! The tier's work runs commands on its connection (`run`, here), so it is written as methods
 //! of `RedisTier`, one file per concern: `envelopes` (reads and fenced writes), `gates` (the
@@ -32,16 +33,18 @@
 //! and whether an entry read is still alive or stale), `batch` (many keys in one round trip), `subscriber` (the
 //! bus's subscription loop), `sentinel` (following the master across failovers), `lane` (the
 //! read lane the embedder's event loop drives). These methods call one another through
-//! `self` (a write-back releases the lock, a gate reads the envelope); their imports do not
+//! `self` (a write-back releases the lock, a gate reads the envelope); `replaying` (set,
+//! delete, deleteByTag and clear taken at once or queued, and replayed); `verify` (the
+//! in-process copies checked against Redis after a lost bus connection); their imports do not
 //! go round.
 //!
 //! Imports run one way, from the tier down to the store, never back (check with
 //! `grep -n "^use super::\|^use crate::" src/store/redis/*.rs src/store/redis/*/*.rs`):
 //! 1. the tier's files import `RedisTier` from this file, the parts and anything below, and
 //!    among themselves only downwards: `batch` → `gates` → `envelopes`; `tags` and `lane` →
-//!    `envelopes`; `subscriber`, `sentinel` → none of them;
+//!    `envelopes`; `replaying` → `replay`, `tags`, `envelopes`; `verify` → `batch`; `subscriber`, `sentinel` → none of them;
 //! 2. the parts import no tier file and no `RedisTier`: `bus` → `carried`; `health`, `lock`,
-//!    `fence`, `reports`, `scripts`, `carried`, `order` import nothing of this module;
+//!    `fence`, `reports`, `scripts`, `carried`, `order`, `replay` import nothing of this module;
 //! 3. the connection: `connection` (making, replacing and classifying) → `topology`, `net`,
 //!    `slots` (a Cluster's slot map, a leaf);
 //! 4. the store: `topology` (where Redis is) → `guard` (guarded sockets), `net`, `target`;
@@ -55,6 +58,7 @@
 //! - `Reports::log`: the failures waiting for `onError` and when each kind was last reported;
 //! - `Waiters` (`lock`): the lock waiters by key (each woken after the lock is let go);
 //! - `WriteOrder` (`order`): the queued writes by key;
+//! - `Replay::state` (`replay`): the changes waiting for replay, and their keys;
 //! - `Carried` (`carried`): the envelopes announcements carried;
 //! - `Link::current` (`connection`): the shared command connection (it reads the topology's
 //!   move count, a `watch`, under it);
@@ -80,6 +84,8 @@ mod lane;
 mod lock;
 mod net;
 mod order;
+mod replay;
+mod replaying;
 mod reports;
 mod scripts;
 mod sentinel;
@@ -88,6 +94,7 @@ mod subscriber;
 mod tags;
 mod target;
 mod topology;
+mod verify;
 
 use std::future::Future;
 use std::sync::{Arc, Weak};
@@ -115,6 +122,7 @@ pub use lane::{
     Opened,
 };
 pub use order::WriteOrder;
+pub use replaying::{Applied, Change, Taken};
 pub use reports::{Outage, Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;
 pub use target::LaneTarget;
@@ -176,6 +184,10 @@ pub struct RedisTier {
     /// The lock's life and who waits for it here.
     lock: Lock,
     order: Arc<WriteOrder>,
+    /// The changes Redis could not take, waiting to be replayed.
+    replay: replay::Replay<Change>,
+    /// The time the last change was made at (see `change_time`).
+    last_change_ms: std::sync::atomic::AtomicU64,
     /// Failures not yet handed to `onError` (shared with the embedder, which keeps draining it
     /// after the tier is gone).
     reports: Arc<Reports>,
@@ -214,6 +226,8 @@ impl RedisTier {
             health: Health::new(inbox),
             lock,
             order: Arc::new(WriteOrder::default()),
+            replay: replay::Replay::default(),
+            last_change_ms: std::sync::atomic::AtomicU64::new(0),
             reports: Arc::new(Reports::default()),
             shutdown,
             scripts: Scripts::new(),
@@ -236,12 +250,15 @@ impl RedisTier {
         }
     }
 
-    /// Stops the bus and wakes every lock waiter (they end with `Gate::Closed`). The locks that
+    /// Stops the bus, wakes every lock waiter (they end with `Gate::Closed`) and drops the changes
+    /// waiting for replay. The locks that
     /// loads still running hold are released as their `HeldLock`s drop, after the writes already
     /// queued for their keys. The connection closes once the last task holding the tier ends.
     pub fn close(&self) {
         self.shutdown.send_replace(true);
         self.lock.wake_all();
+        // The changes waiting for replay go; a caller waiting behind them is answered now.
+        drop(self.replay.take_all());
     }
 
     pub fn closed(&self) -> bool {
@@ -355,6 +372,7 @@ impl RedisTier {
     fn succeeded(&self) {
         self.health.succeeded();
         self.reports.answered();
+        self.kick_replay();
     }
 
     fn went_down(&self, op: &'static str, key: Option<&str>, message: String) {
@@ -500,7 +518,7 @@ impl RedisTier {
 
     /// A write of `key` by this instance is queued or unanswered (see `WriteOrder::busy`).
     pub fn writing(&self, key: &str) -> bool {
-        self.order.busy(key)
+        self.order.busy(key) || self.replay.holds(key)
     }
 }
 

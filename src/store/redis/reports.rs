@@ -12,6 +12,11 @@ use crate::sync::LockOrRecover;
 /// At most one `onError` report per operation kind per this interval.
 pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Failures waiting at most (the rate-limited ones); and with the each-reported ones
+/// (`push_each`), at most `EACH_BOUND`.
+const BOUND: usize = 64;
+const EACH_BOUND: usize = 10_000;
+
 /// Where a report stands in an outage (Redis taken for down, then answering again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outage {
@@ -55,8 +60,10 @@ struct ReportLog {
 }
 
 impl ReportLog {
-    fn enqueue(&mut self, report: Report) {
-        if self.queue.len() >= 64 {
+    /// Queues `report`, first dropping one if `bound` or more wait (one only: the each-reported
+    /// ones may make the queue longer than a rate-limited one's bound).
+    fn enqueue(&mut self, report: Report, bound: usize) {
+        if self.queue.len() >= bound {
             // The oldest plain failure goes first: an outage's ends are what a warning needs.
             let plain = self.queue.iter().position(|r| r.outage == Outage::None);
             self.queue.remove(plain.unwrap_or(0));
@@ -78,12 +85,31 @@ impl Reports {
             return;
         }
         log.last.insert(op, now);
-        log.enqueue(Report {
-            op,
-            key: key.map(str::to_string),
-            message,
-            outage: Outage::None,
-        });
+        log.enqueue(
+            Report {
+                op,
+                key: key.map(str::to_string),
+                message,
+                outage: Outage::None,
+            },
+            BOUND,
+        );
+        self.waiting.store(true, Ordering::Release);
+    }
+
+    /// A report that is not rate-limited (each dropped change is reported): at most
+    /// `EACH_BOUND` wait, the oldest going first.
+    pub(super) fn push_each(&self, op: &'static str, key: Option<&str>, message: String) {
+        let mut log = self.log.lock_or_recover();
+        log.enqueue(
+            Report {
+                op,
+                key: key.map(str::to_string),
+                message,
+                outage: Outage::None,
+            },
+            EACH_BOUND,
+        );
         self.waiting.store(true, Ordering::Release);
     }
 
@@ -97,12 +123,15 @@ impl Reports {
         }
         log.last.insert(op, Instant::now());
         log.latest = Some(message.clone());
-        log.enqueue(Report {
-            op,
-            key: key.map(str::to_string),
-            message,
-            outage: Outage::Began,
-        });
+        log.enqueue(
+            Report {
+                op,
+                key: key.map(str::to_string),
+                message,
+                outage: Outage::Began,
+            },
+            BOUND,
+        );
         self.waiting.store(true, Ordering::Release);
     }
 
@@ -116,12 +145,15 @@ impl Reports {
             return;
         }
         log.latest = None;
-        log.enqueue(Report {
-            op: "recovered",
-            key: None,
-            message: "Redis answers again".to_string(),
-            outage: Outage::Ended,
-        });
+        log.enqueue(
+            Report {
+                op: "recovered",
+                key: None,
+                message: "Redis answers again".to_string(),
+                outage: Outage::Ended,
+            },
+            BOUND,
+        );
         self.waiting.store(true, Ordering::Release);
     }
 

@@ -18,8 +18,9 @@ impl RedisTier {
     }
 
     /// The subscriber, resubscribing by itself until the cache closes, and on the new master
-    /// when the Sentinel master moves. Each resubscription drops every in-process copy, since
-    /// announcements may have been missed meanwhile. It is a RESP3
+    /// when the Sentinel master moves. After each resubscription the in-process copies are
+    /// checked against Redis (`verify.rs`), since announcements may have been missed meanwhile:
+    /// those changed meanwhile go (all of them after a clear). It is a RESP3
     /// connection whose pushes carry the messages, made like command connections (TLS, server
     /// name, timeouts); on a cluster each attempt tries the next node.
     pub async fn run_bus(self: Arc<Self>) {
@@ -44,6 +45,7 @@ impl RedisTier {
             })
             .await;
             attempt = attempt.wrapping_add(1);
+            let cleared_before = self.inbox.cleared();
             if matches!(subscribed, Ok(Ok(_))) {
                 // Before any call goes on: a load must not be born before a clear it could
                 // have known of, nor an entry read from Redis be checked against nothing.
@@ -59,7 +61,8 @@ impl RedisTier {
                     // Copies made before this subscription may have missed announcements,
                     // unless it is the first one, which every Redis command waited for.
                     if !first_succeeded {
-                        self.bus.missed_announcements();
+                        self.bus
+                            .missed_announcements(self.inbox.cleared() > cleared_before);
                     }
                     self.set_bus_up(true);
                     let mut moved = false;

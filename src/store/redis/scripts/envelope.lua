@@ -2,15 +2,33 @@
 -- the layout (src/envelope.rs `layout` is the Rust side's). The binary layout begins with the
 -- byte 0xC5 and keeps its fields at fixed offsets (1-based here): flags at 2, the key's mark at
 -- 3-10, the generation at 11-18, born at 19-24 (6 bytes, big-endian), freshUntil at 25-30,
--- hardUntil at 31-36. Envelopes earlier versions wrote are JSON: '{"sc":1,"gen":"..","born":N,..'.
+-- hardUntil at 31-36; a timed header (first byte 0xC6) has madeAt, when the key's last set was
+-- made (epoch ms), at 41-46, before the rest. Envelopes earlier versions wrote are
+-- JSON: '{"sc":1,"gen":"..","born":N,..'.
 local ENVELOPE_MAGIC = '\197'
+local ENVELOPE_TIMED = '\198'
 local ENVELOPE_FIXED = 40
+local ENVELOPE_TIMED_FIXED = 46
 local ENVELOPE_MARKER = 16
 local ENVELOPE_NEGATIVE = 1
 
+-- Whether `value` (an envelope or its first bytes) begins with a binary header's first byte.
+local function envelope_magic(value)
+  if type(value) ~= 'string' then return false end
+  local first = string.sub(value, 1, 1)
+  return first == ENVELOPE_MAGIC or first == ENVELOPE_TIMED
+end
+
 local function envelope_binary(value)
-  return type(value) == 'string' and #value >= ENVELOPE_FIXED
-    and string.sub(value, 1, 1) == ENVELOPE_MAGIC
+  return envelope_magic(value) and #value >= ENVELOPE_FIXED
+end
+
+-- When the key's last set was made, as `value` (an envelope, or its first
+-- ENVELOPE_TIMED_FIXED bytes) names it; 0 for none (untimed, absent, foreign, old JSON).
+local function envelope_made_at(value)
+  if type(value) ~= 'string' or #value < ENVELOPE_TIMED_FIXED
+    or string.sub(value, 1, 1) ~= ENVELOPE_TIMED then return 0 end
+  return (struct.unpack('>I6', value, ENVELOPE_FIXED + 1))
 end
 
 -- The write that made `value`: 8 bytes, or the old JSON's gen; '' for none (absent, foreign).
@@ -34,8 +52,22 @@ end
 
 -- Whether `head` (an envelope or its first bytes) is a marker: a generation without a value.
 local function envelope_marker(head)
-  return type(head) == 'string' and #head >= 2 and string.sub(head, 1, 1) == ENVELOPE_MAGIC
+  return envelope_magic(head) and #head >= 2
     and bit.band(string.byte(head, 2), ENVELOPE_MARKER) ~= 0
+end
+
+-- `value` (a load's result: binary, untimed) carrying what `current`, the key's envelope it
+-- replaces, holds of the key's last set or delete: the set part of its generation (first 4
+-- bytes, see `Generation`) and, if timed, the madeAt of the key's last set. An old JSON envelope has neither.
+local function envelope_carrying(value, current)
+  if not envelope_binary(current) then return value end
+  local middle = string.sub(value, 2, 10) .. string.sub(current, 11, 14)
+    .. string.sub(value, 15, ENVELOPE_FIXED)
+  if envelope_made_at(current) > 0 then
+    return ENVELOPE_TIMED .. middle .. string.sub(current, ENVELOPE_FIXED + 1, ENVELOPE_TIMED_FIXED)
+      .. string.sub(value, ENVELOPE_FIXED + 1)
+  end
+  return string.sub(value, 1, 1) .. middle .. string.sub(value, ENVELOPE_FIXED + 1)
 end
 
 -- expire: `value` stale from `now` (epoch ms: its freshUntil at most that) under a new

@@ -1,14 +1,22 @@
 -- set and delete: the newest state of a key, whatever loads are running. The new envelope has a
 -- new generation, which drops every load that began before (see write_back.lua); a delete
 -- removes the value or the marker a load is fenced by (see envelope_fence), and an absent key
--- matches no fence: nothing needs to outlive a delete. The generation key earlier versions fenced loads by is removed,
--- so their loads still running during a rolling deploy are dropped by this write too.
+-- matches no fence: nothing needs to outlive a delete. The generation key earlier versions
+-- fenced loads by is removed, so their loads still running during a rolling deploy are dropped
+-- by this write too.
+-- A replayed change (one Redis could not take when it was made) is applied only if the key holds
+-- no change made at or after it: a set's envelope names when it was made (madeAt, see
+-- envelope_made_at), and a load's write over it keeps that. An absent key holds none (a
+-- delete leaves nothing behind to say when it was made).
 -- KEYS[1] value key, KEYS[2] the earlier versions' generation key (one hash tag: one cluster
 -- slot).
--- ARGV[1] envelope ('' to delete), ARGV[2] its px, ARGV[3] channel, ARGV[4] message, ARGV[5]
--- the caller's mark (returned last, see `invoke_marked`).
--- Returns {1 when the key held a value before (a marker is none), else 0, mark}.
-local head = redis.pcall('GETRANGE', KEYS[1], 0, 1)
+-- ARGV[1] envelope ('' to delete), ARGV[2] its px, ARGV[3] channel, ARGV[4]
+-- message, ARGV[5] the caller's mark (returned last, see `invoke_marked`), ARGV[6] '' for a
+-- change made now, or the epoch ms a replayed change was made at.
+-- Returns {1 when the key held a value before (a marker is none), else 0; -1 when a replayed
+-- change is older than the key's last (nothing done, nothing announced), mark}.
+local head = redis.pcall('GETRANGE', KEYS[1], 0, ENVELOPE_TIMED_FIXED - 1)
+if ARGV[6] ~= '' and envelope_made_at(head) >= tonumber(ARGV[6]) then return {-1, ARGV[5]} end
 local existed = 0
 if type(head) == 'string' then
   if #head > 0 and not envelope_marker(head) then existed = 1 end

@@ -5,7 +5,9 @@
 -- when the load began held a marker from then on, see envelope_fence; an absent key, or one that
 -- Redis lost, matches no fence). A forced load (forceRefresh) began after any load still running: only a set
 -- or delete since drops it, so it compares the generation's set part alone (its first 4 bytes,
--- which a load's write keeps); an absent key no longer has the set part it began with.
+-- which a load's write keeps); an absent key no longer has the set part it began with. The
+-- written envelope also keeps the time the key's last set or delete was made (see
+-- envelope_carrying), so a replayed change older than that is still refused (write.lua).
 -- Releases the writer's lock either way, and announces the key so other processes drop their
 -- copies and lock waiters look again.
 -- KEYS[1] value key, KEYS[2] lock key (one hash tag: one cluster slot).
@@ -28,6 +30,6 @@ if moved then
   if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
   return {0, ARGV[9]}
 end
-redis.call('SET', KEYS[1], envelope_with_set_part(ARGV[1], generation), 'PX', ARGV[2])
+redis.call('SET', KEYS[1], envelope_carrying(ARGV[1], value), 'PX', ARGV[2])
 redis.call('PUBLISH', ARGV[6], ARGV[8])
 return {1, ARGV[9]}

@@ -1,0 +1,300 @@
+'use strict'
+// Changes Redis could not take are replayed (docs/CONTRACT.md, "The rest"): a set, delete,
+// deleteByTag or clear made while Redis is paused or cut off is applied in process, rejected with
+// ERR_REDIS and err.queued === true, and replayed in order once Redis answers, so other instances
+// converge without the caller retrying; a replay never replaces a newer write by another
+// instance (the time the change was made decides); at most 10,000 changes wait, the oldest past
+// that dropped, counted and reported.
+//
+// Real worker processes (__test__/fixtures/redis-worker.js) share a private redis-server; faults
+// are a paused server (SIGSTOP) and a cut connection (helpers/tcp-proxy.js). Final states are
+// read from Redis directly.
+
+const { test, after } = require('node:test')
+const assert = require('node:assert/strict')
+const { setupRedis, killAllSync, sleep } = require('./helpers/redis-server')
+const { TcpProxy } = require('./helpers/tcp-proxy')
+const { eventually } = require('./helpers/eventually')
+
+/** Polls `holds` until it is true (eventually retries what throws). */
+const until = (holds, what, timeout = 15_000) =>
+  eventually(
+    async () => {
+      if (!(await holds())) throw new Error('not yet')
+    },
+    { timeout, what },
+  )
+
+const TEST_TIMEOUT = 60_000
+
+after(() => killAllSync())
+
+const setup = (t, options = {}) => setupRedis(t, { options, prefix: 'screplay' })
+
+/** Runs `ops` ([op, ...args]) one after another on `w`: each one's outcome, with err.queued. */
+function changes(w, ops) {
+  return w.request('run', {
+    args: ops,
+    body: `
+      const out = []
+      for (const [op, ...rest] of args) {
+        try {
+          await cache[op](...rest)
+          out.push({ ok: true })
+        } catch (err) {
+          out.push({ ok: false, code: err.code, queued: err.queued, message: err.message })
+        }
+      }
+      return { out, stats: cache.stats() }
+    `,
+  })
+}
+
+const stats = (w) => w.request('run', { body: 'return cache.stats()' })
+const read = (w, keys) => w.request('run', { args: keys, body: 'return Promise.all(args.map(async (k) => (await cache.get(k)) ?? null))' })
+
+test('a paused Redis: the changes are rejected as queued, replayed in order, and another instance converges without a retry', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { redis, spawnWorker, stored } = await setup(t)
+  const a = await spawnWorker('a')
+  const b = await spawnWorker('b')
+  await changes(a, [
+    ['set', 'k1', 'v0'],
+    ['set', 'k2', 'gone soon'],
+    ['set', 'tagged', 'tagged', { tags: ['t'] }],
+  ])
+  // b holds every key in process: it must hear of each replayed change.
+  assert.deepEqual(await read(b, ['k1', 'k2', 'tagged']), ['v0', 'gone soon', 'tagged'])
+
+  redis.pause()
+  const during = await changes(a, [
+    ['set', 'k1', 'v1'],
+    ['set', 'k1', 'v2'],
+    ['delete', 'k2'],
+    ['set', 'k3', { n: 3 }],
+    ['deleteByTag', 't'],
+  ])
+  for (const r of during.out) {
+    assert.equal(r.ok, false, JSON.stringify(r))
+    assert.equal(r.code, 'ERR_REDIS')
+    assert.equal(r.queued, true, 'err.queued')
+    assert.match(r.message, /replayed/, 'the message says it will be replayed')
+  }
+  assert.equal(during.stats.replayQueued, 5)
+  // Applied in process at once.
+  assert.deepEqual(await read(a, ['k1', 'k2', 'k3', 'tagged']), ['v2', null, { n: 3 }, null])
+  redis.resume()
+  const resumed = Date.now()
+
+  await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained', 15_000)
+  t.diagnostic(`5 changes queued while paused, replayed within ${Date.now() - resumed} ms of the resume`)
+  assert.equal((await stored('k1')).value, 'v2', 'the last set of k1 won: replayed in order')
+  assert.equal((await stored('k2')).exists, false)
+  assert.deepEqual((await stored('k3')).value, { n: 3 })
+  await until(
+    async () => JSON.stringify(await read(b, ['k1', 'k2', 'k3', 'tagged'])) === JSON.stringify(['v2', null, { n: 3 }, null]),
+    "b sees a's final state",
+    5_000,
+  )
+  assert.equal((await stats(a)).replayDropped, 0)
+})
+
+test('expire and expireByTag made while Redis is paused are queued and replayed: another instance then serves those entries stale while one refresh runs', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { redis, spawnWorker, vkey } = await setup(t)
+  const a = await spawnWorker('a')
+  const b = await spawnWorker('b')
+  await changes(a, [
+    ['set', 'e1', 'v1', { ttl: 60_000 }],
+    ['set', 'e2', 'v2', { ttl: 60_000, tags: ['t'] }],
+    ['set', 'e3', 'v3', { ttl: 60_000 }],
+  ])
+  assert.deepEqual(await read(b, ['e1', 'e2', 'e3']), ['v1', 'v2', 'v3'])
+
+  redis.pause()
+  const during = await changes(a, [
+    ['expire', 'e1'],
+    ['expireByTag', 't'],
+  ])
+  for (const r of during.out) {
+    assert.equal(r.ok, false, JSON.stringify(r))
+    assert.equal(r.code, 'ERR_REDIS')
+    assert.equal(r.queued, true, 'err.queued')
+  }
+  assert.equal(during.stats.replayQueued, 2)
+  redis.resume()
+  await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained', 15_000)
+  const e1 = JSON.parse(await redis.cmd('GET', vkey('e1')))
+  assert.ok(e1.freshUntil <= Date.now(), `e1 is stale in Redis (freshUntil ${e1.freshUntil})`)
+  assert.equal(e1.value, 'v1', 'and keeps its value')
+  const e3 = JSON.parse(await redis.cmd('GET', vkey('e3')))
+  assert.ok(e3.freshUntil > Date.now(), 'e3, neither expired nor tagged, stays fresh')
+  // b heard of both: each is served stale at once while a refresh loads it, then refreshed.
+  const refresh = (keys) => b.request('run', { args: keys, body: "return Promise.all(args.map((k) => cache.getOrLoad(k, async () => 'fresh ' + k)))" })
+  await until(
+    async () => {
+      const now = await refresh(['e1', 'e2', 'e3'])
+      return now[0] === 'fresh e1' && now[1] === 'fresh e2'
+    },
+    'b refreshed the expired entries',
+    10_000,
+  )
+  assert.deepEqual(await read(b, ['e3']), ['v3'], 'e3 was never refreshed')
+  assert.equal((await stats(a)).replayDropped, 0)
+})
+
+test('a cut connection: a newer write by another instance during the outage is not replaced by the replay; an older one is', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { redis, spawnWorker, stored } = await setup(t)
+  const proxy = new TcpProxy(redis.port)
+  t.after(() => proxy.close())
+  await proxy.start()
+  const a = await spawnWorker('a', { redis: `redis://127.0.0.1:${proxy.port}` })
+  const b = await spawnWorker('b')
+  await changes(a, [['set', 'warm', 1]])
+  assert.equal((await stored('warm')).value, 1, 'a writes through the proxy')
+
+  proxy.cut()
+  // b writes j first, then a: a's change is the newer one. a writes k and d first, then b.
+  assert.equal((await changes(b, [['set', 'j', 'b older']])).out[0].ok, true)
+  await sleep(5)
+  const cutOff = await changes(a, [
+    ['set', 'j', 'a newer'],
+    ['set', 'k', 'a older'],
+    ['delete', 'd'],
+    ['set', 'only-a', 'a alone'],
+  ])
+  assert.ok(
+    cutOff.out.every((r) => !r.ok && r.code === 'ERR_REDIS' && r.queued === true),
+    JSON.stringify(cutOff.out),
+  )
+  await sleep(5)
+  assert.deepEqual(
+    (
+      await changes(b, [
+        ['set', 'k', 'b newer'],
+        ['set', 'd', 'b set after the delete'],
+      ])
+    ).out,
+    [{ ok: true }, { ok: true }],
+  )
+  proxy.mend()
+
+  await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained', 15_000)
+  assert.equal((await stored('k')).value, 'b newer', "b's newer set is not replaced by a's older one")
+  assert.equal((await stored('d')).value, 'b set after the delete', "nor by a's older delete")
+  assert.equal((await stored('j')).value, 'a newer', "a's newer set replaces b's older one")
+  assert.equal((await stored('only-a')).value, 'a alone')
+  // a's own copies of what it lost give way to b's values.
+  await until(
+    async () => JSON.stringify(await read(a, ['k', 'd', 'j'])) === JSON.stringify(['b newer', 'b set after the delete', 'a newer']),
+    "a serves b's newer values",
+    5_000,
+  )
+  await until(async () => JSON.stringify(await read(b, ['j', 'only-a'])) === JSON.stringify(['a newer', 'a alone']), "b sees a's replayed changes", 5_000)
+})
+
+test('at most 10,000 changes wait: the oldest past that are dropped, each counted and reported', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { redis, spawnWorker, stored } = await setup(t)
+  const a = await spawnWorker('a')
+  await changes(a, [['set', 'warm', 1]])
+  redis.pause()
+  t.after(() => redis.resume())
+  const over = 37
+  const outcome = await a.request(
+    'run',
+    {
+      args: { n: 10_000 + over },
+      body: `
+        // The first alone: it meets the paused server (and times out); the rest find Redis down.
+        let queued = (await cache.set('b0', 0).catch((e) => e))?.queued === true ? 1 : 0
+        for (let i = 1; i < args.n; i += 500) {
+          const batch = []
+          for (let j = i; j < Math.min(args.n, i + 500); j++) batch.push(cache.set('b' + j, j).catch((e) => e))
+          for (const r of await Promise.all(batch)) if (r && r.queued === true) queued++
+        }
+        const s = tools.snapshot()
+        return { namespace: tools.options.namespace, queued, stats: s.stats, replayReports: s.onError.samples.filter((x) => x.op === 'redis:replay').length, onError: s.onError.count }
+      `,
+    },
+    { timeout: 50_000 },
+  )
+  assert.equal(outcome.queued, 10_000 + over, 'every one was rejected as queued')
+  assert.equal(outcome.stats.replayQueued, 10_000)
+  assert.equal(outcome.stats.replayDropped, over)
+  assert.ok(outcome.replayReports >= Math.min(over, 100), `each dropped change reported to onError: ${JSON.stringify(outcome)}`)
+  redis.resume()
+  const resumed = Date.now()
+  await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained', 40_000)
+  t.diagnostic(
+    `${10_000 + over} changes while paused: ${outcome.stats.replayQueued} queued, ${outcome.stats.replayDropped} dropped; replayed within ${Date.now() - resumed} ms of the resume`,
+  )
+  // The oldest went: b0 (whose own attempt timed out in the paused server's socket, which ran it
+  // once resumed: it may be there) and the 36 after it, in the order the sets were made, however
+  // their writes ran; those were never sent (Redis was known down by then).
+  const { namespace } = outcome
+  const exists = await redis.pipeline(
+    Array.from({ length: 10_000 + over - 1 }, (_, i) => ['EXISTS', `${namespace}:v:{b${i + 1}}`]),
+    { timeout: 30_000 },
+  )
+  const absent = exists.flatMap((e, i) => (e === 0 ? [i + 1] : []))
+  assert.deepEqual(
+    absent,
+    Array.from({ length: over - 1 }, (_, i) => i + 1),
+    'b1 to b36 were dropped, and no other',
+  )
+  assert.equal((await stored(`b${10_000 + over - 1}`)).value, 10_000 + over - 1, 'the newest was replayed')
+})
+
+test('a clear made while Redis is paused is replayed before the set made after it: every instance keeps that set alone', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { redis, spawnWorker, stored } = await setup(t)
+  const a = await spawnWorker('a')
+  const b = await spawnWorker('b')
+  await changes(a, [
+    ['set', 'x', 'before'],
+    ['set', 'y', 'before'],
+  ])
+  assert.deepEqual(await read(b, ['x', 'y']), ['before', 'before'])
+  redis.pause()
+  const during = await changes(a, [['clear'], ['set', 'y', 'after the clear']])
+  assert.ok(
+    during.out.every((r) => !r.ok && r.queued === true),
+    JSON.stringify(during.out),
+  )
+  redis.resume()
+  await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained')
+  assert.equal((await stored('y')).value, 'after the clear')
+  await until(async () => JSON.stringify(await read(b, ['x', 'y'])) === JSON.stringify([null, 'after the clear']), 'b sees the clear, then the set', 5_000)
+  assert.deepEqual(await read(a, ['x', 'y']), [null, 'after the clear'])
+  // The clear's sweep removed x's value key.
+  await until(async () => !(await stored('x')).exists, 'x swept', 5_000)
+})
+
+test('close() with changes waiting for replay: the call waiting behind them settles, and nothing is replayed after', { timeout: TEST_TIMEOUT }, async (t) => {
+  const { redis, spawnWorker, stored } = await setup(t)
+  const a = await spawnWorker('a')
+  await changes(a, [['set', 'w', 1]])
+  redis.pause()
+  const r = await a.request('run', {
+    body: `
+      // The first meets the paused server (Redis runs it once resumed); then Redis is down.
+      await cache.set('p', 1).catch(() => {})
+      const first = await cache.set('q', 1).catch((e) => e.queued)
+      // Behind the first: waits for its replay.
+      const behind = cache.set('q', 2).then(() => 'resolved', (e) => e.code + ':' + e.queued)
+      await tools.sleep(50)
+      await cache.close()
+      return { first, behind: await behind }
+    `,
+  })
+  assert.equal(r.first, true)
+  assert.match(r.behind, /^ERR_REDIS:(true|false|undefined)$/, 'settled, not left hanging')
+  redis.resume()
+  await sleep(500)
+  assert.equal((await stored('q')).exists, false, 'nothing replayed after close')
+})
