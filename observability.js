@@ -28,6 +28,7 @@ const COUNTERS = [
   'lockWins',
   'lockWaits',
   'redisErrors',
+  'replayDropped',
 ]
 
 function checkCache(cache, fn) {
@@ -113,6 +114,16 @@ class Watched {
       dc.unsubscribe(INVALIDATE, this.onInvalidate)
     }
     return true
+  }
+
+  /** Changes waiting for Redis now (`stats().replayQueued`), summed by namespace: a size, so
+   * only caches still watched count. */
+  replayQueued() {
+    const out = new Map()
+    for (const cache of this.caches) {
+      out.set(cache.namespace, (out.get(cache.namespace) ?? 0) + cache.stats().replayQueued)
+    }
+    return out
   }
 
   /** stats() counters summed by namespace, caches no longer watched included. */

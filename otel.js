@@ -57,7 +57,15 @@ function meterGroup(meter) {
       unit: '{error}',
       description: 'Redis commands that failed or timed out (the cache degraded to the in-process tier)',
     }),
+    replayDropped: meter.createObservableCounter('stampede_cache.replay.dropped', {
+      unit: '{change}',
+      description: 'Changes Redis could not take that were dropped past the replay bound (10,000 a cache)',
+    }),
   }
+  const replayQueued = meter.createObservableGauge('stampede_cache.replay.queued', {
+    unit: '{change}',
+    description: 'Changes Redis could not take, waiting to be replayed in order once it answers',
+  })
   const watched = new Watched({
     loadStart(context) {
       group.activeLoads.add(1, loadAttributes(context))
@@ -91,11 +99,12 @@ function meterGroup(meter) {
       result.observe(lookups, s.l2Hits, { ...ns, 'stampede_cache.lookup.result': 'l2_hit' })
       for (const [field, instrument] of Object.entries(counters)) result.observe(instrument, s[field], ns)
     }
+    for (const [namespace, queued] of watched.replayQueued()) result.observe(replayQueued, queued, { [NAMESPACE]: namespace })
   }
   group = {
     watched,
     observe,
-    observables: [lookups, ...Object.values(counters)],
+    observables: [lookups, replayQueued, ...Object.values(counters)],
     loadDuration: meter.createHistogram('stampede_cache.load.duration', {
       unit: 's',
       description: 'How long loader calls took, by stampede_cache.load.reason (and error.type when one failed or timed out)',

@@ -23,6 +23,7 @@ const FROM_STATS = [
   ['refreshes_total', 'Loader calls that were background refreshes (stale or XFetch early)', 'refreshes'],
   ['refresh_errors_total', 'Background refreshes whose loader failed (the stale value stayed served)', 'refreshErrors'],
   ['redis_errors_total', 'Redis commands that failed or timed out (the cache degraded to the in-process tier)', 'redisErrors'],
+  ['replay_dropped_total', 'Changes Redis could not take that were dropped past the replay bound (10,000 a cache)', 'replayDropped'],
 ]
 const LOOKUP_RESULTS = [
   ['hit', 'hits'],
@@ -87,6 +88,18 @@ function metricsFor(registry, prefix) {
       }),
     )
   }
+  metrics.push(
+    new client.Gauge({
+      name: `${prefix}replay_queued`,
+      help: 'Changes Redis could not take, waiting to be replayed in order once it answers',
+      labelNames: ['namespace'],
+      registers,
+      collect() {
+        this.reset()
+        for (const [namespace, queued] of watched.replayQueued()) this.set({ namespace }, queued)
+      },
+    }),
+  )
   const duration = new client.Histogram({
     name: `${prefix}load_duration_seconds`,
     help: 'How long loader calls took, by reason (cold, refresh, force) and outcome (success, error, timeout)',

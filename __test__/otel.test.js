@@ -113,6 +113,8 @@ test('metrics: every stats() count, loads by reason with error.type, names and u
   assert.equal(valueOf(m, 'stampede_cache.refreshes', ns), 1)
   assert.equal(valueOf(m, 'stampede_cache.refresh.errors', ns), 0)
   assert.equal(valueOf(m, 'stampede_cache.redis.errors', ns), 0)
+  assert.equal(valueOf(m, 'stampede_cache.replay.dropped', ns), s.replayDropped)
+  assert.equal(valueOf(m, 'stampede_cache.replay.queued', ns), s.replayQueued)
 
   // Load times by reason; a failed load carries error.type (the error's code).
   const duration = m.get('stampede_cache.load.duration')
@@ -145,6 +147,8 @@ test('metrics: every stats() count, loads by reason with error.type, names and u
     'stampede_cache.refreshes': '{refresh}',
     'stampede_cache.refresh.errors': '{error}',
     'stampede_cache.redis.errors': '{error}',
+    'stampede_cache.replay.dropped': '{change}',
+    'stampede_cache.replay.queued': '{change}',
     'stampede_cache.load.duration': 's',
     'stampede_cache.load.active': '{load}',
   })

@@ -123,6 +123,7 @@ test('a 1,000-caller stampede with one load, scraped from /metrics while it runs
     ['refreshes_total', 'refreshes'],
     ['refresh_errors_total', 'refreshErrors'],
     ['redis_errors_total', 'redisErrors'],
+    ['replay_dropped_total', 'replayDropped'],
   ]) {
     assert.equal(m.value(`stampede_cache_${name}`, ns), s[field], name)
   }
@@ -130,6 +131,8 @@ test('a 1,000-caller stampede with one load, scraped from /metrics while it runs
   assert.equal(m.types.get('stampede_cache_lookups_total'), 'counter')
   assert.equal(m.types.get('stampede_cache_load_duration_seconds'), 'histogram')
   assert.equal(m.types.get('stampede_cache_loads_in_progress'), 'gauge')
+  assert.equal(m.types.get('stampede_cache_replay_queued'), 'gauge')
+  assert.equal(m.value('stampede_cache_replay_queued', ns), 0)
   for (const [name, type] of m.types) if (type === 'counter') assert.match(name, /_total$/)
 })
 
@@ -226,4 +229,28 @@ test('register() uses the global registry by default and refuses bad arguments, 
   throwsWithCode(() => register(cache, { prefix: 'bad-prefix' }), 'ERR_INVALID_OPTION', 'prefix')
   throwsWithCode(() => register(cache, { labels: {} }), 'ERR_INVALID_OPTION', 'labels')
   await cache.close()
+})
+
+test('changes waiting for Redis are a gauge, and the replay bound a counter, per namespace', { timeout: 30_000 }, async (t) => {
+  const registry = new client.Registry()
+  const scrape = await serveMetrics(t, registry)
+  // A port nobody listens on: every change is applied here, queued and rejected.
+  const closed = await new Promise((resolve) => {
+    const server = require('node:net').createServer()
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address()
+      server.close(() => resolve(port))
+    })
+  })
+  const cache = new StampedeCache({ redis: `redis://127.0.0.1:${closed}`, namespace: 'queued', onError() {} })
+  t.after(() => cache.close())
+  const handle = register(cache, { registry })
+  t.after(() => handle.stop())
+  for (const k of ['a', 'b', 'c']) {
+    await assert.rejects(cache.set(k, 1), (err) => err.code === 'ERR_REDIS' && err.queued === true)
+  }
+  const m = await scrape()
+  assert.equal(cache.stats().replayQueued, 3)
+  assert.equal(m.value('stampede_cache_replay_queued', { namespace: 'queued' }), 3)
+  assert.equal(m.value('stampede_cache_replay_dropped_total', { namespace: 'queued' }), 0)
 })
