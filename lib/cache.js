@@ -20,7 +20,7 @@ const { UNREADABLE, codecOf, toStored } = require('./codec.js')
 const { checkTags, tagsOption } = require('./keys.js')
 const { checkBatchKeys, keyLengths } = require('./batch.js')
 const { CacheState, hitState } = require('./core.js')
-const { getOrLoadSlow, startRefresh } = require('./flight.js')
+const { NO_OPTIONS, getOrLoadSlow, startRefresh } = require('./flight.js')
 const { startGetOrLoadMany } = require('./many.js')
 
 const { peek, peekGet, stats, closeEngine, debugCounts, engineId } = native
@@ -92,7 +92,7 @@ class StampedeCache {
         const value = this.#values[r >> HIT_SLOT_SHIFT]
         if (fresh !== null && (r & HIT_FLAGS) === 0) fresh.offer(key, r >> HIT_SLOT_SHIFT, epoch)
         if (hitChannel.hasSubscribers) this.#c.publishHit(key, 'memory', hitState(r))
-        if (r & HIT_REFRESH) startRefresh(this.#c, key, loader, null, undefined, value)
+        if (r & HIT_REFRESH) startRefresh(this.#c, key, loader, NO_OPTIONS, value, -1)
         return Promise.resolve(value)
       }
     }

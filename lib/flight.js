@@ -36,7 +36,8 @@ function getOrLoadSlow(sc, key, loader, options) {
 
 function startGetOrLoad(sc, key, loader, options) {
   if (sc.closed) throw closedError()
-  const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : sc.callOptions(options)
+  const o = options === undefined ? NO_OPTIONS : sc.callOptions(options)
+  const { policy, signal, force } = o
   const k = engine.encodeKey(key)
   if (signal?.aborted) throw abortError(signal)
   if (inLoad() && inLoadOf(sc.store + k)) {
@@ -51,13 +52,14 @@ function startGetOrLoad(sc, key, loader, options) {
     const value = sc.values[step.n >> HIT_SLOT_SHIFT]
     sc.publishInvalidations()
     if (hitChannel.hasSubscribers) sc.publishHit(k, 'memory', hitState(step.n))
-    if (step.n & HIT_REFRESH) startRefresh(sc, k, loader, policy, waitUntil, value, tags)
+    if (step.n & HIT_REFRESH) startRefresh(sc, k, loader, o, value, -1)
     return Promise.resolve(value)
   }
   let load
   if (step.kind === STEP_LEAD) {
     const stale = force ? sc.currentValue(k) : undefined
-    load = leadFlight(sc, k, step.n, loader, policy, stale, force ? PURPOSE_FORCE : PURPOSE_COLD, waitUntil, tags)
+    const purpose = force ? PURPOSE_FORCE : PURPOSE_COLD
+    load = leadFlight(sc, { k, flight: step.n, loader, policy, stale, purpose, waitUntil: o.waitUntil, tags: o.tags, batch: undefined })
   } else {
     load = sc.flights.get(step.n)
   }
@@ -75,24 +77,35 @@ function startGetOrLoad(sc, key, loader, options) {
 // what a hit would return, and nothing is written (the enclosing load writes the key).
 async function loadNested(sc, k, loader, policy) {
   const result = { policy, tags: null, skip: false, done: false }
+  // No flight of the engine's: nothing is gated, written or ended.
+  const f = { k, flight: -1, loader, policy, stale: undefined, purpose: PURPOSE_COLD, waitUntil: undefined, tags: null, batch: undefined }
   try {
-    return toStored(sc.codec, await callLoader(sc, k, loader, undefined, policy, PURPOSE_COLD, result)).stored
+    return toStored(sc.codec, await callLoader(sc, f, result)).stored
   } finally {
     result.done = true
   }
 }
 
-// `batch`: the getOrLoadMany call whose loadMany loads this key (lib/many.js), else undefined.
-function leadFlight(sc, k, flight, loader, policy, stale, purpose, waitUntil, tags, batch) {
-  const load = runFlight(sc, k, flight, loader, policy, stale, purpose, waitUntil, tags, batch)
-  sc.flights.set(flight, load)
+// Leads flight `f` and registers its promise, for callers to join. A flight's record `f`:
+// - `k`: its key; `flight`: its id in the engine (-1 for a nested load, which has none);
+// - `loader`: what loads the key (for a batch's key, batchLoader in lib/many.js);
+// - `policy`: the call's (null: the constructor's); `tags`: the call's, or null;
+// - `stale`: the value the load replaces (ctx.stale; what a refresh that ends early returns);
+// - `purpose`: PURPOSE_COLD, PURPOSE_FORCE or PURPOSE_REFRESH;
+// - `waitUntil`: the call's, for the refresh a stale value from Redis starts;
+// - `batch`: the getOrLoadMany batch whose loadMany loads this key (lib/many.js), else undefined.
+// Each is made as an object literal with these fields in this order (one shape).
+function leadFlight(sc, f) {
+  const load = runFlight(sc, f)
+  sc.flights.set(f.flight, load)
   return load
 }
 
 // One flight: ask Redis first (if configured), then call the loader if still needed. Its
 // first await comes before the loader runs, so the flight is registered by then (leadFlight): a
 // loader that reads the same key joins its own flight instead of finding an unknown one.
-async function runFlight(sc, k, flight, loader, policy, stale, purpose, waitUntil, tags, batch) {
+async function runFlight(sc, f) {
+  const { k, flight, policy, stale, purpose, batch } = f
   let gate = null
   if (!sc.redis) {
     await undefined
@@ -116,7 +129,7 @@ async function runFlight(sc, k, flight, loader, policy, stale, purpose, waitUnti
         if (refresh) {
           // A batch refreshes all its stale keys in one loadMany call.
           if (batch !== undefined) batch.stale(k, value, gate.freshUntil)
-          else startRefresh(sc, k, loader, policy, waitUntil, value, tags, gate.freshUntil)
+          else startRefresh(sc, k, f.loader, f, value, gate.freshUntil)
         }
         return value
       }
@@ -141,7 +154,7 @@ async function runFlight(sc, k, flight, loader, policy, stale, purpose, waitUnti
       throw closedError()
     }
   }
-  return runLoader(sc, k, flight, loader, policy, stale, purpose, tags, batch)
+  return runLoader(sc, f)
 }
 
 // Asks Redis before `flight` loads (`ask`: the gate's purpose); publishes the lock outcome
@@ -158,7 +171,9 @@ async function askGate(sc, k, ask, purpose, flight) {
   return gate
 }
 
-async function runLoader(sc, k, flight, loader, policy, stale, purpose, tags, batch) {
+async function runLoader(sc, f) {
+  const { k, flight, stale, purpose, batch } = f
+  let { policy, tags } = f
   // A batch's keys are counted (and traced) once per loadMany call instead (callLoadMany in lib/many.js).
   if (batch === undefined) noteLoaderCall(sc.id, k, flight)
   const started = performance.now()
@@ -168,9 +183,9 @@ async function runLoader(sc, k, flight, loader, policy, stale, purpose, tags, ba
   try {
     if (batch === undefined && loadTraced()) {
       const context = { cache: sc.cache, namespace: sc.namespace, key: k, reason: REASONS[purpose] }
-      value = await loadChannel.tracePromise(callLoader, context, null, sc, k, loader, stale, policy, purpose, result)
+      value = await loadChannel.tracePromise(callLoader, context, null, sc, f, result)
     } else {
-      value = await callLoader(sc, k, loader, stale, policy, purpose, result)
+      value = await callLoader(sc, f, result)
     }
   } catch (err) {
     result.done = true
@@ -232,11 +247,11 @@ async function skipped(sc, k, flight) {
 
 // The loader's ctx. Its setters change `result` until the loader has settled, and are
 // ignored after.
-function loaderContext(sc, k, stale, signal, result) {
+function loaderContext(sc, f, signal, result) {
   const id = sc.id
   return {
-    key: k,
-    stale,
+    key: f.k,
+    stale: f.stale,
     signal,
     setTtl(ttl, hardTtl) {
       let own
@@ -268,7 +283,8 @@ function loaderContext(sc, k, stale, signal, result) {
 
 // Calls the loader with its context; rejects with ERR_LOAD_TIMEOUT (and aborts ctx.signal)
 // once it has run for loadTimeout. A late result is ignored by the caller of this.
-function callLoader(sc, k, loader, stale, policy, purpose, result) {
+function callLoader(sc, f, result) {
+  const { k, loader, policy, purpose } = f
   const control = new AbortController()
   sc.loads.add(control)
   const timeout = policy === null ? sc.loadTimeout : policy[POLICY_LOAD_TIMEOUT]
@@ -288,7 +304,7 @@ function callLoader(sc, k, loader, stale, policy, purpose, result) {
     }
     // A loader may throw synchronously or return a plain value: both become this promise.
     Promise.resolve()
-      .then(() => asLoadOf(sc.store + k, () => loader(loaderContext(sc, k, stale, control.signal, result))))
+      .then(() => asLoadOf(sc.store + k, () => loader(loaderContext(sc, f, control.signal, result))))
       .then(resolve, reject)
   })
   return loaded.finally(() => {
@@ -305,14 +321,15 @@ async function loadFailed(sc, k, flight) {
 }
 
 // Starts the background refresh the engine asked for and hands it to waitUntil at once.
-// `seen`: the fresh-until of the copy the caller was served from Redis (-1: from the
-// in-process tier), the copy the refresh replaces.
-function startRefresh(sc, k, loader, policy, waitUntil, stale, tags = null, seen = -1) {
+// `o`: the call's policy, waitUntil and tags (its options, NO_OPTIONS, or the flight that found
+// the value stale); `stale`: the value served. `seen`: the fresh-until of the copy the caller
+// was served from Redis (-1: from the in-process tier), the copy the refresh replaces.
+function startRefresh(sc, k, loader, o, stale, seen) {
   const flight = beginRefresh(sc.id, k, seen)
   if (flight < 0) return
-  const load = leadFlight(sc, k, flight, loader, policy, stale, PURPOSE_REFRESH, undefined, tags)
+  const load = leadFlight(sc, { k, flight, loader, policy: o.policy, stale, purpose: PURPOSE_REFRESH, waitUntil: undefined, tags: o.tags, batch: undefined })
   const done = load.then(noop, (err) => sc.report(err, 'refresh', k))
-  sc.keepInBackground(done, waitUntil, k)
+  sc.keepInBackground(done, o.waitUntil, k)
 }
 
 module.exports = { NO_OPTIONS, getOrLoadSlow, leadFlight, runFlight, askGate, startRefresh }

@@ -38,9 +38,13 @@ function startGetOrLoadMany(sc, keys, loadMany, options) {
   if (typeof loadMany !== 'function') {
     throw invalidArgument(`loadMany must be a function, got ${loadMany === null ? 'null' : typeof loadMany}`)
   }
-  const { policy, signal, waitUntil, force, tags } = options === undefined ? NO_OPTIONS : sc.callOptions(options, 'getOrLoadMany')
+  const o = options === undefined ? NO_OPTIONS : sc.callOptions(options, 'getOrLoadMany')
+  const { policy, signal, force } = o
   const n = keys.length
   const out = new Array(n)
+  // The call's record: `out` its answers by position; `stale` the keys it found stale (each
+  // { k, key, value, seen? }), refreshed together.
+  const call = { keys, out, stale: null, loadMany, policy, signal, waitUntil: o.waitUntil, force, tags: o.tags, options }
   // Hits first, on getOrLoad's hot path (a string key), the other positions below. Options
   // other than beta shape only what a load writes, so the hits are the same with them; a
   // beta of the call's own decides each hit's early refresh at that beta (peekAt), as
@@ -48,7 +52,6 @@ function startGetOrLoadMany(sc, keys, loadMany, options) {
   // not asked. forceRefresh serves nothing; an aborted signal rejects as getOrLoad's does
   // (after the keys are checked, below).
   let rest = null
-  let stale = null
   if (!force && !signal?.aborted) {
     const beta = policy === null ? sc.beta : policy[POLICY_BETA]
     const hot = beta === sc.beta
@@ -79,10 +82,10 @@ function startGetOrLoadMany(sc, keys, loadMany, options) {
       if (fresh !== null && (r & HIT_FLAGS) === 0) fresh.offer(key, r >> HIT_SLOT_SHIFT, epoch)
       out[i] = value
       if (hitChannel.hasSubscribers) sc.publishHit(key, 'memory', hitState(r))
-      if (r & HIT_REFRESH) (stale ??= []).push({ k: key, key, value })
+      if (r & HIT_REFRESH) (call.stale ??= []).push({ k: key, key, value })
     }
     if (rest === null) {
-      if (stale !== null) refreshMany(sc, stale, loadMany, policy, waitUntil, tags)
+      if (call.stale !== null) refreshMany(sc, call.stale, call)
       return Promise.resolve(out)
     }
   } else {
@@ -93,7 +96,7 @@ function startGetOrLoadMany(sc, keys, loadMany, options) {
   for (let j = 0; j < rest.length; j++) encoded[j] = engine.encodeKey(keys[rest[j]])
   if (signal?.aborted) throw abortError(signal)
   if (inLoad()) {
-    const nested = loadManyNested(sc, keys, rest, encoded, out, loadMany, policy, options)
+    const nested = loadManyNested(sc, call, rest, encoded)
     if (nested !== null) return signal ? withSignal(nested, signal) : nested
   }
   sc.watchInvalidations()
@@ -104,18 +107,20 @@ function startGetOrLoadMany(sc, keys, loadMany, options) {
   // per-key machinery (a lookup, a flight and its record, its adopt and end). forceRefresh
   // loads every key now: nothing is read first.
   if (sc.redis && !force) {
-    const read = readFirst(sc, keys, rest, encoded, out, stale, loadMany, policy, waitUntil, tags)
+    const read = readFirst(sc, call, rest, encoded)
     return signal ? withSignal(read, signal) : read
   }
-  return loadRest(sc, keys, rest, encoded, out, stale, loadMany, policy, signal, waitUntil, force, tags, false, false)
+  const settled = loadRest(sc, call, rest, encoded, false, false)
+  return signal ? withSignal(settled, signal) : settled
 }
 
-// A getOrLoadMany call's keys not held in process (`rest`: their positions in `keys`,
+// A getOrLoadMany call's keys not held in process (`rest`: their positions in `call.keys`,
 // `encoded` their keys), read from Redis in one batch first: those Redis has are served (a
-// stale one refreshed with the call's stale keys, `stale`), the others go to loadRest, which
-// bids for their locks without reading them again. `policy`, `waitUntil`, `tags`: the call's
-// (its beta decides the early refresh of each value read, as for a cold getOrLoad with it).
-function readFirst(sc, keys, rest, encoded, out, stale, loadMany, policy, waitUntil, tags) {
+// stale one refreshed with the call's stale keys, `call.stale`), the others go to loadRest,
+// which bids for their locks without reading them again. The call's policy (its beta decides
+// the early refresh of each value read, as for a cold getOrLoad with it), waitUntil and tags.
+function readFirst(sc, call, rest, encoded) {
+  const { keys, out, policy } = call
   const firstAt = new Map()
   const asked = []
   for (let j = 0; j < rest.length; j++) {
@@ -154,7 +159,7 @@ function readFirst(sc, keys, rest, encoded, out, stale, loadMany, policy, waitUn
         if (flights[u] === -1) {
           value = values[u]
           state = HIT_STATES[(code >> BATCH_STATE_SHIFT) & 3]
-          if (adopted[u] & 1) (stale ??= []).push({ k, key: keys[rest[firstAt.get(k)]], value, seen: freshUntil[u] })
+          if (adopted[u] & 1) (call.stale ??= []).push({ k, key: keys[rest[firstAt.get(k)]], value, seen: freshUntil[u] })
         } else looked = false
       } else {
         // A value an announcement carried (fresh: just written), or none.
@@ -184,20 +189,22 @@ function readFirst(sc, keys, rest, encoded, out, stale, loadMany, policy, waitUn
       }
     }
     if (missed === null) {
-      if (stale !== null) refreshMany(sc, stale, loadMany, policy, waitUntil, tags)
+      if (call.stale !== null) refreshMany(sc, call.stale, call)
       return out
     }
     // The caller's signal is the whole call's (see startGetOrLoadMany).
-    return loadRest(sc, keys, missed, missedKeys, out, stale, loadMany, policy, undefined, waitUntil, false, tags, true, looked)
+    return loadRest(sc, call, missed, missedKeys, true, looked)
   })
 }
 
-// The rest of a getOrLoadMany call: its keys at positions `rest` of `keys` (`encoded`: their
-// keys) are looked up, joined or led, each once; `out` holds the other positions' values, and
-// `stale` the call's stale keys, refreshed with those found stale in Redis. `readFirst`: Redis
-// was read for these keys just now (readFirst), and their misses published; `looked`: it had
-// none of them, so only their locks are bid for.
-function loadRest(sc, keys, rest, encoded, out, stale, loadMany, policy, signal, waitUntil, force, tags, readFirst, looked) {
+// The rest of a getOrLoadMany call: its keys at positions `rest` of `call.keys` (`encoded`:
+// their keys) are looked up, joined or led, each once; `call.out` holds the other positions'
+// values, and `call.stale` the call's stale keys, refreshed with those found stale in Redis.
+// `readFirst`: Redis was read for these keys just now (readFirst), and their misses published;
+// `looked`: it had none of them, so only their locks are bid for. The caller's signal is the
+// caller's to apply.
+function loadRest(sc, call, rest, encoded, readFirst, looked) {
+  const { keys, out, loadMany, policy, force } = call
   const b = newBatch(sc, loadMany, policy, force ? PURPOSE_FORCE : PURPOSE_COLD)
   const gated = sc.redis && !force
   if (gated) b.gates = new Map()
@@ -231,7 +238,7 @@ function loadRest(sc, keys, rest, encoded, out, stale, loadMany, policy, signal,
     if (kind === STEP_SERVE) {
       const value = sc.values[m >> HIT_SLOT_SHIFT]
       if (hitChannel.hasSubscribers) sc.publishHit(k, 'memory', hitState(m))
-      if (m & HIT_REFRESH) (stale ??= []).push({ k, key: keys[rest[j]], value })
+      if (m & HIT_REFRESH) (call.stale ??= []).push({ k, key: keys[rest[j]], value })
       answers.push(value)
       outcome.push(false)
       return
@@ -258,7 +265,19 @@ function loadRest(sc, keys, rest, encoded, out, stale, loadMany, policy, signal,
       return
     }
     const decided = () => batchDecided(sc, b, k)
-    const load = leadFlight(sc, k, m, batchLoader(sc, b, k, m), b.keyPolicy, force ? sc.currentValue(k) : undefined, b.purpose, waitUntil, tags, b)
+    const stale = force ? sc.currentValue(k) : undefined
+    const f = {
+      k,
+      flight: m,
+      loader: batchLoader(sc, b, k, m),
+      policy: b.keyPolicy,
+      stale,
+      purpose: b.purpose,
+      waitUntil: call.waitUntil,
+      tags: call.tags,
+      batch: b,
+    }
+    const load = leadFlight(sc, f)
     load.then(decided, decided)
     answers.push(new Outcome(settledOne).follow(load))
   }
@@ -286,14 +305,15 @@ function loadRest(sc, keys, rest, encoded, out, stale, loadMany, policy, signal,
     // Once the flights are registered: a subscriber that calls the cache joins them.
     sc.publishInvalidations()
     // The call's stale keys, and those its cold keys found stale in Redis, in one refresh.
-    b.refreshLate = (entries) => refreshMany(sc, entries, loadMany, policy, waitUntil, tags)
+    b.refreshLate = (entries) => refreshMany(sc, entries, call)
     b.passed = () => {
       const found = b.staleFound
       b.staleFound = null
+      const stale = call.stale
       const entries = stale === null ? found : found.length === 0 ? stale : [...stale, ...found]
       if (entries.length > 0) b.refreshLate(entries)
     }
-    if (cold.length > 0) batchGates(sc, b, cold, waitUntil, tags, looked)
+    if (cold.length > 0) batchGates(sc, b, cold, call, looked)
     batchDecided(sc, b, LEADING)
     settledOne()
   }
@@ -307,7 +327,7 @@ function loadRest(sc, keys, rest, encoded, out, stale, loadMany, policy, signal,
     } catch {}
   }
   inSlices(rest.length, lead, led, abandoned)
-  return signal ? withSignal(settled, signal) : settled
+  return settled
 }
 
 function newBatch(sc, loadMany, policy, purpose) {
@@ -320,13 +340,26 @@ function newBatch(sc, loadMany, policy, purpose) {
 // The cold keys' gates, in one go (one pipelined read, then one pipelined lock bid, per Redis
 // node): a key Redis has is served at once; the others' flights run with their answers. A key
 // another process holds is decided (the batch does not wait for it) and then waits for that
-// process's value alone, as getOrLoad does. `cold`: their ColdKeys.
-// `looked`: Redis was read for these keys just now and had none of them: bids only.
-function batchGates(sc, b, cold, waitUntil, tags, looked) {
+// process's value alone, as getOrLoad does. `cold`: their ColdKeys; `call`: the
+// getOrLoadMany call's record (its waitUntil and tags). `looked`: Redis was read for these keys
+// just now and had none of them: bids only.
+function batchGates(sc, b, cold, call, looked) {
   const run = (c, gate) => {
     // Without a gate here, runFlight asks for the key's own.
     if (gate !== undefined) b.gates.set(c.k, gate)
-    c.follow(runFlight(sc, c.k, c.flight, batchLoader(sc, b, c.k, c.flight), b.keyPolicy, undefined, PURPOSE_COLD, waitUntil, tags, b))
+    const loader = batchLoader(sc, b, c.k, c.flight)
+    const f = {
+      k: c.k,
+      flight: c.flight,
+      loader,
+      policy: b.keyPolicy,
+      stale: undefined,
+      purpose: PURPOSE_COLD,
+      waitUntil: call.waitUntil,
+      tags: call.tags,
+      batch: b,
+    }
+    c.follow(runFlight(sc, f))
   }
   const each = (batch) => {
     const [codes, texts, freshUntil, others, found, reported] = batch
@@ -527,10 +560,11 @@ function callLoadMany(sc, b, entries) {
     }, failAll)
 }
 
-// Refreshes stale keys ({ k, key, value }) in the background in one loadMany call, as startRefresh
-// refreshes one: handed to waitUntil at once; failures reported per key.
-function refreshMany(sc, entries, loadMany, policy, waitUntil, tags) {
-  const b = newBatch(sc, loadMany, policy, PURPOSE_REFRESH)
+// Refreshes stale keys ({ k, key, value, seen? }) in the background in one loadMany call, as
+// startRefresh refreshes one: handed to waitUntil at once; failures reported per key. `call`:
+// the getOrLoadMany call's record (its loadMany, policy, waitUntil and tags).
+function refreshMany(sc, entries, call) {
+  const b = newBatch(sc, call.loadMany, call.policy, PURPOSE_REFRESH)
   const loads = []
   // Led in slices of the thread's time (inSlices), the loadMany call held (LEADING) until
   // every key is led; `done` is handed to waitUntil now all the same, as rule 2 wants.
@@ -546,7 +580,18 @@ function refreshMany(sc, entries, loadMany, policy, waitUntil, tags) {
     const flight = beginBatchRefresh(sc.id, k, loads.length === 0, seen)
     if (flight < 0) return
     b.lead(k, key)
-    const load = leadFlight(sc, k, flight, batchLoader(sc, b, k, flight), b.keyPolicy, value, PURPOSE_REFRESH, undefined, tags, b)
+    const loader = batchLoader(sc, b, k, flight)
+    const load = leadFlight(sc, {
+      k,
+      flight,
+      loader,
+      policy: b.keyPolicy,
+      stale: value,
+      purpose: PURPOSE_REFRESH,
+      waitUntil: undefined,
+      tags: call.tags,
+      batch: b,
+    })
     const decided = () => batchDecided(sc, b, k)
     load.then(decided, decided)
     loads.push(load.then(noop, (err) => sc.report(err, 'refresh', k)))
@@ -562,14 +607,16 @@ function refreshMany(sc, entries, loadMany, policy, waitUntil, tags) {
   })
   if (allLed && loads.length === 0) return
   const done = led.then(() => Promise.all(loads)).then(noop)
-  sc.keepInBackground(done, waitUntil, undefined)
+  sc.keepInBackground(done, call.waitUntil, undefined)
 }
 
 // A getOrLoadMany inside the load of some of its keys (lib/reentry.js): those keys go to one
 // loadMany call of their own, now, whose results are cached nowhere (the enclosing loads write
-// them); the call's other keys are answered as usual. `rest`: the positions of `keys` not served
-// yet (`encoded`: their keys); `out`: the call's answers so far. Null when no key is in a load.
-function loadManyNested(sc, keys, rest, encoded, out, loadMany, policy, options) {
+// them); the call's other keys are answered as usual. `rest`: the positions of `call.keys` not
+// served yet (`encoded`: their keys); `call.out`: the call's answers so far. Null when no key is
+// in a load.
+function loadManyNested(sc, call, rest, encoded) {
+  const { keys, out, loadMany, policy, options } = call
   let own = null
   let others = null
   for (let j = 0; j < rest.length; j++) {
