@@ -1,6 +1,7 @@
 'use strict'
 // The package's CommonJS entry (index.mjs re-exports it). The facade lives in lib/: cache.js (the
-// StampedeCache class), errors.js (and AbortSignals), codec.js (serializers), channels.js
+// StampedeCache class), core.js (its state), flight.js and many.js (the flight drivers for one
+// key and for a batch), errors.js (and AbortSignals), codec.js (serializers), channels.js
 // (diagnostics channels), scope.js (withWaitUntil), keys.js (and tags), batch.js (getOrLoadMany's
 // batch) and engine.js (the binding as the facade calls it).
 

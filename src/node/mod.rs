@@ -31,7 +31,7 @@
 //!    refresh), `fail` (the loader threw or timed out, or its value could not be serialized), or
 //!    `skip` (`ctx.skipCache()`). Each end takes the flight from the engine only if it is still
 //!    the key's (`Singleflight::take`), so a superseded flight's end writes nothing, and the
-//!    facade drops the flight's promise (`#flights`) at the same point. The tests'
+//!    facade drops the flight's promise (`flights`, lib/core.js) at the same point. The tests'
 //!    `assertNoLeaks`/`assertIdle` check that no flight outlives its load (`_debugCounts()`).
 //! 2. **`redisWrite` runs in the JS turn of the `setEntry` that filled `written`**, before any
 //!    `await` and before any user code (a channel subscriber) can run: it sends the envelope that
@@ -46,10 +46,10 @@
 //!    `finishWrite`, `adopt`, `adoptMany`, `setEntry`, `deleteEntry`'s freed slot), the facade
 //!    stores the value there (or drops it) in the same JS turn, since the engine may hand the
 //!    slot to another key at its next call, and a hit there (the hot path is synchronous) reads
-//!    whatever the slot holds. In `lib/cache.js`, `#fill(slot, value)` (`#fillMany` for a
+//!    whatever the slot holds. In `lib/core.js`, `fill(slot, value)` (`fillMany` for a
 //!    batch's slots) is the one place that stores a value at a slot, and each call that answers
 //!    a slot is its argument (or the statement before it).
-//!    Under `l1.maxBytes`, `#fill` first drops the values at the slots `takeReleased` lists.
+//!    Under `l1.maxBytes`, `fill` first drops the values at the slots `takeReleased` lists.
 //! 4. **Codes cross as numbers the binding exports** (`codes.rs`); the facade reads them once,
 //!    at load, and declares none itself.
 //! 5. **Errors cross as `napi::Error` whose status is the stable `ERR_*` code** (`js_err`); the
