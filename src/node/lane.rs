@@ -18,7 +18,7 @@ use std::io::{self, Write};
 use std::ptr;
 use std::rc::{Rc, Weak};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use napi::bindgen_prelude::*;
 use napi::sys;
@@ -27,7 +27,7 @@ use super::settle::{self, Promised};
 use crate::inbox::Stamp;
 use crate::store::redis::{
     frame, frame_values, handshake_reply, Landing, LaneNode, LaneRead, LaneSocket, LaneStream,
-    LaneTarget, Opened, RedisTier, PROBE_INTERVAL,
+    LaneTarget, MarkRule, Opened, RedisTier, PROBE_INTERVAL,
 };
 use crate::sync::LockOrRecover;
 
@@ -124,12 +124,6 @@ enum Asked {
     },
 }
 
-/// Reads a lane writes without a mark after them, at most, while nothing changed (see
-/// `Lane::mark`): a shift is caught within this many reads.
-const UNMARKED_READS: u64 = 16;
-/// And for at most this long since the last mark.
-const UNMARKED_MS: u64 = 50;
-
 /// A read's reply, framed and judged, until its batch's mark proves it aligned.
 enum Framed {
     One(LaneRead),
@@ -144,6 +138,15 @@ struct Sent {
 }
 
 impl Sent {
+    /// The keys it reads.
+    fn keys(&self) -> impl Iterator<Item = &str> {
+        let (one, many) = match &self.asked {
+            Asked::One { key, .. } => (Some(key.as_str()), &[][..]),
+            Asked::Many { keys, .. } => (None, &keys[..]),
+        };
+        one.into_iter().chain(many.iter().map(String::as_str))
+    }
+
     /// Its first key (for reports).
     fn key(&self) -> Option<&str> {
         match &self.asked {
@@ -213,12 +216,8 @@ pub struct Lane {
     reads_delivered: u64,
     /// The sequence number of the next mark.
     next_mark: u64,
-    /// Amortised marks (see `mark`): reads written when a mark was last decided on, the tier's
-    /// `lane_changes` and the time when a mark was last written, and reads written unmarked since.
-    decided: u64,
-    changes_at_mark: u64,
-    mark_written_at: Instant,
-    unmarked: u64,
+    /// When the next mark is due (see `mark`).
+    rule: MarkRule,
     /// A reply was delivered that no mark has proven yet: if the lane then turns out out of step,
     /// every in-process copy is dropped (`receive`).
     unproven: bool,
@@ -588,11 +587,8 @@ impl Lane {
             reads_written: 0,
             reads_delivered: 0,
             next_mark: 0,
-            decided: 0,
-            // No change seen yet: the first reads are marked.
-            changes_at_mark: u64::MAX,
-            mark_written_at: Instant::now(),
-            unmarked: 0,
+            // The first reads are marked.
+            rule: MarkRule::new(Instant::now()),
             unproven: false,
             writable: false,
             refd: false,
@@ -797,38 +793,28 @@ impl Lane {
     /// mark's echo, found exactly where it must be, proves that none was added or lost before it
     /// (an extra reply of the same key, which the envelope's key mark cannot tell, included).
     ///
-    /// Marks are amortised: reads written while nothing changed (no write by this process, no
-    /// invalidation heard, no clear, since the last mark: `lane_changes`), fewer than
-    /// `UNMARKED_READS` of them and within `UNMARKED_MS` of the last mark, go without one, and
-    /// their replies are delivered as they come; the next mark proves them after the fact. Why
-    /// that is safe: another key's reply is refused by its key mark, so a shift can only
-    /// deliver an older reply of the same key, and while nothing changed that reply holds what
-    /// a proven read would have (a write here, or one heard of, makes the next reads marked, so
-    /// the first read of a key after this process wrote it is proven before it is delivered).
-    /// A shift is caught at the latest by the next mark (`UNMARKED_READS` reads or `UNMARKED_MS`
-    /// on), and then every in-process copy is dropped, so nothing the lane delivered unproven
-    /// stays in process.
+    /// Marks are amortised (`store::redis::lane::marks` has the rule and why it is safe): a
+    /// batch goes without one unless it reads a key this process wrote since the last mark,
+    /// something was heard since, or 16 reads or 50 ms passed; its replies are then delivered as
+    /// they come, and the next mark proves them after the fact. A shift is caught at the latest
+    /// by the next mark, and then every in-process copy is dropped, so nothing the lane
+    /// delivered unproven stays in process.
     fn mark(&mut self) {
-        if self.reads_written == self.decided || self.shut {
+        if self.shut {
             return;
         }
-        let new = self.reads_written - self.decided;
-        self.decided = self.reads_written;
-        let changes = self.tier.lane_changes();
-        let due = changes != self.changes_at_mark
-            || self.unmarked + new > UNMARKED_READS
-            || self.mark_written_at.elapsed() >= Duration::from_millis(UNMARKED_MS);
-        if !due {
-            self.unmarked += new;
+        let seen = self.tier.lane_seen();
+        // The reads written since the last decision are the newest sent.
+        let undecided = self.rule.undecided(self.reads_written);
+        let undecided = self.sent.iter().rev().take(undecided);
+        let keys = undecided.flat_map(|s| s.keys());
+        if self.rule.decide(self.reads_written, keys, &seen) != Some(true) {
             return;
         }
         let seq = self.next_mark;
         self.next_mark += 1;
         self.tier.lane_mark(seq, &mut self.out);
         self.marks.push_back((self.reads_written, seq));
-        self.changes_at_mark = changes;
-        self.mark_written_at = Instant::now();
-        self.unmarked = 0;
     }
 
     /// Whether the read at `position` (counted since the lane opened) is followed by a mark,
