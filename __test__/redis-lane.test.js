@@ -1,6 +1,6 @@
 'use strict'
 // The read lane. Plain GETs of the read path go on a second connection whose
-// socket the JS thread's own event loop drives (src/node/lane.rs), not through the runtime's
+// socket the JS thread's own event loop drives (src/node/lane/), not through the runtime's
 // threads. __test__/redis-socket-lane.test.js runs this file again on the socket lane (a
 // socket of the runtime's own, lib/lane.js: STAMPEDE_CACHE_LANE=socket). What it must keep: every read answered (by Redis or the loader), never hung, never
 // an older value after this instance's own write; a killed or silent lane costs the reads in
