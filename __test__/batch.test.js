@@ -618,7 +618,7 @@ test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false
     ['get', 'mget', 'echo', 'evalsha', 'eval', 'hget'],
   )
   assert.equal(none.length, 0)
-  // Its ECHO only if a mark is due (the lane's first read is marked; see src/node/lane.rs, `mark`).
+  // Its ECHO only if a mark is due (the lane's first read is marked; see src/store/redis/lane/marks.rs).
   assert.ok(warm.echo <= 1, `${warm.echo} ECHOs for a warm batch`)
   assert.deepEqual({ ...warm, echo: 0 }, { get: 0, mget: 1, echo: 0, evalsha: 0, eval: 0, hget: 0 }, 'warm: one MGET and at most its ECHO, nothing else')
   const s = b.stats()

@@ -1,5 +1,5 @@
 'use strict'
-// Reads on a Redis Cluster take a read lane per master (src/node/lane.rs `ready_node`), routed by
+// Reads on a Redis Cluster take a read lane per master (src/node/lane/slot.rs `ready_node`), routed by
 // the slot map the tier keeps for batches (src/store/redis/slots.rs). A stale map costs a
 // redirect: the node answers MOVED, the lane hands that read to the command connection (whose
 // client follows it) and the map is read again, so the next reads of the moved slot go to its

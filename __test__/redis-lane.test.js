@@ -1,6 +1,6 @@
 'use strict'
 // The read lane. Plain GETs of the read path go on a second connection whose
-// socket the JS thread's own event loop drives (src/node/lane.rs), not through the runtime's
+// socket the JS thread's own event loop drives (src/node/lane/), not through the runtime's
 // threads. __test__/redis-socket-lane.test.js runs this file again on the socket lane (a
 // socket of the runtime's own, lib/lane.js: STAMPEDE_CACHE_LANE=socket). What it must keep: every read answered (by Redis or the loader), never hung, never
 // an older value after this instance's own write; a killed or silent lane costs the reads in
@@ -118,6 +118,49 @@ test('marks are amortised: sequential reads while nothing changes cost about one
   assert.equal(await reader.getOrLoad('m3', mustNotLoad), 'mine')
   const after = await calls(redis)
   assert.deepEqual([after.get, after.echo], [1, 1], 'the read after a write went with its mark')
+})
+
+test('marks follow the keys written: a read of a key this instance wrote since the last mark is proven before it is delivered, a read of another key is not held for it', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const redis = await server(t)
+  const cache = cacheOn(t, redis)
+  for (let i = 0; i < 20; i++) await cache.set(`r${i}`, i)
+  const mustNotLoad = () => {
+    throw new Error('must come from Redis')
+  }
+  await laneCarrying(redis, () => cache.getOrLoad('r0', mustNotLoad))
+  // The GETs and ECHOs Redis executed while `read` ran (the writes before it, whose scripts and
+  // clock reads count GETs and ECHOs of their own, are not counted).
+  const counted = { get: 0, echo: 0 }
+  const reading = async (read) => {
+    await redis.cmd('CONFIG', 'RESETSTAT')
+    const value = await read()
+    const c = await calls(redis)
+    counted.get += c.get ?? 0
+    counted.echo += c.echo ?? 0
+    return value
+  }
+  // Each round writes one key and reads another: the write does not make the read marked (a
+  // mark per 16 reads or 50 ms still comes, as when nothing is written).
+  for (let n = 0; n < 100; n++) {
+    await cache.set(`w${n}`, n)
+    assert.equal(await reading(() => cache.getOrLoad(`r${n % 20}`, mustNotLoad)), n % 20)
+  }
+  assert.equal(counted.get, 100, 'every read went to Redis')
+  assert.ok(counted.echo <= 100 / 4, `${counted.echo} ECHOs for 100 reads of keys not written: a write marks every read`)
+  // Each round writes a key and reads it back: that read goes with its mark.
+  Object.assign(counted, { get: 0, echo: 0 })
+  for (let n = 0; n < 10; n++) {
+    await cache.set(`r${n}`, `mine${n}`)
+    assert.equal(await reading(() => cache.getOrLoad(`r${n}`, mustNotLoad)), `mine${n}`)
+  }
+  assert.deepEqual([counted.get, counted.echo], [10, 10], 'each first read of a key written went with its mark')
+  // A load writes its key back: the next read of that key is proven too.
+  Object.assign(counted, { get: 0, echo: 0 })
+  assert.equal(await cache.getOrLoad('cold', async () => 'loaded'), 'loaded')
+  assert.equal(await reading(() => cache.getOrLoad('cold', mustNotLoad)), 'loaded')
+  assert.deepEqual([counted.get, counted.echo], [1, 1], 'the read after a load wrote its key went with its mark')
 })
 
 /** The connections (`addr`) that sent each `MGET` while `fn` ran, as MONITOR shows them. */

@@ -1,5 +1,5 @@
 'use strict'
-// The socket lane's transport (src/node/lane.rs): where the read lane cannot drive its socket from
+// The socket lane's transport (src/node/lane/socket.rs): where the read lane cannot drive its socket from
 // libuv (Bun and Deno, whose `uv_*` are not libuv's), it reads on a `node:net` socket of the
 // runtime's own. This file only moves bytes: each chunk read goes to the native
 // framer in one call (`laneData`), which checks every reply (the key mark, the alignment marks,

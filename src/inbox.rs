@@ -65,8 +65,10 @@ pub struct Inbox {
     trust_stale: AtomicBool,
     /// Per bucket of keys, the sequence number of its last invalidation.
     stamps: Box<[AtomicU64]>,
-    /// Counts key invalidations.
+    /// Counts key invalidations and writes here (`touch`): the stamps' sequence.
     sequence: AtomicU64,
+    /// Counts key invalidations heard (not writes here).
+    invalidations: AtomicU64,
     /// Counts clear-alls (they change every key's stamp).
     epoch: AtomicU64,
     /// The newest namespace clock known here (never ahead of Redis's).
@@ -98,6 +100,7 @@ impl Default for Inbox {
             trust_stale: AtomicBool::new(true),
             stamps: (0..STAMP_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             sequence: AtomicU64::new(0),
+            invalidations: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             clock: AtomicU64::new(0),
             tag_clocks: (0..TAG_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
@@ -167,6 +170,7 @@ impl Inbox {
         let epoch = self.epoch.load(Ordering::Acquire);
         let seq = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         self.stamps[bucket(key)].store(seq, Ordering::Release);
+        self.invalidations.fetch_add(1, Ordering::AcqRel);
         let mut keys = self.keys.lock_or_recover();
         if !keys.contains(key) {
             if keys.len() >= MAX_PENDING_KEYS {
@@ -212,10 +216,11 @@ impl Inbox {
         self.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Moves whenever any key's stamp does (an invalidation heard, a write here, a clear): a
-    /// read lane that saw it still proves nothing changed since.
-    pub fn changes(&self) -> u64 {
-        self.sequence
+    /// Moves whenever something is heard (an invalidation, a clear) or a clear is made here; not
+    /// for a write here (`touch`), which a read lane marks by its key instead: a lane that saw
+    /// it still proves nothing changed elsewhere since.
+    pub fn heard(&self) -> u64 {
+        self.invalidations
             .load(Ordering::Acquire)
             .wrapping_add(self.epoch.load(Ordering::Acquire))
     }

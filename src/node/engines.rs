@@ -26,7 +26,7 @@ pub struct EngineState {
     pub(super) written: HashMap<String, (Envelope, Vec<String>)>,
     /// By flight id (see `flight.rs`).
     pub(super) flights: HashMap<u64, Flight>,
-    /// The read lane to the tier's server, if any (see `lane.rs`).
+    /// The read lane to the tier's server, if any (see `lane/`).
     pub(super) lane: LaneSlot,
     /// On a Cluster, the read lane to each node its reads went to.
     pub(super) node_lanes: NodeLanes,

@@ -1,7 +1,7 @@
 //! The hot path: `peek`, a raw N-API function, and the hit encoding it shares with the other
 //! reads. Every `unsafe` block of the binding is in this file (the raw N-API calls, the one
 //! conversion of a JS value whose type napi cannot check for us, `checked_cast`, and `js_string`),
-//! in `settle.rs` (the threadsafe function Redis promises settle through), or in `lane.rs` (the
+//! in `settle.rs` (the threadsafe function Redis promises settle through), or in `lane/` (the
 //! read lane's libuv calls), so the code the compiler cannot check is read in three places.
 //! (`RedisAnswer`'s `ToNapiValue` in `redis.rs` is an `unsafe fn` because the trait's is; it
 //! only hands its fields to napi-rs's own conversions.)

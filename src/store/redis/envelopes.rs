@@ -198,10 +198,10 @@ pub(super) fn marked(reply: Value, mark: &str) -> Option<Vec<Value>> {
 }
 
 impl RedisTier {
-    /// Counts a write of this process (see `lane_changes`), before it is sent.
-    pub(super) fn wrote_here(&self) {
-        self.local_writes
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    /// Records a write of `key` by this process (see `lane::Written`): before it is sent, and
+    /// again once Redis answered it, before its caller is told.
+    pub(super) fn wrote_here(&self, key: &str) {
+        self.written.record(key);
     }
 
     /// The echo for the next call whose command routes by `redis_key` (see [`Echo`]).
@@ -410,7 +410,7 @@ impl RedisTier {
             return WriteBack::Dropped;
         }
         let px = envelope.remaining_ms(SystemClock.now_ms());
-        self.wrote_here();
+        self.wrote_here(key);
         let keys = (self.value_key(key), self.lock_key(key));
         let text = envelope.encode(body, &new_generation(), &keys.0);
         let msg = self.bus.announcement(key);
@@ -438,6 +438,7 @@ impl RedisTier {
                 Ok(reply.map(|r| r.first().map_or(0, int)))
             })
             .await;
+        self.wrote_here(key);
         match written {
             Ok(Some(1)) => WriteBack::Written,
             Ok(None) => {
@@ -486,7 +487,7 @@ impl RedisTier {
         at_ms: u64,
         replayed: Option<u64>,
     ) -> Result<Option<bool>, Unavailable> {
-        self.wrote_here();
+        self.wrote_here(key);
         let generation = new_generation();
         let (text, px, born) = match written {
             Some((envelope, body)) => {
@@ -533,6 +534,7 @@ impl RedisTier {
         // after the write was asked for, answered before it ran, must not be kept (its stamp
         // predates this; see also `WriteOrder::busy`).
         self.inbox.touch(key);
+        self.wrote_here(key);
         let Some(existed) = existed? else {
             // Out of step: whether it was written is unknown, as after a timeout.
             self.misdelivered(op, key);
@@ -567,7 +569,7 @@ impl RedisTier {
     /// delete. Other processes drop their copies. Returns whether the key held a value. Run it
     /// through `in_order`.
     pub async fn expire(&self, key: &str, now: f64) -> Result<bool, Unavailable> {
-        self.wrote_here();
+        self.wrote_here(key);
         let keys = (self.value_key(key), self.generation_key(key));
         let msg = self.bus.announcement(key);
         self.bus.carried().expect_own(key);
@@ -588,6 +590,7 @@ impl RedisTier {
             .await;
         // A read sent before this, answered after, must not be kept over it.
         self.inbox.touch(key);
+        self.wrote_here(key);
         let Some(existed) = expired? else {
             self.misdelivered("expire", key);
             return Err(Unavailable);

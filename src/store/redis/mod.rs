@@ -119,7 +119,7 @@ pub use health::PROBE_INTERVAL;
 pub use hints::explained;
 pub use lane::{
     frame, frame_values, handshake_reply, Landing, LaneNode, LaneRead, LaneSocket, LaneStream,
-    Opened,
+    MarkRule, Opened,
 };
 pub use order::WriteOrder;
 pub use replaying::{Applied, Change, Taken};
@@ -195,9 +195,9 @@ pub struct RedisTier {
     scripts: Scripts,
     /// The clock fences are read by.
     fences: Fences,
-    /// Counts this process's writes to Redis (sets, deletes, write-backs): a read lane marks
-    /// the first read after one (see `lane_changes`).
-    local_writes: std::sync::atomic::AtomicU64,
+    /// The keys this process wrote to Redis (sets, deletes, expires, write-backs): a read lane
+    /// marks the first read of one after it wrote it (see `lane::Written`).
+    written: lane::Written,
 }
 
 impl RedisTier {
@@ -232,7 +232,7 @@ impl RedisTier {
             shutdown,
             scripts: Scripts::new(),
             fences: Fences::new(),
-            local_writes: std::sync::atomic::AtomicU64::new(0),
+            written: lane::Written::default(),
         }))
     }
 

@@ -675,7 +675,7 @@ impl Topology {
         )))
     }
 
-    /// Whether a read lane (see `lane.rs`) may reach this server: one server or a Sentinel
+    /// Whether a read lane (see `node/lane/`) may reach this server: one server or a Sentinel
     /// primary, over TCP, plain or TLS that verifies the server (`rejectUnauthorized: false`
     /// keeps reads on the command connection, whose client skips verification for it).
     pub fn lane_possible(&self) -> bool {

@@ -17,11 +17,13 @@
 //! would; one whose tier replaced its command connection since it opened is dropped too, so
 //! both always reach the same server. `STAMPEDE_CACHE_NO_LANE=1` turns it off for a process.
 
+mod marks;
 mod resp;
 mod transport;
 
 use std::time::Duration;
 
+pub use marks::{MarkRule, Seen, Written};
 pub use resp::{frame, frame_values, Reply, Values};
 pub use transport::{handshake_reply, Landing, LaneSocket, LaneStream, Opened};
 
@@ -175,14 +177,15 @@ impl RedisTier {
         key::write_value_get(&self.policies.namespace, key, out);
     }
 
-    /// A number that moves whenever something may have changed an entry this process could read
-    /// (a write here, an invalidation heard, a clear): a lane marks the first reads it writes
-    /// after it moved, so a read after one of this process's writes is proven aligned before it
-    /// is delivered (see `src/node/lane.rs`, `Lane::mark`).
-    pub fn lane_changes(&self) -> u64 {
-        self.inbox
-            .changes()
-            .wrapping_add(self.local_writes.load(std::sync::atomic::Ordering::Acquire))
+    /// What a lane's mark rule needs to know now (see `marks`): a number that moves whenever
+    /// something heard may have changed an entry this process could read (an invalidation heard,
+    /// a clear), and the keys this process wrote.
+    pub fn lane_seen(&self) -> Seen<'_> {
+        Seen {
+            changes: self.inbox.heard(),
+            written: &self.written,
+            now: std::time::Instant::now(),
+        }
     }
 
     /// The lane delivered replies no mark had proven yet and then turned out out of step: every
