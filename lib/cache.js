@@ -143,6 +143,11 @@ class StampedeCache {
   #fresh
   /** getMany's scratch array of fresh slots, one per key (see getMany). */
   #slotScratch = new Int32Array(0)
+  /**
+   * The in-process tier keeps nothing (`l1: false`, or `maxEntries: 0`): no key is asked of it
+   * (a batch of 1,000 keys spent a native call a key finding nothing there).
+   */
+  #keepsNone = false
 
   constructor(options) {
     if (options !== undefined && (options === null || typeof options !== 'object' || Array.isArray(options))) {
@@ -158,6 +163,7 @@ class StampedeCache {
     this.#token = engine.create(options?.serializer === undefined ? options : { ...options, serializer: this.#codec.kind })
     const l1 = options?.l1
     this.#bytesBounded = typeof l1 === 'object' && l1 !== null && l1.maxBytes !== undefined
+    this.#keepsNone = l1 === false || (typeof l1 === 'object' && l1 !== null && l1.maxEntries === 0)
     this.#id = engineId(this.#token)
     this.#redis = hasRedis(this.#id)
     this.#fresh = FreshIndex.of(this.#id)
@@ -230,7 +236,7 @@ class StampedeCache {
     // (after the keys are checked, below).
     let rest = null
     let stale = null
-    if (!force && !signal?.aborted) {
+    if (!force && !signal?.aborted && !this.#keepsNone) {
       const beta = policy === null ? this.#beta : policy[POLICY_BETA]
       const hot = beta === this.#beta
       const fresh = hot ? this.#fresh : null
@@ -297,12 +303,23 @@ class StampedeCache {
   // bids for their locks without reading them again. `policy`, `waitUntil`, `tags`: the call's
   // (its beta decides the early refresh of each value read, as for a cold getOrLoad with it).
   #readFirst(keys, rest, encoded, out, stale, loadMany, policy, waitUntil, tags) {
+    // Each key once: `askedAt[j]` is the place of position j's key in `asked`, `firstOf[u]`
+    // the first position of key `asked[u]` (a Map of keys to the values served was a second
+    // Map of every key, among a profile's top frames).
     const firstAt = new Map()
     const asked = []
+    const firstOf = []
+    const askedAt = new Int32Array(rest.length)
     for (let j = 0; j < rest.length; j++) {
       const k = encoded[j]
-      if (firstAt.has(k)) continue
-      firstAt.set(k, j)
+      const u = firstAt.get(k)
+      if (u !== undefined) {
+        askedAt[j] = u
+        continue
+      }
+      askedAt[j] = asked.length
+      firstAt.set(k, asked.length)
+      firstOf.push(j)
       asked.push(k)
       if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
     }
@@ -320,8 +337,8 @@ class StampedeCache {
       for (let u = 0; u < asked.length; u++) flights[u] = codes[u] >= 0 && values[u] !== UNREADABLE ? -1 : -2
       const adopted = adoptMany(this.#id, found, flights, true, policy === null ? -1 : policy[POLICY_BETA])
       this.#fillMany(adopted, values)
-      // By key: its value, or MISSED (not in Redis, unreadable, Redis unavailable).
-      const served = new Map()
+      // By place in `asked`: its value, or MISSED (not in Redis, unreadable, Redis unavailable).
+      const served = new Array(asked.length)
       // Every key missed was simply not in Redis: their gates need not read them again. A value
       // this serializer cannot read, or Redis unavailable, is judged by the gates' own read, as
       // getOrLoad judges one.
@@ -335,7 +352,7 @@ class StampedeCache {
           if (flights[u] === -1) {
             value = values[u]
             state = HIT_STATES[(code >> BATCH_STATE_SHIFT) & 3]
-            if (adopted[u] & 1) (stale ??= []).push({ k, key: keys[rest[firstAt.get(k)]], value, seen: freshUntil[u] })
+            if (adopted[u] & 1) (stale ??= []).push({ k, key: keys[rest[firstOf[u]]], value, seen: freshUntil[u] })
           } else looked = false
         } else {
           // A value an announcement carried (fresh: just written), or none.
@@ -350,14 +367,14 @@ class StampedeCache {
             }
           }
         }
-        served.set(k, value)
+        served[u] = value
         if (value !== MISSED && hitChannel.hasSubscribers) this.#publishHit(k, 'redis', state)
       }
       this.#publishInvalidations()
       let missed = null
       let missedKeys = null
       for (let j = 0; j < rest.length; j++) {
-        const value = served.get(encoded[j])
+        const value = served[askedAt[j]]
         if (value !== MISSED) out[rest[j]] = value
         else {
           ;(missed ??= []).push(rest[j])
@@ -843,7 +860,7 @@ class StampedeCache {
     if (rest === null) return out
     this.#watchInvalidations()
     // Positions of the keys the in-process tier does not have, by key (each asked of Redis once).
-    const missed = new Map()
+    let missed = new Map()
     if (fresh === null) {
       // No index of fresh entries (l1 off): the tier is asked for every key in one call.
       const positions = new Map()
@@ -852,19 +869,27 @@ class StampedeCache {
         if (at !== undefined) at.push(rest[j])
         else positions.set(encoded[j], [rest[j]])
       }
-      const asked = [...positions.keys()]
-      const hits = engine.getEntries(this.#id, asked.join(''), keyLengths(asked))
-      for (let u = 0; u < asked.length; u++) {
-        const k = asked[u]
-        const hit = hits[u]
-        if (hit >= 0) {
-          if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(hit))
-          const value = this.#values[hit >> HIT_SLOT_SHIFT]
-          for (const i of positions.get(k)) out[i] = value
-          continue
+      if (this.#keepsNone) {
+        // It keeps nothing: every key is Redis's.
+        if (missChannel.hasSubscribers) {
+          for (const k of positions.keys()) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
         }
-        if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
-        missed.set(k, positions.get(k))
+        missed = positions
+      } else {
+        const asked = [...positions.keys()]
+        const hits = engine.getEntries(this.#id, asked.join(''), keyLengths(asked))
+        for (let u = 0; u < asked.length; u++) {
+          const k = asked[u]
+          const hit = hits[u]
+          if (hit >= 0) {
+            if (hitChannel.hasSubscribers) this.#publishHit(k, 'memory', hitState(hit))
+            const value = this.#values[hit >> HIT_SLOT_SHIFT]
+            for (const i of positions.get(k)) out[i] = value
+            continue
+          }
+          if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#namespace, key: k })
+          missed.set(k, positions.get(k))
+        }
       }
     }
     for (let j = 0; fresh !== null && j < rest.length; j++) {
