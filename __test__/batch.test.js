@@ -990,3 +990,40 @@ test('Redis Cluster: a batch over every master (one pipeline per node) loads onc
   assert.deepEqual(await b.getMany(['cl0', 'nope', 'cl299']), [{ k: 'cl0' }, undefined, { k: 'cl299' }])
   assert.equal(b.stats().redisErrors, 0)
 })
+
+test('Redis: a tier that keeps nothing (l1: false, or maxEntries: 0) serves a batch from Redis, duplicates at every position, and refreshes its stale keys once', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { base } = await setupRedis(t, { prefix: 'batch' })
+  const a = new StampedeCache({ ...base, ttl: 60_000 })
+  t.after(() => a.close())
+  const short = new StampedeCache({ ...base, ttl: 40, hardTtl: 60_000, beta: 0 })
+  t.after(() => short.close())
+  const fresh = ids(30, 'kf')
+  await a.getOrLoadMany(fresh, (ks) => ks.map((k) => `${k}@1`))
+  for (const [n, l1] of [false, { maxEntries: 0 }].entries()) {
+    const stale = ids(4, `ks${n}-`)
+    await short.getOrLoadMany(stale, (ks) => ks.map((k) => `${k}@1`))
+    await sleep(80)
+    // Built after the writes: nothing carried, every key read from Redis.
+    const b = new StampedeCache({ ...base, ttl: 60_000, hardTtl: 120_000, beta: 0, l1 })
+    t.after(() => b.close())
+    const missing = `kmissing${n}`
+    const keys = [...fresh, fresh[3], ...stale, missing, fresh[0]]
+    const { calls, loadMany } = recorder({ value: (k) => `${k}@2` })
+    const got = await b.getOrLoadMany(keys, loadMany)
+    assert.deepEqual(got, [...fresh.map((k) => `${k}@1`), `${fresh[3]}@1`, ...stale.map((k) => `${k}@1`), `${missing}@2`, `${fresh[0]}@1`])
+    // The cold key, then the stale keys' refresh: one loadMany call each.
+    await waitFor(() => calls.length === 2, { what: 'the refresh of the stale keys' })
+    assert.deepEqual(
+      calls.map((c) => c.keys),
+      [[missing], stale],
+    )
+    const s = b.stats()
+    assert.equal(s.l2Hits, fresh.length + stale.length, 'l2Hits per key, each once')
+    assert.equal(s.l1Entries, 0, 'nothing kept in process')
+    await waitFor(async () => (await b.getMany(stale)).every((v, i) => v === `${stale[i]}@2`), { what: 'the refreshed values in Redis' })
+    assert.deepEqual(await b.getMany([fresh[1], 'nope', fresh[1]]), [`${fresh[1]}@1`, undefined, `${fresh[1]}@1`])
+    await assertNoLeaks(b)
+  }
+})

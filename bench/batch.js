@@ -4,16 +4,17 @@
 // in one run, on one machine, against one private redis-server. Ratios, never absolute times.
 //
 //   node bench/batch.js [--quick] [--rounds 7] [--keys 1000] [--json out.json] [--docs]
-//                       [--in-process] [--cluster] [--baseline DIR]
+//                       [--in-process] [--cluster] [--redis] [--baseline DIR]
 //   (--docs also renders the README's chart, docs/bench-batch.svg; --in-process runs case 2
-//   alone, without Redis; --cluster runs case 5 alone; --baseline DIR adds the getOrLoadMany rows
+//   alone, without Redis; --cluster runs case 5 alone; --redis runs case 1 alone (its
+//   getOrLoadMany and getMany rows, and the baseline's with --baseline); --baseline DIR adds the getOrLoadMany rows
 //   of cases 1, 2 and 5 for another build of the library, a checkout of an older commit with its
 //   addon built, in the same rounds, so a change is measured before and after in one run)
 //
 // 1. Warm in Redis, `l1: false` (a serverless instance): getOrLoadMany over 1,000 keys, without
 //    options and with `{ ttl }` (users of a batch API nearly always pass some), against one ioredis
 //    MGET of the same values, stored raw by ioredis itself (JSON, SET PX), plus JSON.parse of each; sequential batches, then 16 batches
-//    in flight; then getMany likewise. Rounds interleave the sides (each round in another order);
+//    in flight; then getMany likewise (and the baseline build's getMany with --baseline). Rounds interleave the sides (each round in another order);
 //    each ratio is the median of the rounds' (the MGET's time over the row's, in that round).
 // 2. Warm in process: getOrLoadMany (without options and with `{ ttl }`), and getMany, against a
 //    loop of Map.get over the same keys.
@@ -304,7 +305,7 @@ async function main() {
   const out = { keys: N, rounds: ROUNDS, quick: QUICK, node: process.version, at: new Date().toISOString() }
   const b = args.indexOf('--baseline')
   const Baseline = b >= 0 ? require(path.resolve(args[b + 1])).StampedeCache : null
-  if (Baseline !== null && !flag('--cluster')) {
+  if (Baseline !== null && !flag('--cluster') && !flag('--redis')) {
     const base = await inProcess(Baseline)
     out.baselineInProcess = base.many
     out.baselineInProcessTtl = base.manyTtl
@@ -387,20 +388,33 @@ async function main() {
         out[`baselineRedis${key}Ttl`] = rows.baseTtl
       }
     }
+    const getMany = (cache) => async () => {
+      const r = await cache.getMany(keys)
+      if (r[0] === undefined) throw new Error('a warm getMany missed')
+      return r
+    }
+    const manySides = { ours: getMany(reader) }
+    if (baseline !== null) manySides.base = getMany(baseline.reader)
+    for (const [key, inFlight] of [
+      ['Sequential', 1],
+      ['16', 16],
+    ]) {
+      const rows = await rowsAgainst(manySides, mget, count, inFlight)
+      out[`getMany${key}`] = rows.ours
+      if (baseline !== null) out[`baselineGetMany${key}`] = rows.base
+    }
     if (baseline !== null) {
       await baseline.reader.close()
       await baseline.writer.close()
     }
-    const many = async () => {
-      const r = await reader.getMany(keys)
-      if (r[0] === undefined) throw new Error('a warm getMany missed')
-      return r
-    }
-    out.getManySequential = await sideBySide(many, mget, count, 1)
-    out.getMany16 = await sideBySide(many, mget, count, 16)
     io.disconnect()
     await reader.close()
     await writer.close()
+    if (flag('--redis')) {
+      print(out)
+      if (jsonOut) fs.writeFileSync(jsonOut, JSON.stringify(out, null, 1) + '\n')
+      return out
+    }
 
     const local = await inProcess(StampedeCache)
     out.inProcess = local.many
@@ -505,17 +519,26 @@ function print(o) {
   console.log(
     `| getMany, warm in Redis, l1: false, 16 in flight, vs ioredis MGET + JSON.parse | ${n(o.getMany16.oursBatchesPerSec)} | ${n(o.getMany16.otherBatchesPerSec)} | ${x(o.getMany16.ratio)} |`,
   )
+  row('getMany, warm in Redis, l1: false, sequential (baseline), vs the same MGET', o.baselineGetManySequential)
+  row('getMany, warm in Redis, l1: false, 16 in flight (baseline), vs the same MGET', o.baselineGetMany16)
   printInProcessRows(o)
+  if (o.cold === undefined) {
+    console.log(`\nRedis commands for a warm batch of ${o.keys} (l1: false): ${fmtCounts(o.warmCommands)}`)
+    return
+  }
   console.log('\n| cold, 1 process | call | database queries | ids asked | ms |')
   console.log('|---|---|---:|---:|---:|')
   for (const c of o.cold) console.log(`| ${c.name} | \`${c.call}\` | ${n(c.queries)} | ${n(c.ids)} | ${n(c.ms)} |`)
-  const fmt = (c) =>
-    Object.entries(c)
-      .map(([k, v]) => `${k} ${v}`)
-      .join(', ')
+  const fmt = fmtCounts
   console.log(`\nRedis commands for a cold batch of ${o.keys}: ${fmt(o.coldCommands)}`)
   console.log(`Redis commands for a warm batch of ${o.keys} (l1: false): ${fmt(o.warmCommands)}`)
   console.log(`Redis commands for a warm batch of ${o.keys} (l1: false) with { ttl }: ${fmt(o.warmCommandsTtl)}`)
+}
+
+function fmtCounts(c) {
+  return Object.entries(c)
+    .map(([k, v]) => `${k} ${v}`)
+    .join(', ')
 }
 
 function printCluster(o) {

@@ -152,7 +152,7 @@ class StampedeCache {
     if (rest === null) return out
     this.#c.watchInvalidations()
     // Positions of the keys the in-process tier does not have, by key (each asked of Redis once).
-    const missed = new Map()
+    let missed = new Map()
     if (fresh === null) {
       // No index of fresh entries (l1 off): the tier is asked for every key in one call.
       const positions = new Map()
@@ -161,19 +161,27 @@ class StampedeCache {
         if (at !== undefined) at.push(rest[j])
         else positions.set(encoded[j], [rest[j]])
       }
-      const asked = [...positions.keys()]
-      const hits = engine.getEntries(this.#id, asked.join(''), keyLengths(asked))
-      for (let u = 0; u < asked.length; u++) {
-        const k = asked[u]
-        const hit = hits[u]
-        if (hit >= 0) {
-          if (hitChannel.hasSubscribers) this.#c.publishHit(k, 'memory', hitState(hit))
-          const value = this.#values[hit >> HIT_SLOT_SHIFT]
-          for (const i of positions.get(k)) out[i] = value
-          continue
+      if (this.#c.keepsNone) {
+        // It keeps nothing: every key is Redis's.
+        if (missChannel.hasSubscribers) {
+          for (const k of positions.keys()) missChannel.publish({ cache: this, namespace: this.#c.namespace, key: k })
         }
-        if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#c.namespace, key: k })
-        missed.set(k, positions.get(k))
+        missed = positions
+      } else {
+        const asked = [...positions.keys()]
+        const hits = engine.getEntries(this.#id, asked.join(''), keyLengths(asked))
+        for (let u = 0; u < asked.length; u++) {
+          const k = asked[u]
+          const hit = hits[u]
+          if (hit >= 0) {
+            if (hitChannel.hasSubscribers) this.#c.publishHit(k, 'memory', hitState(hit))
+            const value = this.#values[hit >> HIT_SLOT_SHIFT]
+            for (const i of positions.get(k)) out[i] = value
+            continue
+          }
+          if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#c.namespace, key: k })
+          missed.set(k, positions.get(k))
+        }
       }
     }
     for (let j = 0; fresh !== null && j < rest.length; j++) {

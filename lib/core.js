@@ -86,6 +86,11 @@ class CacheState {
     /** l1.maxBytes is set: slots the engine frees are released here too (see fill). */
     this.bytesBounded = typeof l1 === 'object' && l1 !== null && l1.maxBytes !== undefined
     /**
+     * The in-process tier keeps nothing (`l1: false`, or `maxEntries: 0`): no key is asked of it
+     * (a batch of 1,000 keys spent a native call a key finding nothing there).
+     */
+    this.keepsNone = l1 === false || (typeof l1 === 'object' && l1 !== null && l1.maxEntries === 0)
+    /**
      * Fresh hits answered without a native call (lib/fresh.js), or null: l1 off, or a runtime
      * that cannot share the engine's memory. Filled by the hot paths' native hits.
      */

@@ -52,7 +52,7 @@ function startGetOrLoadMany(sc, keys, loadMany, options) {
   // not asked. forceRefresh serves nothing; an aborted signal rejects as getOrLoad's does
   // (after the keys are checked, below).
   let rest = null
-  if (!force && !signal?.aborted) {
+  if (!force && !signal?.aborted && !sc.keepsNone) {
     const beta = policy === null ? sc.beta : policy[POLICY_BETA]
     const hot = beta === sc.beta
     const fresh = hot ? sc.fresh : null
@@ -121,12 +121,23 @@ function startGetOrLoadMany(sc, keys, loadMany, options) {
 // the early refresh of each value read, as for a cold getOrLoad with it), waitUntil and tags.
 function readFirst(sc, call, rest, encoded) {
   const { keys, out, policy } = call
+  // Each key once: `askedAt[j]` is the place of position j's key in `asked`, `firstOf[u]`
+  // the first position of key `asked[u]` (a Map of keys to the values served was a second
+  // Map of every key, among a profile's top frames).
   const firstAt = new Map()
   const asked = []
+  const firstOf = []
+  const askedAt = new Int32Array(rest.length)
   for (let j = 0; j < rest.length; j++) {
     const k = encoded[j]
-    if (firstAt.has(k)) continue
-    firstAt.set(k, j)
+    const u = firstAt.get(k)
+    if (u !== undefined) {
+      askedAt[j] = u
+      continue
+    }
+    askedAt[j] = asked.length
+    firstAt.set(k, asked.length)
+    firstOf.push(j)
     asked.push(k)
     if (missChannel.hasSubscribers) missChannel.publish({ cache: sc.cache, namespace: sc.namespace, key: k })
   }
@@ -144,8 +155,8 @@ function readFirst(sc, call, rest, encoded) {
     for (let u = 0; u < asked.length; u++) flights[u] = codes[u] >= 0 && values[u] !== UNREADABLE ? -1 : -2
     const adopted = adoptMany(sc.id, found, flights, true, policy === null ? -1 : policy[POLICY_BETA])
     sc.fillMany(adopted, values)
-    // By key: its value, or MISSED (not in Redis, unreadable, Redis unavailable).
-    const served = new Map()
+    // By place in `asked`: its value, or MISSED (not in Redis, unreadable, Redis unavailable).
+    const served = new Array(asked.length)
     // Every key missed was simply not in Redis: their gates need not read them again. A value
     // this serializer cannot read, or Redis unavailable, is judged by the gates' own read, as
     // getOrLoad judges one.
@@ -159,7 +170,7 @@ function readFirst(sc, call, rest, encoded) {
         if (flights[u] === -1) {
           value = values[u]
           state = HIT_STATES[(code >> BATCH_STATE_SHIFT) & 3]
-          if (adopted[u] & 1) (call.stale ??= []).push({ k, key: keys[rest[firstAt.get(k)]], value, seen: freshUntil[u] })
+          if (adopted[u] & 1) (call.stale ??= []).push({ k, key: keys[rest[firstOf[u]]], value, seen: freshUntil[u] })
         } else looked = false
       } else {
         // A value an announcement carried (fresh: just written), or none.
@@ -174,14 +185,14 @@ function readFirst(sc, call, rest, encoded) {
           }
         }
       }
-      served.set(k, value)
+      served[u] = value
       if (value !== MISSED && hitChannel.hasSubscribers) sc.publishHit(k, 'redis', state)
     }
     sc.publishInvalidations()
     let missed = null
     let missedKeys = null
     for (let j = 0; j < rest.length; j++) {
-      const value = served.get(encoded[j])
+      const value = served[askedAt[j]]
       if (value !== MISSED) out[rest[j]] = value
       else {
         ;(missed ??= []).push(rest[j])

@@ -86,6 +86,7 @@ pub mod error;
 pub mod fresh;
 pub mod inbox;
 pub mod jitter;
+pub mod json_element;
 pub mod key;
 pub mod policy;
 pub mod redis_parts;

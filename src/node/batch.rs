@@ -34,13 +34,14 @@ use super::engines::{engine, with_engine};
 use super::flight::{Flight, Found, Gated};
 use super::hot_path;
 use super::lane::{self, ThenMany};
-use super::reads::{carried, carried_gate, For};
+use super::reads::{carried_gate, For};
 use super::redis::{adopt_flight, keep_found, lane_of};
 use super::{napi_fail, settle, JsErr};
 use crate::cache::EntryState;
 use crate::clock::{Clock, SystemClock};
 use crate::error::ErrorCode;
 use crate::inbox::Stamp;
+use crate::json_element::one_element;
 use crate::store::redis::{Fetched, FirstLook, Gate, LaneRead, RedisTier, Remote};
 
 /// Set in the code of a key Redis had (`Batch`): its envelope waits for `adoptMany`. A key
@@ -120,32 +121,94 @@ enum Each<A> {
 }
 
 /// The keys an announcement carried a value for are answered from it (no Redis read): those
-/// answers, and the other keys, each with its position. The per-key answers are laid out on the
-/// runtime (`Asked::answers`): a vector of them made here, 200 bytes a key, was one fresh mapping
-/// of the JS thread's allocator per batch (page faults and zeroed pages, half a millisecond for
-/// 1,000 keys).
+/// answers, and the positions of the other keys (whose names travel beside, see `uncarried`).
+/// The per-key answers are laid out on the runtime (`Asked::answers`): a vector of them made
+/// here, 200 bytes a key, was one fresh mapping of the JS thread's allocator per batch (page
+/// faults and zeroed pages, half a millisecond for 1,000 keys).
 struct Asked<A> {
     n: usize,
     carried: Vec<(usize, A)>,
-    rest: Vec<(usize, String)>,
+    /// The position of each key asked of Redis, in the order of its name.
+    at: Vec<usize>,
 }
 
-/// `carried`: key i's answer from an announcement, if one carried its value.
-fn uncarried<A>(keys: Vec<String>, carried: impl Fn(usize, &str) -> Option<A>) -> Asked<A> {
+/// `carried`: key i's answer from an announcement, if one carried its value. The names of the
+/// keys not carried, in the order of `Asked::at`.
+fn uncarried<A>(
+    keys: Vec<String>,
+    carried: impl Fn(usize, &str) -> Option<A>,
+) -> (Asked<A>, Vec<String>) {
     let n = keys.len();
     let mut answered = Vec::new();
-    let mut rest = Vec::with_capacity(n);
+    let mut at = Vec::with_capacity(n);
+    let mut names = Vec::with_capacity(n);
     for (i, key) in keys.into_iter().enumerate() {
         match carried(i, &key) {
             Some(found) => answered.push((i, found)),
-            None => rest.push((i, key)),
+            None => {
+                at.push(i);
+                names.push(key);
+            }
         }
     }
-    Asked {
+    let asked = Asked {
         n,
         carried: answered,
-        rest,
+        at,
+    };
+    (asked, names)
+}
+
+/// A batch read's keys, as `uncarried` splits them, with the tier and each uncarried key's
+/// stamp taken once on the JS thread (before a later `set` or `delete` of this process can
+/// change it), the carried keys' checked against the same stamp; `None` when the cache is
+/// closed or has no Redis (every key unavailable). A key's stamp was taken twice, and the
+/// engine looked up once per key, when the carried check and `asked` each took their own.
+#[allow(clippy::type_complexity)]
+fn read_asked(
+    id: u32,
+    keys: Vec<String>,
+    count: bool,
+) -> std::result::Result<
+    (Arc<RedisTier>, Asked<RedisAnswer>, Vec<String>, Vec<Stamp>),
+    (Asked<RedisAnswer>, Vec<String>),
+> {
+    let Some(e) = engine(id) else {
+        return Err(uncarried(keys, |_, _| None));
+    };
+    let e = e.borrow();
+    let tier = match &e.redis {
+        Some(tier) if !e.cache.is_closed() => tier.clone(),
+        _ => return Err(uncarried(keys, |_, _| None)),
+    };
+    let inbox = e.cache.inbox();
+    let n = keys.len();
+    let mut answered = Vec::new();
+    let mut at = Vec::with_capacity(n);
+    let mut names = Vec::with_capacity(n);
+    let mut stamps = Vec::with_capacity(n);
+    for (i, key) in keys.into_iter().enumerate() {
+        let stamp = inbox.stamp(&key);
+        match tier.take_carried(&key, stamp) {
+            Some(found) => {
+                if count {
+                    tier.count_l2_hit();
+                }
+                answered.push((i, RedisAnswer::found(found).reporting(&tier)));
+            }
+            None => {
+                at.push(i);
+                names.push(key);
+                stamps.push(stamp);
+            }
+        }
     }
+    let asked = Asked {
+        n,
+        carried: answered,
+        at,
+    };
+    Ok((tier, asked, names, stamps))
 }
 
 impl<A> Asked<A> {
@@ -187,12 +250,11 @@ pub fn redis_gate_many(
         flight: flights[i],
     };
     begin_flights(id, &keys, &flights);
-    let mut asked_ = uncarried(keys, |i, key| carried_gate(to(i), key));
-    let names: Vec<String> = asked_.rest.iter().map(|(_, k)| k.clone()).collect();
+    let (mut asked_, names) = uncarried(keys, |i, key| carried_gate(to(i), key));
     let tier = asked(id, &names);
     settle::spawn_settled(env, async move {
         let mut answers = asked_.answers();
-        let rest = asked_.rest;
+        let rest = asked_.at;
         let records = Records { id, flights };
         let landed = |i: usize, (answer, gated): (RedisAnswer, Gated)| {
             Each::Other(Landed {
@@ -203,16 +265,16 @@ pub fn redis_gate_many(
             })
         };
         let Some((tier, stamps)) = tier else {
-            for (i, _) in &rest {
+            for i in &rest {
                 let closed = (RedisAnswer::kind(GATE_CLOSED, None), Gated::Nothing);
                 answers[*i] = Some(landed(*i, closed));
             }
-            return Ok(Batch::of(rest, answers, false, false, Some(records)));
+            return Ok(Batch::of(rest, names, answers, false, false, Some(records)));
         };
         let asks: Vec<(String, Stamp)> = names.into_iter().zip(stamps.iter().copied()).collect();
         let looks = tier.cold_gate_many(&asks, looked).await;
         let closed = tier.closed();
-        for (((i, _), (key, stamp)), look) in rest.iter().zip(&asks).zip(looks) {
+        for ((i, (key, stamp)), look) in rest.iter().zip(&asks).zip(looks) {
             let answer = match look {
                 FirstLook::Done(
                     Gate::Lead {
@@ -242,8 +304,10 @@ pub fn redis_gate_many(
             answers[*i] = Some(answer);
         }
         let joined = tier.values_are_json();
+        let names = asks.into_iter().map(|(key, _)| key).collect();
         Ok(Batch::of(
             rest,
+            names,
             answers,
             joined,
             tier.reports_waiting(),
@@ -287,17 +351,18 @@ pub fn redis_fetch_many(
     count_misses: bool,
 ) -> napi::Result<PromiseRaw<'_, Batch<RedisAnswer>>> {
     let keys = split_keys(&joined, &lengths)?;
-    let asked_ = uncarried(keys, |_, key| carried(id, key, true));
-    let names: Vec<String> = asked_.rest.iter().map(|(_, k)| k.clone()).collect();
-    let Some((tier, stamps)) = asked(id, &names) else {
-        return settle::spawn_settled(env, async move {
-            let mut asked_ = asked_;
-            let mut answers = asked_.answers();
-            for (i, _) in &asked_.rest {
-                answers[*i] = Some(Each::Other(RedisAnswer::kind(GATE_UNAVAILABLE, None)));
-            }
-            Ok(Batch::of(asked_.rest, answers, false, false, None))
-        });
+    let (tier, asked_, names, stamps) = match read_asked(id, keys, true) {
+        Ok(read) => read,
+        Err((asked_, names)) => {
+            return settle::spawn_settled(env, async move {
+                let mut asked_ = asked_;
+                let mut answers = asked_.answers();
+                for i in &asked_.at {
+                    answers[*i] = Some(Each::Other(RedisAnswer::kind(GATE_UNAVAILABLE, None)));
+                }
+                Ok(Batch::of(asked_.at, names, answers, false, false, None))
+            });
+        }
     };
     // One batch at a time on the lane: while one is in flight, the others take the command
     // connection, whose runtime threads frame and check their envelopes beside the JS thread
@@ -307,16 +372,13 @@ pub fn redis_fetch_many(
     if !names.is_empty() {
         if let Some(lane) = lane {
             let then: ThenMany = Box::new(move |env, tier, promised, names, stamps, reads| {
-                fetched_on_lane(
-                    env,
-                    tier,
-                    promised,
-                    asked_,
+                let read = LaneBatch {
+                    asked: asked_,
                     names,
                     stamps,
-                    reads,
                     count_misses,
-                )
+                };
+                fetched_on_lane(env, tier, promised, read, reads)
             });
             return lane::send_many(env, &lane, &tier, names, stamps, false, then);
         }
@@ -334,12 +396,14 @@ async fn fetch_on_runtime(
 ) -> napi::Result<Batch<RedisAnswer>> {
     let mut answers = asked_.answers();
     let fetched = tier.fetch_many(&asks, false).await;
-    for ((i, _), f) in asked_.rest.iter().zip(fetched) {
+    for (i, f) in asked_.at.iter().zip(fetched) {
         answers[*i] = Some(fetched_answer(&tier, f, count_misses));
     }
     let joined = tier.values_are_json();
+    let names = asks.into_iter().map(|(key, _)| key).collect();
     Ok(Batch::of(
-        asked_.rest,
+        asked_.at,
+        names,
         answers,
         joined,
         tier.reports_waiting(),
@@ -371,20 +435,31 @@ fn fetched_answer(tier: &RedisTier, f: Fetched, count_misses: bool) -> Each<Redi
     }
 }
 
-/// Settles a batch read the lane answered (`reads`, per key of `names`), on the JS thread in
-/// the lane's callback; the keys the lane could not judge are asked again on the command
+/// A batch read sent on the lane: what its answer is made of once the lane has read it.
+struct LaneBatch {
+    asked: Asked<RedisAnswer>,
+    /// The names of the keys asked (`asked.at`'s), and their stamps.
+    names: Vec<String>,
+    stamps: Vec<Stamp>,
+    count_misses: bool,
+}
+
+/// Settles a batch read the lane answered (`reads`, per key of `read.names`), on the JS thread
+/// in the lane's callback; the keys the lane could not judge are asked again on the command
 /// connection, and the whole batch there when the lane failed (`None`).
-#[allow(clippy::too_many_arguments)]
 fn fetched_on_lane(
     env: sys::napi_env,
     tier: &Arc<RedisTier>,
     promised: settle::Promised,
-    mut asked_: Asked<RedisAnswer>,
-    names: Vec<String>,
-    stamps: Vec<Stamp>,
+    read: LaneBatch,
     reads: Option<Vec<LaneRead>>,
-    count_misses: bool,
 ) {
+    let LaneBatch {
+        asked: mut asked_,
+        names,
+        stamps,
+        count_misses,
+    } = read;
     let Some(reads) = reads else {
         let asks = names.into_iter().zip(stamps).collect();
         settle::spawn_into(
@@ -395,26 +470,22 @@ fn fetched_on_lane(
     };
     let mut answers = asked_.answers();
     let mut again: Vec<(usize, (String, Stamp))> = Vec::new();
-    for (((i, _), read), ask) in asked_
-        .rest
-        .iter()
-        .zip(reads)
-        .zip(names.into_iter().zip(stamps))
-    {
+    for (((i, read), key), stamp) in asked_.at.iter().zip(reads).zip(&names).zip(&stamps) {
         let f = match read {
             LaneRead::Found(r) => Fetched::Found(r),
             LaneRead::Missing => Fetched::Missing,
             LaneRead::Ask | LaneRead::Misaligned(_) => {
-                again.push((*i, ask));
+                again.push((*i, (key.clone(), *stamp)));
                 continue;
             }
         };
         answers[*i] = Some(fetched_answer(tier, f, count_misses));
     }
-    let rest = std::mem::take(&mut asked_.rest);
+    let rest = std::mem::take(&mut asked_.at);
     if again.is_empty() {
         let batch = Batch::of(
             rest,
+            names,
             answers,
             tier.values_are_json(),
             tier.reports_waiting(),
@@ -433,6 +504,7 @@ fn fetched_on_lane(
         let joined = tier.values_are_json();
         Ok(Batch::of(
             rest,
+            names,
             answers,
             joined,
             tier.reports_waiting(),
@@ -508,20 +580,21 @@ impl Unanswered for Landed {
 }
 
 impl<A: Unanswered> Batch<A> {
-    /// `rest`: the keys asked of Redis (the others were answered from announcements, and are
-    /// in `others`); `join`: the serializer is JSON, so the found values' texts may be joined;
-    /// `records`: a gate batch's flights.
+    /// `rest`: the positions of the keys asked of Redis, `names` their names (the others
+    /// were answered from announcements, and are in `others`); `join`: the serializer is
+    /// JSON, so the found values' texts may be joined; `records`: a gate batch's flights.
     fn of(
-        rest: Vec<(usize, String)>,
+        rest: Vec<usize>,
+        names: Vec<String>,
         answers: Vec<Option<Each<A>>>,
         join: bool,
         reported: bool,
         records: Option<Records>,
     ) -> Batch<A> {
         let n = answers.len();
-        let mut names: Vec<Option<String>> = (0..n).map(|_| None).collect();
-        for (i, key) in rest {
-            names[i] = Some(key);
+        let mut named: Vec<Option<String>> = (0..n).map(|_| None).collect();
+        for (i, key) in rest.into_iter().zip(names) {
+            named[i] = Some(key);
         }
         let now = SystemClock.now_ms();
         let mut codes = Vec::with_capacity(n);
@@ -529,7 +602,7 @@ impl<A: Unanswered> Batch<A> {
         let mut others = Vec::new();
         let mut kept = Vec::with_capacity(n);
         let mut texts: Vec<Option<String>> = Vec::with_capacity(n);
-        for (i, (answer, name)) in answers.into_iter().zip(names).enumerate() {
+        for (i, (answer, name)) in answers.into_iter().zip(named).enumerate() {
             match (answer, name) {
                 (Some(Each::Found(mut r)), Some(key)) => {
                     let e = &r.envelope;
@@ -574,7 +647,7 @@ impl<A: Unanswered> Batch<A> {
                 }
             }
         }
-        let texts = if join && texts.iter().flatten().all(|t| one_value(t)) {
+        let texts = if join && texts.iter().flatten().all(|t| one_element(t)) {
             let len = texts.iter().flatten().map(|t| t.len() + 1).sum::<usize>() + 2;
             let mut joined = String::with_capacity(len);
             joined.push('[');
@@ -618,45 +691,6 @@ impl Records {
             }
         }
     }
-}
-
-/// Whether `text` can only be read as one element when joined with others into a JSON array:
-/// its brackets balance (outside strings), its strings close, and it has no `,` or `:` of its
-/// own at the top. An envelope's value is not parsed when it is read, so a corrupt one (`1,2`)
-/// could otherwise stand for two elements and move every value after it to another key; with
-/// this, a corrupt text makes the whole array fail to parse, and the facade reads each apart.
-fn one_value(text: &str) -> bool {
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    if text.is_empty() {
-        return false;
-    }
-    for &b in text.as_bytes() {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => depth += 1,
-            b']' | b'}' => {
-                if depth == 0 {
-                    return false;
-                }
-                depth -= 1;
-            }
-            b',' | b':' if depth == 0 => return false,
-            _ => {}
-        }
-    }
-    depth == 0 && !in_string
 }
 
 impl<A> TypeName for Batch<A> {
@@ -783,6 +817,10 @@ pub fn adopt_many(
     };
     let mut e = e.borrow_mut();
     let e = &mut *e;
+    if e.cache.options().l1_max_entries.is_none() && !flights.iter().any(|&f| f >= 0.0) {
+        read_kept_nowhere(e, found, &flights, cold, beta, &mut out);
+        return Adopted(out);
+    }
     let mut slotted = Vec::new();
     for (i, kept) in found.0.iter_mut().enumerate() {
         let flight = flights.get(i).copied().unwrap_or(-2.0);
@@ -810,6 +848,39 @@ pub fn adopt_many(
         }
     }
     Adopted(out)
+}
+
+/// `adoptMany` of a batch read (no flights) when the in-process tier keeps nothing (`l1:
+/// false`): nothing is adopted, so each key found answers `NO_SLOT` and, for a cold read,
+/// whether its caller should start its refresh, as `keep_found` decides it. A profile of a warm
+/// batch of 1,000 keys with `l1: false` put 7% of the JS thread's time in `keep_found`'s
+/// adoption of entries that tier then dropped.
+fn read_kept_nowhere(
+    e: &mut super::engines::EngineState,
+    found: &mut FoundKeys,
+    flights: &[f64],
+    cold: bool,
+    beta: f64,
+    out: &mut [i32],
+) {
+    let beta = if beta >= 0.0 {
+        beta
+    } else {
+        e.cache.options().defaults.beta
+    };
+    for (i, kept) in found.0.iter_mut().enumerate() {
+        if flights.get(i).copied().unwrap_or(-2.0) < -1.0 {
+            continue;
+        }
+        let Some(Kept {
+            found: Some(found), ..
+        }) = kept.take()
+        else {
+            continue;
+        };
+        let refresh = cold && e.cache.served_refresh_due(&found.envelope, beta);
+        out[i] = NO_SLOT * 2 + i32::from(refresh);
+    }
 }
 
 /// `getEntry` for many keys at once (`getMany` without an index of fresh entries: l1 off), in
