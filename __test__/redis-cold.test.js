@@ -51,7 +51,7 @@ test('a cold load nobody waits on: written and unlocked without an announcement,
   assert.deepEqual(await stored('cold:one'), { exists: true, value: 'v1' })
   assert.equal(await redis.cmd('EXISTS', lkey('cold:one')), 0, 'the lock was released')
   assert.equal(counts.publish ?? 0, 0, 'nothing announced: no process can hold a copy of a value that did not exist')
-  assert.equal(counts.hget ?? 0, 0, 'the clock known here stands for Redis\'s: read less than a second ago, the bus up since')
+  assert.equal(counts.hget ?? 0, 0, "the clock known here stands for Redis's: read less than a second ago, the bus up since")
   // The read's GET, the gate (SET NX marker, SET NX lock), the write-back (MGET of the lock, the
   // value and the earlier versions' generation key; DEL lock; SET), two EVALSHA.
   assert.ok(dataCommands(counts) <= 8, `data commands per cold load: ${dataCommands(counts)} (${JSON.stringify(counts)})`)
@@ -64,7 +64,11 @@ test("after the bus changes, the next cold load reads Redis's clock again", { ti
   assert.ok((await A.request('read', { key: 'bus:vouched', loader: { value: 'v' } })).results[0].ok)
   assert.equal((await commandCounts(redis)).hget ?? 0, 0, 'precondition: the clock was vouched for')
   await redis.cmd('CLIENT', 'KILL', 'TYPE', 'pubsub')
-  await waitFor(async () => (await redis.cmd('CLIENT', 'LIST', 'TYPE', 'pubsub')).trim() !== '', { timeout: 10_000, interval: 10, what: 'A to subscribe again' })
+  await waitFor(async () => (await redis.cmd('CLIENT', 'LIST', 'TYPE', 'pubsub')).trim() !== '', {
+    timeout: 10_000,
+    interval: 10,
+    what: 'A to subscribe again',
+  })
   await redis.cmd('CONFIG', 'RESETSTAT')
   assert.ok((await A.request('read', { key: 'bus:after', loader: { value: 'v' } })).results[0].ok)
   const counts = await commandCounts(redis)
@@ -72,7 +76,7 @@ test("after the bus changes, the next cold load reads Redis's clock again", { ti
   assert.equal(counts.hget, 1, 'announcements may have been missed while the bus was away: the gate read the clock')
 })
 
-test("Redis losing its clock with the bus up: within a second a cold load raises it again to the one known here", { timeout: TEST_TIMEOUT }, async (t) => {
+test('Redis losing its clock with the bus up: within a second a cold load raises it again to the one known here', { timeout: TEST_TIMEOUT }, async (t) => {
   const { redis, A, namespace } = await setup(t)
   for (let i = 0; i < 3; i++) assert.ok(await A.request('run', { body: 'await cache.deleteByTag("unrelated"); return true' }))
   assert.ok((await A.request('read', { key: 'lost:warm', loader: { value: 'w' } })).results[0].ok)

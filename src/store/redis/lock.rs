@@ -295,7 +295,10 @@ mod tests {
         lock.vouch(lock.clock_read(true, t0));
         assert!(lock.vouched(true, t0));
         assert!(lock.vouched(true, t0 + CLOCK_VOUCHED_FOR - Duration::from_millis(1)));
-        assert!(!lock.vouched(true, t0 + CLOCK_VOUCHED_FOR), "read again every second");
+        assert!(
+            !lock.vouched(true, t0 + CLOCK_VOUCHED_FOR),
+            "read again every second"
+        );
         assert!(!lock.vouched(false, t0), "not while the bus is down");
         // A change of the bus voids it, and a read sent before the change vouches for nothing.
         let sent = lock.clock_read(true, t0);
