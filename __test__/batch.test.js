@@ -598,11 +598,13 @@ test('Redis: 1,000 cold ids take one loadMany call; a second instance (l1: false
   // One MGET of every key (on the read lane; its ECHO, the alignment mark, only when one is due:
   // marks are amortised while nothing changed), one lock bid per key (one pipeline, ended by an
   // ECHO as every pipeline off a Cluster), one fenced write-back per key (each proving its place
-  // by the mark it returns: no ECHO), and one read of the namespace clock for the batch (with its
-  // ECHO).
-  const { echo: coldEchoes, ...coldRest } = cold
-  assert.deepEqual(coldRest, { get: 0, mget: 1, evalsha: 2_000, eval: 0, hget: 1 })
-  assert.ok(coldEchoes === 2 || coldEchoes === 3, `${coldEchoes} ECHOs for a cold batch`)
+  // by the mark it returns: no ECHO), and at most one read of the namespace clock for the batch
+  // (with its ECHO): none while the clock known here stands for Redis's (read by the warm-up less
+  // than a second before, the bus up since: see `Lock::vouched`).
+  const { echo: coldEchoes, hget: clockReads, ...coldRest } = cold
+  assert.deepEqual(coldRest, { get: 0, mget: 1, evalsha: 2_000, eval: 0 })
+  assert.ok(clockReads <= 1, `${clockReads} reads of the namespace clock for a cold batch`)
+  assert.ok(coldEchoes >= 1 && coldEchoes <= 3, `${coldEchoes} ECHOs for a cold batch`)
 
   // Built after the writes, so it heard none of their announcements (a value one carries is read
   // without asking Redis at all).

@@ -79,8 +79,8 @@ test('cluster: a write-back reply moved by an extra reply is not read as written
   let injected = 0
   proxy.tamperEvery((chunk) => {
     if (chunk.toString('latin1', 0, 16).startsWith('>3\r\n$7\r\nmessage')) return Buffer.alloc(0)
-    // The write-back's reply, {written, mark}: an array of two opening with an integer.
-    if (injectInteger && chunk.toString('latin1', 0, 5) === '*2\r\n:') {
+    // The write-back's reply, {written, announced, mark}: an array of three opening with an integer.
+    if (injectInteger && chunk.toString('latin1', 0, 5) === '*3\r\n:') {
       injectInteger = false
       injected++
       return Buffer.concat([Buffer.from(':1\r\n'), chunk])

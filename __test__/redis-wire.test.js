@@ -101,8 +101,8 @@ test('command connection: a write-back reply moved by an extra reply is not read
   proxy.tamperEvery((chunk) => {
     // The bus's messages (RESP3 pushes): the reader hears no announcement.
     if (chunk.toString('latin1', 0, 16).startsWith('>3\r\n$7\r\nmessage')) return Buffer.alloc(0)
-    // The write-back's reply, {written, mark}: an array of two opening with an integer.
-    if (injectInteger && chunk.toString('latin1', 0, 5) === '*2\r\n:') {
+    // The write-back's reply, {written, announced, mark}: an array of three opening with an integer.
+    if (injectInteger && chunk.toString('latin1', 0, 5) === '*3\r\n:') {
       injectInteger = false
       return Buffer.concat([Buffer.from(':1\r\n'), chunk])
     }

@@ -36,7 +36,7 @@ async function readOne(w, key, loader) {
 }
 
 test(`rolling deploy: the previous release (${PREVIOUS_COMMIT}) and this one share a Redis`, { skip, timeout: 120_000 }, async (t) => {
-  const { old, now } = await setup(t)
+  const { old, now, spawnWorker } = await setup(t)
   const [O, N] = await Promise.all([old('old'), now('new')])
 
   await t.test("the previous release's entries are read without a load", async () => {
@@ -82,6 +82,24 @@ test(`rolling deploy: the previous release (${PREVIOUS_COMMIT}) and this one sha
       assert.ok(loads >= 1 && loads <= 2, `${key}: ${loads} loads across both builds`)
       for (const r of results) for (const x of r.results) assert.deepEqual(x.value, valueOf(key))
     }
+  })
+
+  await t.test("a waiter of the previous release is woken by this one's write-back at once, not after lockTtl", async () => {
+    // This build announces a result written over its marker only when someone waits: the
+    // previous release's waiter shows itself by the generation key its gate puts there.
+    const lockTtl = 20_000
+    const [holder, waiter] = await Promise.all([spawnWorker('new-w', { lockTtl }), spawnWorker('old-w', { lockTtl }, { build: previous })])
+    const key = 'w:0'
+    const h = holder.start('read', { key, loader: { ms: 1_500, value: valueOf(key) } })
+    await sleep(300) // the holder is in its load
+    const w = waiter.start('read', { key, loader: { value: valueOf(key) } })
+    const a = await h.result
+    const b = await w.result
+    assert.ok(b.results[0].ok, b.results[0].message)
+    assert.deepEqual(b.results[0].value, valueOf(key))
+    const after = b.results[0].at - a.results[0].at
+    t.diagnostic(`the previous release's waiter resolved ${after} ms after this one's load`)
+    assert.ok(after < lockTtl / 4, `the previous release's waiter resolved ${after} ms after the load: it was not woken`)
   })
 
   await t.test('a set by either build drops a load the other began before it', async () => {

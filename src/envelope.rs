@@ -680,7 +680,7 @@ pub fn new_generation() -> Generation {
 /// | offset | bytes | field |
 /// |---:|---:|---|
 /// | 0 | 1 | `MAGIC` (0xC5: the layout's version; never `{`, never valid UTF-8 first), or `MAGIC_TIMED` (0xC6: the same with `madeAt`) |
-/// | 1 | 1 | flags: negative, undefined, tagged, retryAfter, marker, compressed; the format in bits 6-7 |
+/// | 1 | 1 | flags: negative, undefined, tagged, retryAfter, marker, compressed; the format in bits 6-7 (on a marker, which has no value, the undefined bit says a lock waiter flagged it: `cold_gate.lua`) |
 /// | 2 | 8 | the key's mark (`key_mark_bits` of the Redis key) |
 /// | 10 | 8 | the generation (`Generation`) |
 /// | 18 | 6 | born (the namespace clock) |

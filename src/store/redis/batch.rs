@@ -544,6 +544,8 @@ impl RedisTier {
             let mut tokens: Vec<String> = bids.iter().map(|_| new_token()).collect();
             let vkeys: Vec<String> = names.iter().map(|k| self.value_key(k)).collect();
             let all: Vec<usize> = (0..bids.len()).collect();
+            // Read before the bids, so nothing announced after they ran is in it.
+            let known = self.known_clock();
             let Ok(mut replies) = self.bid(&vkeys, &names, &mut tokens, &all).await else {
                 for &i in &bids {
                     out[i] = Some(FirstLook::Wait);
@@ -583,8 +585,8 @@ impl RedisTier {
                     }
                 }
             }
-            // Born at the namespace clock Redis has now: one read for every key won (the
-            // single-key gate reads it once per key).
+            // Born at the namespace clock known here when the bus vouches for it (see
+            // `known_clock`), else at Redis's now: one read for every key won.
             let mut born: Option<Option<u64>> = None;
             for (j, reply) in replies.into_iter().enumerate() {
                 let i = bids[j];
@@ -609,7 +611,7 @@ impl RedisTier {
                     Some(Look::Locked(generation)) => {
                         self.stats.lock_wins.incr();
                         if born.is_none() {
-                            born = Some(self.clock_now(names[j]).await);
+                            born = Some(self.born_unread(names[j], known).await);
                         }
                         FirstLook::Done(
                             Gate::Lead {

@@ -425,6 +425,7 @@ impl RedisTier {
             .run("set", key, |mut c| async move {
                 let mut call = self.scripts.write_back.key(&keys.0);
                 call.key(&keys.1)
+                    .key(self.generation_key(key))
                     .arg(&text)
                     .arg(px)
                     .arg(token.unwrap_or(""))
@@ -435,11 +436,16 @@ impl RedisTier {
                     .arg(&carrying)
                     .arg(&mark);
                 let reply = invoke_marked(&call, &mark, &mut c).await?;
-                Ok(reply.map(|r| r.first().map_or(0, int)))
+                Ok(reply.map(|r| (r.first().map_or(0, int), r.get(1).map_or(0, int))))
             })
             .await;
         self.wrote_here(key);
-        match written {
+        if let Ok(Some((_, 0))) = written {
+            // Nothing announced (a result written over a marker no one waited on, or dropped
+            // without a lock to release): no own announcement to wait for.
+            self.bus.carried().own_heard(key);
+        }
+        match written.map(|r| r.map(|(w, _)| w)) {
             Ok(Some(1)) => WriteBack::Written,
             Ok(None) => {
                 // Out of step: whether the script wrote is unknown, so the result is kept
@@ -452,13 +458,7 @@ impl RedisTier {
                 }
                 WriteBack::Dropped
             }
-            Ok(Some(_)) => {
-                if token.is_none() {
-                    // Dropped without a lock to release: the script announced nothing.
-                    self.bus.carried().own_heard(key);
-                }
-                WriteBack::Dropped
-            }
+            Ok(Some(_)) => WriteBack::Dropped,
             Err(Unavailable) => {
                 // The script may not have run: free the lock if it is still ours.
                 if let Some(token) = token {

@@ -13,7 +13,7 @@ use redis::Value;
 
 use super::envelopes::{int, invoke_marked, new_token, next_echo, usable, Fetched, Misdelivered};
 use super::fence::{Fence, GENERATION_TTL};
-use super::lock::Patience;
+use super::lock::{ClockRead, Patience};
 use super::{RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{new_generation, Envelope};
@@ -164,16 +164,47 @@ impl RedisTier {
             .encode_marker(&new_generation(), value_key)
     }
 
+    /// The namespace clock known here, read before a gate is sent, when it may stand for
+    /// Redis's (`Lock::vouched`): a load that passes the gate is born at it, and the gate need
+    /// not read Redis's. `None`: the gate reads it.
+    pub(super) fn known_clock(&self) -> Option<u64> {
+        let known = self.inbox.clock();
+        self.lock
+            .vouched(self.bus_up(), Instant::now())
+            .then_some(known)
+    }
+
+    /// A read of Redis's clock about to be sent (see `Lock::vouch`).
+    fn clock_read_now(&self) -> ClockRead {
+        self.lock.clock_read(self.bus_up(), Instant::now())
+    }
+
+    /// The clock a load that passed a gate not reading it is born at: `known` (see
+    /// `known_clock`), else Redis's now.
+    pub(super) async fn born_unread(&self, key: &str, known: Option<u64>) -> Option<u64> {
+        if known.is_some() {
+            return known;
+        }
+        let read = self.clock_read_now();
+        let born = self.clock_now(key).await;
+        if born.is_some() {
+            self.lock.vouch(read);
+        }
+        born
+    }
+
     /// One look (`cold_gate.lua`): what the key holds, or the lock's bid, and the namespace
-    /// clock Redis had then (`None`: not read, a Cluster's, where the meta hash is another slot).
+    /// clock Redis had then (`None`: not read: a Cluster's, where the meta hash is another slot,
+    /// or `read_clock` false, when the one known here stands for it).
     async fn look(
         &self,
         key: &str,
         token: &str,
         mode: LookMode,
+        read_clock: bool,
     ) -> Result<(Look, Option<Option<String>>), Unavailable> {
         let keys = (self.value_key(key), self.lock_key(key));
-        let meta_key = (!self.link.topology.is_cluster()).then(|| self.meta_key());
+        let meta_key = (read_clock && !self.link.topology.is_cluster()).then(|| self.meta_key());
         let meta = meta_key.as_deref();
         let lock_ttl_ms = self.lock.ttl_ms();
         let mark = next_echo();
@@ -222,12 +253,23 @@ impl RedisTier {
         Ok((look, clock))
     }
 
-    /// The clock a load that passed the gate is born at: the one its look read, else Redis's now.
-    async fn born(&self, key: &str, read: Option<Option<String>>) -> Option<u64> {
-        match read {
-            Some(clock) => self.clock_read(key, clock).await,
-            None => self.clock_now(key).await,
+    /// The clock a load that passed the gate is born at: the one its look read (sent as `sent`
+    /// says), else `known` (see `known_clock`), else Redis's now.
+    async fn born(
+        &self,
+        key: &str,
+        read: Option<Option<String>>,
+        known: Option<u64>,
+        sent: ClockRead,
+    ) -> Option<u64> {
+        let Some(clock) = read else {
+            return self.born_unread(key, known).await;
+        };
+        let born = self.clock_read(key, clock).await;
+        if born.is_some() {
+            self.lock.vouch(sent);
         }
+        born
     }
 
     /// A cold load's way through Redis: the value if another process has it; else take the
@@ -287,7 +329,10 @@ impl RedisTier {
             } else {
                 LookMode::Value
             };
-            let (look, clock) = match self.look(key, &token, mode).await {
+            // Read before the look, so nothing announced after the gate ran is in it.
+            let known = self.known_clock();
+            let sent = self.clock_read_now();
+            let (look, clock) = match self.look(key, &token, mode, known.is_none()).await {
                 Err(Unavailable) => return (Gate::unfenced(), no_lock(patience.waited())),
                 Ok(read) => read,
             };
@@ -326,7 +371,7 @@ impl RedisTier {
                         token: Some(token),
                         fence: Some(self.fences.read(generation)),
                         stamp: Some(stamp),
-                        born: self.born(key, clock).await,
+                        born: self.born(key, clock, known, sent).await,
                         tags: Vec::new(),
                     };
                     let outcome = if patience.waited() {
@@ -347,7 +392,7 @@ impl RedisTier {
                                 token: None,
                                 fence: Some(self.fences.read(generation)),
                                 stamp: Some(stamp),
-                                born: self.born(key, clock).await,
+                                born: self.born(key, clock, known, sent).await,
                                 tags: Vec::new(),
                             };
                             return (lead, LockOutcome::GaveUp);
@@ -371,6 +416,7 @@ impl RedisTier {
         let token = new_token();
         let lock_ttl_ms = self.lock.ttl_ms();
         let stamp = self.inbox.stamp(key);
+        let known = self.known_clock();
         let keys = (self.value_key(key), self.lock_key(key));
         let mark = next_echo();
         let reply: Result<Option<Vec<Value>>, Unavailable> = self
@@ -443,7 +489,7 @@ impl RedisTier {
             token: Some(token),
             fence: Some(self.fences.read(generation)),
             stamp: Some(stamp),
-            born: self.clock_now(key).await,
+            born: self.born_unread(key, known).await,
             tags,
         }
     }
@@ -452,6 +498,7 @@ impl RedisTier {
     /// holds it).
     pub async fn force_gate(&self, key: &str) -> Gate {
         let stamp = self.inbox.stamp(key);
+        let known = self.known_clock();
         let vkey = self.value_key(key);
         let marker = self.marker(&vkey);
         let mark = next_echo();
@@ -463,7 +510,7 @@ impl RedisTier {
             let reply = invoke_marked(&call, &mark, &mut c).await?;
             Ok(reply.map(|r| r.first().and_then(fence_bytes).unwrap_or_default()))
         });
-        let (state, born) = tokio::join!(state, self.clock_now(key));
+        let (state, born) = tokio::join!(state, self.born_unread(key, known));
         match state {
             Ok(None) => {
                 // Out of step: the fence may be another key's; load unfenced.

@@ -3,8 +3,13 @@
 //! a change of the bus, after which announcements may have been missed), and how long one bid
 //! may wait. The bids themselves (`cold_gate.lua`, `refresh_gate.lua`) and the release run on
 //! the tier's connection (`gates.rs`).
+//!
+//! It also keeps what the gates need to know of the bus for the namespace clock a load is born
+//! at (see `Lock::vouched`): how often the bus changed (went up or down), and when Redis's clock
+//! was last read while it stayed up.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,11 +20,28 @@ use crate::sync::LockOrRecover;
 /// While the bus is down, lock waiters look again this often (no notification can come).
 const POLL_WITHOUT_BUS: Duration = Duration::from_millis(100);
 
+/// How long a read of Redis's namespace clock, made with the bus up, vouches for the clock this
+/// process knows (see `Lock::vouched`).
+pub const CLOCK_VOUCHED_FOR: Duration = Duration::from_secs(1);
+
 /// The lock's life and its waiters here.
 pub struct Lock {
     /// `lockTtl`, at least 1 ms.
     ttl_ms: u64,
     waiters: Waiters,
+    /// Changes of the bus (up, down) and the cache's close: every one wakes every waiter.
+    bus_changes: AtomicU64,
+    /// The last read of Redis's clock that vouches (see `vouch`): the bus changes as it was
+    /// sent, and when.
+    vouched: Mutex<Option<(u64, Instant)>>,
+}
+
+/// A read of Redis's namespace clock as it is sent (see `Lock::vouch`).
+#[derive(Debug, Clone, Copy)]
+pub struct ClockRead {
+    bus_changes: u64,
+    bus_up: bool,
+    at: Instant,
 }
 
 impl Lock {
@@ -27,7 +49,46 @@ impl Lock {
         Lock {
             ttl_ms: ttl_ms.max(1),
             waiters: Waiters::default(),
+            bus_changes: AtomicU64::new(0),
+            vouched: Mutex::new(None),
         }
+    }
+
+    /// A read of Redis's namespace clock about to be sent, at `now`, with the bus as `bus_up`.
+    pub fn clock_read(&self, bus_up: bool, now: Instant) -> ClockRead {
+        ClockRead {
+            bus_changes: self.bus_changes.load(Ordering::Acquire),
+            bus_up,
+            at: now,
+        }
+    }
+
+    /// `read` answered, and what it answered is known here (raised first if Redis had lost the
+    /// clock): it vouches for the clock known here, if the bus was up as it was sent and has not
+    /// changed since.
+    pub fn vouch(&self, read: ClockRead) {
+        if read.bus_up && self.bus_changes.load(Ordering::Acquire) == read.bus_changes {
+            *self.vouched.lock_or_recover() = Some((read.bus_changes, read.at));
+        }
+    }
+
+    /// Whether the namespace clock known here may stand for Redis's at `now`, so a load born now
+    /// need not read it: Redis's clock was read less than `CLOCK_VOUCHED_FOR` ago, and the bus
+    /// was up then and has stayed up since. Every advance of the clock is announced in the script
+    /// that makes it (`tags.lua`, `clear.lua`; on a Cluster by the tag's record), so the clock
+    /// known here is then Redis's, or behind it by an announcement still on its way: a load born
+    /// too early is only ever conservative (its result is dead after a deleteByTag or clear it
+    /// did not precede: one more load, never a value served past one). What the bus cannot tell
+    /// is Redis losing its clock without a change of the bus (a FLUSHALL, the meta hash
+    /// evicted): a read at least every `CLOCK_VOUCHED_FOR` finds that and raises it again
+    /// (advance_of.lua), as loads already running when Redis lost it have to wait for too.
+    pub fn vouched(&self, bus_up: bool, now: Instant) -> bool {
+        if !bus_up {
+            return false;
+        }
+        let changes = self.bus_changes.load(Ordering::Acquire);
+        matches!(*self.vouched.lock_or_recover(),
+            Some((c, at)) if c == changes && now.saturating_duration_since(at) < CLOCK_VOUCHED_FOR)
     }
 
     /// How long a lock taken now lives in Redis (PX of the bid).
@@ -46,8 +107,10 @@ impl Lock {
         self.waiters.wake(key);
     }
 
-    /// Every waiter looks again (the bus went up or down, or the cache closed).
+    /// Every waiter looks again (the bus went up or down, or the cache closed); no read of
+    /// Redis's clock made before vouches any more.
     pub fn wake_all(&self) {
+        self.bus_changes.fetch_add(1, Ordering::AcqRel);
         self.waiters.wake_all();
     }
 
@@ -219,6 +282,32 @@ mod tests {
         assert_eq!(Patience::paced(ms(5_000), true), ms(5_000));
         assert_eq!(Patience::paced(ms(5_000), false), POLL_WITHOUT_BUS);
         assert_eq!(Patience::paced(ms(20), false), ms(20));
+    }
+
+    #[test]
+    fn a_clock_read_vouches_only_while_the_bus_stays_up_and_for_a_second_at_most() {
+        let lock = Lock::new(1_000);
+        let t0 = Instant::now();
+        assert!(!lock.vouched(true, t0), "nothing read yet");
+        // Read with the bus down: vouches for nothing.
+        lock.vouch(lock.clock_read(false, t0));
+        assert!(!lock.vouched(true, t0));
+        lock.vouch(lock.clock_read(true, t0));
+        assert!(lock.vouched(true, t0));
+        assert!(lock.vouched(true, t0 + CLOCK_VOUCHED_FOR - Duration::from_millis(1)));
+        assert!(
+            !lock.vouched(true, t0 + CLOCK_VOUCHED_FOR),
+            "read again every second"
+        );
+        assert!(!lock.vouched(false, t0), "not while the bus is down");
+        // A change of the bus voids it, and a read sent before the change vouches for nothing.
+        let sent = lock.clock_read(true, t0);
+        lock.wake_all();
+        assert!(!lock.vouched(true, t0));
+        lock.vouch(sent);
+        assert!(!lock.vouched(true, t0));
+        lock.vouch(lock.clock_read(true, t0));
+        assert!(lock.vouched(true, t0));
     }
 
     #[test]

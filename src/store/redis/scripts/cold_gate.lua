@@ -13,14 +13,22 @@
 -- Returns {value or false, fence, state, lock ms left, clock or false, mark}, state 0: value
 --   found; 1: the lock is now ARGV[1]'s; 2: another holds it. A marker is no value. A lock with
 --   no expiry is given lockTtl, so a stray key can never hold a waiter, or the key, forever.
+-- A caller that finds the lock held (state 2) waits for the holder's announcement: the marker
+--   the key holds is flagged (ENVELOPE_WAITED, in place: its generation and expiry stay), so the
+--   write-back that replaces it announces the key (write_back.lua). A key that holds a value is
+--   announced when replaced anyway.
 local fence
+-- What the key holds now, when that is what this look read or put there.
+local held
 if ARGV[3] == '2' and redis.call('SET', KEYS[1], ARGV[4], 'NX', 'PX', ARGV[5]) then
   fence = envelope_generation(ARGV[4])
+  held = ARGV[4]
 else
   local value = redis.pcall('GET', KEYS[1])
   if type(value) ~= 'string' then value = false end
   if value and ARGV[3] ~= '1' and not envelope_marker(value) then return {value, '', 0, 0, false, ARGV[6]} end
   fence = envelope_fence(KEYS[1], value, ARGV[4], ARGV[5])
+  held = envelope_generation(value) == '' and ARGV[4] or value
 end
 local clock = false
 if KEYS[3] then clock = redis.call('HGET', KEYS[3], 'clock') or '0' end
@@ -29,5 +37,8 @@ local left = redis.call('PTTL', KEYS[2])
 if left < 0 then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
   left = tonumber(ARGV[2])
+end
+if envelope_marker(held) and not envelope_waited(held) then
+  redis.call('SETRANGE', KEYS[1], 1, string.char(bit.bor(string.byte(held, 2), ENVELOPE_WAITED)))
 end
 return {false, fence, 2, left, clock, ARGV[6]}

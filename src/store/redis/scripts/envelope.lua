@@ -11,6 +11,9 @@ local ENVELOPE_FIXED = 40
 local ENVELOPE_TIMED_FIXED = 46
 local ENVELOPE_MARKER = 16
 local ENVELOPE_NEGATIVE = 1
+-- On a marker (which has no value, so no use for the value's flags): a lock waiter looked at it
+-- (see cold_gate.lua), so the write-back that replaces it announces the key.
+local ENVELOPE_WAITED = 2
 
 -- Whether `value` (an envelope or its first bytes) begins with a binary header's first byte.
 local function envelope_magic(value)
@@ -54,6 +57,11 @@ end
 local function envelope_marker(head)
   return envelope_magic(head) and #head >= 2
     and bit.band(string.byte(head, 2), ENVELOPE_MARKER) ~= 0
+end
+
+-- Whether `head` (an envelope or its first bytes) is a marker a lock waiter flagged.
+local function envelope_waited(head)
+  return envelope_marker(head) and bit.band(string.byte(head, 2), ENVELOPE_WAITED) ~= 0
 end
 
 -- `value` (a load's result: binary, untimed) carrying what `current`, the key's envelope it

@@ -8,16 +8,25 @@
 -- which a load's write keeps); an absent key no longer has the set part it began with. The
 -- written envelope also keeps the time the key's last set or delete was made (see
 -- envelope_carrying), so a replayed change older than that is still refused (write.lua).
--- Releases the writer's lock either way, and announces the key so other processes drop their
--- copies and lock waiters look again.
--- KEYS[1] value key, KEYS[2] lock key (one hash tag: one cluster slot).
+-- Releases the writer's lock either way (read with the key in one MGET, deleted only while it
+-- holds the writer's token).
+-- Announces the key so other processes drop their copies and lock waiters look again: always
+-- when dropped holding a lock, and when written over a value. Written over a marker (the key
+-- held no value, so no other process holds a copy of one), only when someone waits: a lock waiter
+-- of this release flagged the marker (see cold_gate.lua), or one of the previous release, whose
+-- gate fences by the generation key (KEYS[3]) and so has put one there.
+-- KEYS[1] value key, KEYS[2] lock key, KEYS[3] the earlier versions' generation key (one hash
+-- tag: one cluster slot).
 -- ARGV[1] envelope (with a new generation inside), ARGV[2] its px, ARGV[3] lock token ('' when
 -- the load holds none), ARGV[4] the fence read when the load began, ARGV[5] '1' for a forced
 -- load, ARGV[6] channel, ARGV[7] message when dropped, ARGV[8] message when written, ARGV[9]
 -- the caller's mark (returned last, see `invoke_marked`).
--- Returns {1, mark} when written, {0, mark} when dropped.
-if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
-local value = redis.pcall('GET', KEYS[1])
+-- Returns {1, 1 when announced else 0, mark} when written, {0, 1 when announced else 0, mark}
+-- when dropped.
+local read = redis.call('MGET', KEYS[2], KEYS[1], KEYS[3])
+if ARGV[3] ~= '' and read[1] == ARGV[3] then redis.call('DEL', KEYS[2]) end
+-- MGET answers nil for a key of another type, as for an absent one.
+local value = read[2]
 if type(value) ~= 'string' then value = false end
 local generation = envelope_generation(value)
 local moved
@@ -27,9 +36,15 @@ else
   moved = generation == '' or generation ~= ARGV[4]
 end
 if moved then
-  if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
-  return {0, ARGV[9]}
+  if ARGV[3] ~= '' then
+    redis.call('PUBLISH', ARGV[6], ARGV[7])
+    return {0, 1, ARGV[9]}
+  end
+  return {0, 0, ARGV[9]}
 end
 redis.call('SET', KEYS[1], envelope_carrying(ARGV[1], value), 'PX', ARGV[2])
+if envelope_marker(value) and not envelope_waited(value) and not read[3] then
+  return {1, 0, ARGV[9]}
+end
 redis.call('PUBLISH', ARGV[6], ARGV[8])
-return {1, ARGV[9]}
+return {1, 1, ARGV[9]}
