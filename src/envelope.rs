@@ -581,7 +581,7 @@ impl Envelope {
             // A mark that is not 16 hex digits (garbled) names no key of ours.
             key_mark: head
                 .kh
-                .map(|k| k.as_bytes().try_into().unwrap_or([b'!'; 16])),
+                .map(|k| KeyMark::Hex(k.as_bytes().try_into().unwrap_or([b'!'; 16]))),
             marker: false,
             made_at: 0,
         })
@@ -636,9 +636,8 @@ pub struct Decoded<'a> {
     pub value_json: Option<Cow<'a, str>>,
     pub tags: Vec<String>,
     pub fmt: Fmt,
-    /// The mark of the key it was written for (16 hex digits); `None` in envelopes written
-    /// before marks.
-    pub key_mark: Option<[u8; 16]>,
+    /// The mark of the key it was written for; `None` in envelopes written before marks.
+    pub key_mark: Option<KeyMark>,
     /// A marker (see [`Envelope::encode_marker`]): no value, a miss.
     pub marker: bool,
     /// When the last `set` of the key was made (epoch ms; see
@@ -650,7 +649,17 @@ impl Decoded<'_> {
     /// Whether it may be read as the entry of `value_key`: it names that key, or names none
     /// (written by a version before marks).
     pub fn written_for(&self, value_key: &str) -> bool {
-        self.key_mark.is_none_or(|mark| mark == key_mark(value_key))
+        self.written_for_mark(key_mark_bits(value_key))
+    }
+
+    /// [`Decoded::written_for`] of the key whose [`key_mark_bits`] are `bits` (a reader that
+    /// has the bits without the key's String, as the read lane does).
+    pub fn written_for_mark(&self, bits: u64) -> bool {
+        match &self.key_mark {
+            None => true,
+            Some(KeyMark::Bits(mark)) => *mark == bits,
+            Some(KeyMark::Hex(mark)) => *mark == hex_mark(bits),
+        }
     }
 
     /// What to write to put it back as it was (see `Envelope::encode`).
@@ -825,12 +834,28 @@ pub fn key_mark(value_key: &str) -> [u8; 16] {
 
 /// The 64 bits of [`key_mark`], as the binary layout carries them.
 pub fn key_mark_bits(value_key: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in value_key.as_bytes() {
+    key_mark_extend(KEY_MARK_START, value_key.as_bytes())
+}
+
+/// Where [`key_mark_bits`] starts: FNV-1a's offset basis.
+pub const KEY_MARK_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// [`key_mark_bits`] carried on over `bytes` from `h`: the mark of a key made of parts is
+/// taken part by part, with no String of the whole key.
+pub fn key_mark_extend(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+/// A key mark as an envelope carries it: the binary layout's 64 bits, or the JSON layout's
+/// 16 hex digits (compared as written, so a garbled one names no key).
+#[derive(Debug, PartialEq, Clone, Copy)]
+pub enum KeyMark {
+    Bits(u64),
+    Hex([u8; 16]),
 }
 
 fn hex_mark(h: u64) -> [u8; 16] {
@@ -1044,6 +1069,24 @@ mod tests {
         assert_eq!(b.value_json.as_deref(), Some("\"AQI=\""));
         assert_eq!(b.fmt, Fmt::V8);
         assert!(Envelope::decode(&timed[..layout::TIMED_FIXED - 1]).is_none());
+    }
+
+    #[test]
+    fn a_mark_is_checked_by_its_bits_in_either_layout() {
+        let e = Envelope::new(1_000.0, 100.0, 1_000.0, 5.0, false);
+        let body = Body::json(Some("1"));
+        let binary = e.encode(&body, &[7; 8], "sc:v:{a}");
+        let json = e.encode_json(&body, "g1", "sc:v:{a}");
+        let d = Envelope::decode(&binary).unwrap();
+        assert_eq!(d.key_mark, Some(KeyMark::Bits(key_mark_bits("sc:v:{a}"))));
+        for d in [d, Envelope::decode_json(&json).unwrap()] {
+            assert!(d.written_for_mark(key_mark_bits("sc:v:{a}")));
+            assert!(!d.written_for_mark(key_mark_bits("sc:v:{b}")));
+            assert!(!d.written_for_mark(key_mark_bits("sc:v:{a}") ^ 1));
+        }
+        let garbled = json.replacen("\"kh\":\"", "\"kh\":\"z", 1);
+        let d = Envelope::decode_json(&garbled).unwrap();
+        assert!(!d.written_for_mark(key_mark_bits("sc:v:{a}")));
     }
 
     #[test]

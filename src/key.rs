@@ -75,6 +75,26 @@ pub fn redis_value_key(namespace: &str, key: &str) -> String {
     tagged(namespace, "v", key)
 }
 
+/// [`crate::envelope::key_mark_bits`] of [`redis_value_key`], taken over the key's parts as
+/// `tagged` spells them, with no String made (a read's per-key check of the mark a value
+/// carries).
+pub fn value_key_mark(namespace: &str, key: &str) -> u64 {
+    use crate::envelope::{key_mark_extend, KEY_MARK_START};
+    let h = key_mark_extend(KEY_MARK_START, namespace.as_bytes());
+    if key.contains('}') {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut h = key_mark_extend(h, b":vx:{");
+        for b in key.bytes() {
+            let pair = [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]];
+            h = key_mark_extend(h, &pair);
+        }
+        key_mark_extend(h, b"}")
+    } else {
+        let h = key_mark_extend(h, b":v:{");
+        key_mark_extend(key_mark_extend(h, key.as_bytes()), b"}")
+    }
+}
+
 /// Appends a RESP `GET` of the Redis key holding `key`'s envelope to `out`, with no String made
 /// on the way (a read lane's request; the same bytes as the redis crate's packed command).
 pub fn write_value_get(namespace: &str, key: &str, out: &mut Vec<u8>) {
@@ -182,6 +202,42 @@ mod tests {
             }
             cmd.write_packed_command(&mut expected);
             assert_eq!(out, expected, "{ns}");
+        }
+    }
+
+    #[test]
+    fn a_value_key_mark_is_the_mark_of_the_value_key() {
+        for key in [
+            "a",
+            "user:42",
+            "é,ü",
+            "with}brace",
+            "{x}",
+            "}",
+            "\u{0}\u{7f}}\u{ff}",
+            &"k".repeat(1024),
+        ] {
+            for ns in ["sc", "", "a:b", "x}"] {
+                assert_eq!(
+                    value_key_mark(ns, key),
+                    crate::envelope::key_mark_bits(&redis_value_key(ns, key)),
+                    "{ns} {key}"
+                );
+            }
+        }
+        assert_ne!(value_key_mark("sc", "a"), value_key_mark("sc", "b"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn proptest_a_value_key_mark_is_the_mark_of_the_value_key(
+            ns in "[a-z:}]{0,6}",
+            key in proptest::prelude::any::<String>(),
+        ) {
+            proptest::prop_assert_eq!(
+                value_key_mark(&ns, &key),
+                crate::envelope::key_mark_bits(&redis_value_key(&ns, &key))
+            );
         }
     }
 

@@ -97,7 +97,7 @@ pub(super) fn decode_binary(b: &[u8]) -> Option<Decoded<'_>> {
         value_json,
         tags,
         fmt,
-        key_mark: Some(hex_mark(mark)),
+        key_mark: Some(KeyMark::Bits(mark)),
         marker,
         made_at,
     })

@@ -259,10 +259,20 @@ pub fn usable(
     serializer: Serializer,
     value_key: &str,
 ) -> Result<Option<Usable>, Misdelivered> {
+    usable_marked(bytes, serializer, crate::envelope::key_mark_bits(value_key))
+}
+
+/// [`usable`] for the value key whose mark is `mark` (`key::value_key_mark`: a read lane's
+/// check, with no String of the key made per value).
+pub fn usable_marked(
+    bytes: &[u8],
+    serializer: Serializer,
+    mark: u64,
+) -> Result<Option<Usable>, Misdelivered> {
     let Some(d) = Envelope::decode(bytes) else {
         return Ok(None);
     };
-    if !d.written_for(value_key) {
+    if !d.written_for_mark(mark) {
         return Err(Misdelivered);
     }
     if d.marker

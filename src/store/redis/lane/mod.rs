@@ -29,7 +29,7 @@ pub use transport::{handshake_reply, Landing, LaneSocket, LaneStream, Opened};
 
 use redis::RedisResult;
 
-use super::envelopes::{usable, Misdelivered};
+use super::envelopes::{usable_marked, Misdelivered};
 use super::net::timed_out;
 use super::slots::slot_of_key;
 use super::{RedisTier, Remote};
@@ -281,7 +281,8 @@ impl RedisTier {
     /// What a value the lane read for `key` means (its key mark checked: another key's entry
     /// is `Misaligned`, counted as a Redis error).
     fn lane_envelope(&self, key: &str, stamp: Stamp, bytes: &[u8]) -> LaneRead {
-        match usable(bytes, self.policies.serializer, &self.value_key(key)) {
+        let mark = key::value_key_mark(&self.policies.namespace, key);
+        match usable_marked(bytes, self.policies.serializer, mark) {
             Err(Misdelivered) => {
                 self.stats.redis_errors.incr();
                 LaneRead::Misaligned(
