@@ -8,13 +8,17 @@
 // machine moves both sides.
 //
 //   node bench/redis-read.js [--rounds 5] [--reads 4000] [--keys 1000] [--cold 5] [--quick]
-//                            [--tls | --unix | --cluster] [--runtimes node,bun,deno] [--before DIR]
+//                            [--tls | --unix | --sentinel | --cluster] [--runtimes node,bun,deno]
+//                            [--before DIR]
 //                            [--url redis://127.0.0.1:6379]
 //
 // Topologies (each started privately on 127.0.0.1, stopped by PID): one server over TCP (the
 // default), --tls (a TLS-only server with a throwaway CA made by openssl, as in the tests), --unix
-// (a server listening on a Unix socket too: both sides connect by its path) and --cluster (a
-// 3-master Redis Cluster without replicas; ioredis's Cluster client on the other side).
+// (a server listening on a Unix socket too: both sides connect by its path), --sentinel (a primary,
+// its replica and a sentinel monitoring them: stampede-cache with `{ sentinels, masterName }`,
+// ioredis with its own Sentinel support, `{ sentinels, name }`; both find the primary through the
+// sentinel and read from it) and --cluster (a 3-master Redis Cluster without replicas; ioredis's
+// Cluster client on the other side).
 // --runtimes: the same measurement under each runtime named (node, bun: the @oven/bun-linux-x64 dev
 // dependency, deno: @deno/linux-x64-glibc), one child process each, against the same topology;
 // without it, it runs under the runtime that runs this file. --before DIR: a copy of the package at
@@ -91,8 +95,8 @@ const RUNTIME = process.versions.deno
     : { name: `Node ${process.versions.node}`, args: [] }
 
 /**
- * How each side reaches the topology `where` describes: { kind: 'tcp' | 'tls' | 'unix' | 'cluster',
- * url?, caFile?, socket?, seeds? }. `redis`: stampede-cache's option; `ioredis()`: a connected
+ * How each side reaches the topology `where` describes: { kind: 'tcp' | 'tls' | 'unix' | 'sentinel'
+ * | 'cluster', url?, caFile?, socket?, seeds?, sentinels?, masterName? }. `redis`: stampede-cache's option; `ioredis()`: a connected
  * raw client.
  */
 function clientsOf(where) {
@@ -109,6 +113,18 @@ function clientsOf(where) {
               return { host: hostname, port: Number(port) }
             }),
           ),
+      }
+    case 'sentinel':
+      return {
+        redis: { sentinels: where.sentinels, masterName: where.masterName },
+        ioredis: () =>
+          new Redis({
+            sentinels: where.sentinels.map((u) => {
+              const { hostname, port } = new URL(u)
+              return { host: hostname, port: Number(port) }
+            }),
+            name: where.masterName,
+          }),
       }
     case 'unix':
       return { redis: `unix://${where.socket}`, ioredis: () => new Redis({ path: where.socket }) }
@@ -269,7 +285,7 @@ async function measureRedisReads({ url, caFile = null, where, before = null, qui
 }
 
 const USAGE =
-  'node bench/redis-read.js [--rounds 5] [--reads 4000] [--keys 1000] [--cold 5] [--quick] [--tls | --unix | --cluster] ' +
+  'node bench/redis-read.js [--rounds 5] [--reads 4000] [--keys 1000] [--cold 5] [--quick] [--tls | --unix | --sentinel | --cluster] ' +
   '[--runtimes node,bun,deno] [--before DIR] [--url redis://127.0.0.1:PORT]'
 
 function parseArgs(argv) {
@@ -285,6 +301,7 @@ function parseArgs(argv) {
     else if (x === '--tls') a.kind = 'tls'
     else if (x === '--unix') a.kind = 'unix'
     else if (x === '--cluster') a.kind = 'cluster'
+    else if (x === '--sentinel') a.kind = 'sentinel'
     else if (x === '--json') a.json = true
     else if (x === '--rounds' || x === '--reads' || x === '--keys' || x === '--cold') a[x.slice(2)] = Number(value())
     else if (x === '--url') a.url = value()
@@ -306,7 +323,7 @@ function parseArgs(argv) {
 
 /** Starts the private topology `kind` names: { where, stop }. */
 async function startTopology(kind) {
-  const { makeCertificates, RedisNode, RedisCluster } = require('../__test__/helpers/redis-topology')
+  const { makeCertificates, RedisNode, RedisCluster, RedisSentinelGroup } = require('../__test__/helpers/redis-topology')
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `sc-bench-${kind}-`))
   const done = async (stop, where) => ({
     where,
@@ -318,6 +335,12 @@ async function startTopology(kind) {
   if (kind === 'cluster') {
     const cluster = await new RedisCluster({ masters: 3, replicasPerMaster: 0 }).start()
     return done(() => cluster.dispose(), { kind, seeds: cluster.seedUrls })
+  }
+  if (kind === 'sentinel') {
+    // A long down-after: a busy machine's slow PING must not fail the primary over mid-run.
+    const group = new RedisSentinelGroup({ downAfter: 60_000, failoverTimeout: 120_000 })
+    await group.start()
+    return done(() => group.dispose(), { kind, sentinels: group.sentinelUrls, masterName: group.masterName })
   }
   if (kind === 'tls') {
     const certs = makeCertificates(dir)
@@ -384,7 +407,13 @@ function printResult(r, where) {
   )
 }
 
-const DESCRIBED = { tcp: 'one server over TCP', tls: 'one server over TLS', unix: 'one server over a Unix socket', cluster: '3-master Redis Cluster' }
+const DESCRIBED = {
+  tcp: 'one server over TCP',
+  tls: 'one server over TLS',
+  unix: 'one server over a Unix socket',
+  sentinel: 'a Sentinel primary (with a replica)',
+  cluster: '3-master Redis Cluster',
+}
 
 async function standalone(args) {
   if (args.where) {
