@@ -122,3 +122,29 @@ test('a refresh that replaces a value still announces it: the other process drop
     what: "B to drop v1 on A's announcement",
   })
 })
+
+test('Redis lost a value another process holds stale: its refresh finds the lock taken by a cold load, and that load announces its result', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { redis, A, B, vkey, lkey } = await setup(t)
+  const key = 'cold:lost'
+  const opts = { ttl: 300, hardTtl: 60_000 }
+  assert.equal((await A.request('read', { key, loader: { value: 'v1' }, opts })).results[0].value, 'v1')
+  // As an eviction or a restart without persistence would: no process is told.
+  await redis.cmd('DEL', vkey(key))
+  // B's load of the key is a cold one: a marker in the key, B's lock.
+  const bRun = B.start('read', { key, loader: { ms: 1_500, value: 'v2' } })
+  await waitFor(async () => (await redis.cmd('EXISTS', lkey(key))) === 1, { timeout: 5_000, interval: 10, what: "B's lock" })
+  const staleAt = async () => await A.request('run', { args: key, body: 'return (await cache.inspect(args))?.state ?? null' })
+  await waitFor(async () => (await staleAt()) === 'stale', { timeout: 5_000, interval: 20, what: "A's copy to turn stale" })
+  // A serves its stale copy and bids to refresh it: B holds the lock, so A leaves the load to B.
+  assert.equal((await A.request('read', { key, loader: { value: 'A-own' }, opts })).results[0].value, 'v1')
+  assert.equal((await bRun.result).results[0].value, 'v2')
+  // B's result must reach A: it drops the stale copy (the next read is B's value, from Redis).
+  await waitFor(async () => (await staleAt()) !== 'stale', {
+    timeout: 5_000,
+    interval: 20,
+    what: "A to drop its stale copy on B's announcement",
+  })
+  assert.equal((await A.request('read', { key, loader: { value: 'A-must-not-load' }, opts })).results[0].value, 'v2')
+})
