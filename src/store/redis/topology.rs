@@ -35,6 +35,7 @@ use crate::sync::LockOrRecover;
 pub use crate::policy::{RedisConfig, TlsOptions};
 
 mod tls;
+pub(super) use tls::rustls_client;
 use tls::*;
 
 /// One command connection.

@@ -19,6 +19,7 @@ use tokio::net::TcpStream;
 use super::Guarded;
 use crate::policy::TlsOptions;
 use crate::store::redis::net::tcp_settings;
+use crate::store::redis::topology::rustls_client;
 
 trait Stream: AsyncRead + AsyncWrite + Send + Sync {}
 impl<S: AsyncRead + AsyncWrite + Send + Sync> Stream for S {}
@@ -27,40 +28,7 @@ impl<S: AsyncRead + AsyncWrite + Send + Sync> Stream for S {}
 /// the private CA or the system roots (a failure to load them refuses TLS), the client
 /// certificate; with `insecure` (`rejectUnauthorized: false`) no verification and no SNI.
 pub fn tls_config(tls: &TlsOptions, insecure: bool) -> Result<rustls::ClientConfig, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let mut roots = rustls::RootCertStore::empty();
-    match &tls.ca {
-        Some(pem) => {
-            for cert in CertificateDer::pem_slice_iter(pem) {
-                let cert = cert.map_err(|_| "tls.ca: not readable PEM".to_string())?;
-                roots.add(cert).map_err(|e| format!("tls.ca: {e}"))?;
-            }
-        }
-        None => {
-            let mut found = rustls_native_certs::load_native_certs();
-            if let Some(e) = found.errors.pop() {
-                return Err(format!("system roots: {e}"));
-            }
-            for cert in found.certs {
-                roots.add(cert).map_err(|e| format!("system roots: {e}"))?;
-            }
-        }
-    }
-    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
-    let mut config = match (&tls.cert, &tls.key) {
-        (Some(cert), Some(key)) => {
-            let chain = CertificateDer::pem_slice_iter(cert)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| "tls.cert: not readable PEM".to_string())?;
-            let key = PrivateKeyDer::from_pem_slice(key)
-                .map_err(|_| "tls.key: not readable PEM".to_string())?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| format!("tls.cert/tls.key: {e}"))?
-        }
-        _ => builder.with_no_client_auth(),
-    };
+    let mut config = rustls_client(tls, false)?;
     if insecure {
         let provider = rustls::crypto::CryptoProvider::get_default()
             .ok_or_else(|| "no crypto provider for rustls".to_string())?;

@@ -90,8 +90,20 @@ pub(super) fn check_tls_material(tls: &TlsOptions) -> Result<(), String> {
 }
 
 /// The read lane's TLS client: the private CA or the system roots, and the client certificate,
-/// as the command connection is given them (`certificates`). Only for verifying connections.
+/// as the command connection is given them (`certificates`). Only for verifying connections; no
+/// trusted root refuses TLS (the lane then leaves reads to the command connection).
 pub(super) fn lane_tls_config(tls: &TlsOptions) -> Result<rustls::ClientConfig, String> {
+    rustls_client(tls, true)
+}
+
+/// A rustls client as the redis crate builds one from these options (its
+/// `create_rustls_config`): the private CA or the system roots (a failure to load them refuses
+/// TLS), and the client certificate. `roots_required`: refuse when no root is trusted. Shared
+/// with the guard's dialer (`guard/dial.rs`), which adds `rejectUnauthorized: false`.
+pub(in crate::store::redis) fn rustls_client(
+    tls: &TlsOptions,
+    roots_required: bool,
+) -> Result<rustls::ClientConfig, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let mut roots = rustls::RootCertStore::empty();
@@ -113,7 +125,7 @@ pub(super) fn lane_tls_config(tls: &TlsOptions) -> Result<rustls::ClientConfig, 
             }
         }
     }
-    if roots.is_empty() {
+    if roots_required && roots.is_empty() {
         return Err("no trusted certificate".into());
     }
     let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
