@@ -54,6 +54,8 @@ fn hint(lower: &str, tls: bool) -> Option<&'static str> {
         && (cut_off
             || has("timed out connecting")
             || has("connecting timed out")
+            || has("subscription timed out")
+            || has("timed out subscribing")
             || has("corrupt message")
             || has("invalidcontenttype")
             || has("handshake"))
@@ -108,6 +110,10 @@ mod tests {
             explained("received fatal alert: CertificateRequired", true).contains("redis.tls.cert")
         );
         assert!(explained("timed out connecting to Redis", true).contains("use redis://"));
+        // The bus's and a sentinel's subscriptions time out as a whole, their connect included:
+        // whichever of the tier's connections reports a TLS/plain mismatch first says the same.
+        assert!(explained("Redis bus subscription timed out", true).contains("use redis://"));
+        assert!(explained("timed out subscribing on a sentinel", true).contains("use redis://"));
         assert!(explained("Connection reset by peer (os error 104)", false).contains("rediss://"));
         // A plain connection that timed out may be anything (a firewall): no guess.
         assert_eq!(
