@@ -458,7 +458,7 @@ function createCacheManager(cache, plan) {
         const held = await cache.get(sk)
         const threshold = typeof refreshThreshold === 'function' ? refreshThreshold(unmarked(held)) : refreshThreshold
         if (held !== undefined) {
-          if (info.hardUntil - Date.now() < threshold && !refreshing.has(sk)) refreshing.set(sk, refreshHere(key, sk, held, fn, ttl, threshold, store))
+          if (info.hardUntil - Date.now() < threshold && !refreshing.has(sk)) refreshing.set(sk, refreshHere({ key, sk, held, fn, ttl, threshold, store }))
           return { value: held, ran: false }
         }
       }
@@ -471,7 +471,7 @@ function createCacheManager(cache, plan) {
   // A background refresh decided by a call (see load), as cache-manager's wrap runs it: fn once
   // for concurrent callers (`refreshing`), then a set, and the 'refresh' event.
   const refreshing = new Map()
-  async function refreshHere(key, sk, held, fn, ttl, threshold, store) {
+  async function refreshHere({ key, sk, held, fn, ttl, threshold, store }) {
     try {
       const value = await fn({ key: sk, stale: held, signal: new AbortController().signal, setTtl() {}, setTags() {}, skipCache() {} })
       const stored = store(value)

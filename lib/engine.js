@@ -42,7 +42,9 @@ const engine = {
 
 // A Redis answer crosses as the arguments of this function, which the binding calls to make it
 // (see `RedisAnswer` in src/node/answer.rs): an object literal made here is cheap, where one made
-// by N-API calls is not. `state` is an index in HIT_STATES, or -1; `reported`: failures wait
+// by N-API calls is not. Its positional parameters are the one exception to the rule of six: they
+// are the fields of the record it makes, and a record made to pass them would cost the N-API
+// calls this saves. `state` is an index in HIT_STATES, or -1; `reported`: failures wait
 // for onError (take them with #drainRedisReports).
 // The last two are left out of an answer that has neither (most values found), and take their
 // defaults here. What a gate answered for its flight's end (lock, fence, stamp) stays in the

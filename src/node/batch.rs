@@ -380,7 +380,13 @@ pub fn redis_fetch_many(
                 };
                 fetched_on_lane(env, tier, promised, read, reads)
             });
-            return lane::send_many(env, &lane, &tier, names, stamps, false, then);
+            let asked = lane::Asked::Many {
+                keys: names,
+                stamps,
+                count: false,
+                then,
+            };
+            return lane::send(env, &lane, &tier, asked);
         }
     }
     let asks: Vec<(String, Stamp)> = names.into_iter().zip(stamps).collect();

@@ -11,7 +11,7 @@ use super::codes::{
 };
 use super::engines::engine;
 use super::flight::Gated;
-use super::lane::LaneAsk;
+use super::lane::{LaneAsk, LaneGet};
 use super::settle;
 use crate::inbox::Stamp;
 use crate::store::redis::{Fetched, Gate, LaneRead, LockOutcome, RedisTier, Remote};
@@ -104,11 +104,10 @@ pub(super) fn settle_lane_read(
     env: napi::sys::napi_env,
     tier: &Arc<RedisTier>,
     promised: settle::Promised,
-    key: String,
-    stamp: Stamp,
-    ask: LaneAsk,
+    get: LaneGet,
     read: Option<LaneRead>,
 ) {
+    let LaneGet { key, stamp, ask } = get;
     let to = match ask {
         LaneAsk::Cold { id, flight } => For { id, flight },
         LaneAsk::Fetch { count } => {

@@ -21,7 +21,7 @@ use super::codes::{
 };
 use super::engines::{engine, with_engine, EngineState};
 use super::flight::{Flight, Found, Gated};
-use super::lane::{self, Lane, LaneAsk};
+use super::lane::{self, Asked, Lane, LaneAsk, LaneGet};
 use super::options::{loaded_of, LoadResult};
 use super::reads::{carried, carried_gate, fetch, gate, settle_lane_read, For, Gating};
 use super::{napi_fail, settle, JsErr};
@@ -105,7 +105,12 @@ pub fn redis_gate(
                 id,
                 flight: to.flight,
             };
-            return lane::send(env, &lane, tier, key, stamp, ask, settle_lane_read).map(Either::B);
+            let get = LaneGet { key, stamp, ask };
+            let asked = Asked::One {
+                get,
+                then: settle_lane_read,
+            };
+            return lane::send(env, &lane, tier, asked).map(Either::B);
         }
     }
     settle::spawn_settled(env, gate(to, gating, key, purpose, stamp, false)).map(Either::B)
@@ -137,8 +142,16 @@ pub fn redis_fetch(
     };
     if let (Some(tier), Some(stamp)) = (&tier, stamp) {
         if let Some(lane) = lane_for(env, id, tier, &key) {
-            let ask = LaneAsk::Fetch { count };
-            return lane::send(env, &lane, tier, key, stamp, ask, settle_lane_read).map(Either::B);
+            let get = LaneGet {
+                key,
+                stamp,
+                ask: LaneAsk::Fetch { count },
+            };
+            let asked = Asked::One {
+                get,
+                then: settle_lane_read,
+            };
+            return lane::send(env, &lane, tier, asked).map(Either::B);
         }
     }
     settle::spawn_settled(env, fetch(tier, key, stamp, count)).map(Either::B)

@@ -76,10 +76,17 @@ impl LaneAsk {
 /// What the asker does with a read's answer, on the JS thread in a handle scope (`None`: the
 /// lane failed or closed before it answered). A function the asker gives, so this module knows
 /// nothing of what a read is for.
-pub type Then =
-    fn(sys::napi_env, &Arc<RedisTier>, Promised, String, Stamp, LaneAsk, Option<LaneRead>);
+pub type Then = fn(sys::napi_env, &Arc<RedisTier>, Promised, LaneGet, Option<LaneRead>);
 
-/// What the asker of a batch read (`send_many`) does with its answer, on the JS thread in a
+/// A GET sent on the lane: the key, its stamp (taken on the JS thread when the read was asked)
+/// and what the read is for; handed back to [`Then`] with the answer.
+pub struct LaneGet {
+    pub key: String,
+    pub stamp: Stamp,
+    pub ask: LaneAsk,
+}
+
+/// What the asker of a batch read (`Asked::Many`) does with its answer, on the JS thread in a
 /// handle scope: the keys and stamps it gave, and what each key's value means (`None`: the lane
 /// failed or closed before it answered, or the reply was not the batch's).
 pub type ThenMany = Box<
@@ -94,14 +101,9 @@ pub type ThenMany = Box<
 >;
 
 /// What a read sent on the lane asked.
-enum Asked {
+pub enum Asked {
     /// A GET of one key.
-    One {
-        key: String,
-        stamp: Stamp,
-        ask: LaneAsk,
-        then: Then,
-    },
+    One { get: LaneGet, then: Then },
     /// One MGET of many keys (`count`: each counted as an l2Hit or a miss).
     Many {
         keys: Vec<String>,
@@ -128,7 +130,7 @@ impl Sent {
     /// The keys it reads.
     fn keys(&self) -> impl Iterator<Item = &str> {
         let (one, many) = match &self.asked {
-            Asked::One { key, .. } => (Some(key.as_str()), &[][..]),
+            Asked::One { get, .. } => (Some(get.key.as_str()), &[][..]),
             Asked::Many { keys, .. } => (None, &keys[..]),
         };
         one.into_iter().chain(many.iter().map(String::as_str))
@@ -137,7 +139,7 @@ impl Sent {
     /// Its first key (for reports).
     fn key(&self) -> Option<&str> {
         match &self.asked {
-            Asked::One { key, .. } => Some(key),
+            Asked::One { get, .. } => Some(&get.key),
             Asked::Many { keys, .. } => keys.first().map(String::as_str),
         }
     }
@@ -145,17 +147,12 @@ impl Sent {
     /// Hands the answer to the asker (`None`: ask again on the command connection).
     fn answer(self, env: sys::napi_env, tier: &Arc<RedisTier>, framed: Option<Framed>) {
         match self.asked {
-            Asked::One {
-                key,
-                stamp,
-                ask,
-                then,
-            } => {
+            Asked::One { get, then } => {
                 let read = match framed {
                     Some(Framed::One(read)) => Some(read),
                     _ => None,
                 };
-                then(env, tier, self.promised, key, stamp, ask, read);
+                then(env, tier, self.promised, get, read);
             }
             Asked::Many {
                 keys, stamps, then, ..
@@ -228,55 +225,9 @@ pub fn refuse_read_lane() {
     NOT_LIBUV.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Sends a read of `key` on `lane` (from `ready`): the promise, which `then` settles.
+/// Sends `asked` (a GET of one key, or one MGET of a batch's keys, each with its stamp) on
+/// `lane` (from `ready`) with the tier's lane timeout: the promise its `then` settles.
 pub fn send<'env, T>(
-    env: &'env Env,
-    lane: &Rc<RefCell<Lane>>,
-    tier: &Arc<RedisTier>,
-    key: String,
-    stamp: Stamp,
-    ask: LaneAsk,
-    then: Then,
-) -> napi::Result<PromiseRaw<'env, T>> {
-    send_asked(
-        env,
-        lane,
-        tier,
-        Asked::One {
-            key,
-            stamp,
-            ask,
-            then,
-        },
-    )
-}
-
-/// Sends a batch read of `keys` (one MGET; `stamps`: each key's) on `lane` (from `ready`): the
-/// promise, which `then` settles. `count`: each key counted as an l2Hit or a miss.
-pub fn send_many<'env, T>(
-    env: &'env Env,
-    lane: &Rc<RefCell<Lane>>,
-    tier: &Arc<RedisTier>,
-    keys: Vec<String>,
-    stamps: Vec<Stamp>,
-    count: bool,
-    then: ThenMany,
-) -> napi::Result<PromiseRaw<'env, T>> {
-    send_asked(
-        env,
-        lane,
-        tier,
-        Asked::Many {
-            keys,
-            stamps,
-            count,
-            then,
-        },
-    )
-}
-
-/// Sends `asked` on `lane` with the tier's lane timeout: the promise its answer settles.
-fn send_asked<'env, T>(
     env: &'env Env,
     lane: &Rc<RefCell<Lane>>,
     tier: &Arc<RedisTier>,

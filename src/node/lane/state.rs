@@ -33,7 +33,7 @@ impl Lane {
         }
     }
 
-    /// Whether a batch read (`send_many`) is in flight on the lane.
+    /// Whether a batch read (`Asked::Many`) is in flight on the lane.
     pub fn carrying_batch(&self) -> bool {
         self.sent
             .iter()
@@ -68,7 +68,7 @@ impl Lane {
             let mut l = lane.borrow_mut();
             let l = &mut *l;
             match &sent.asked {
-                Asked::One { key, .. } => l.tier.lane_request(key, &mut l.out),
+                Asked::One { get, .. } => l.tier.lane_request(&get.key, &mut l.out),
                 Asked::Many { keys, .. } => l.tier.lane_request_many(keys, &mut l.out),
             }
             l.sent.push_back(sent);
@@ -204,14 +204,13 @@ impl Lane {
                         at += len;
                         continue;
                     }
-                    let Some(Asked::One {
-                        key, stamp, ask, ..
-                    }) = sent
-                    else {
+                    let Some(Asked::One { get, .. }) = sent else {
                         failure = Some("Redis answered a read the lane did not send".into());
                         break;
                     };
-                    let read = self.tier.lane_answer(key, *stamp, reply, ask.counted());
+                    let read = self
+                        .tier
+                        .lane_answer(&get.key, get.stamp, reply, get.ask.counted());
                     if let LaneRead::Misaligned(why) = read {
                         // Not this read's answer: every read not delivered is asked again when
                         // the lane shuts.
