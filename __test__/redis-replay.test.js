@@ -307,14 +307,17 @@ test('close() with changes waiting for replay: the call waiting behind them sett
 // over a key that changed in a way it did not see (a delete, a load, another write), it becomes
 // an invalidation: every instance's next read loads from the source of truth.
 
-/** `a` reaches Redis through a proxy the test cuts; `b` directly. */
-async function cutOffWorld(t) {
+/** `a` reaches Redis through a proxy the test cuts; `b` directly. `seed`: changes `b` makes
+ * before `a` starts, so `a` never hears their announcements (one heard after `a` read the key
+ * would drop its copy, and it would hold nothing of the key). */
+async function cutOffWorld(t, seed = []) {
   const world = await setup(t)
   const proxy = new TcpProxy(world.redis.port)
   t.after(() => proxy.close())
   await proxy.start()
-  const a = await spawnWorkerThrough(world, proxy)
   const b = await world.spawnWorker('b')
+  assert.ok((await changes(b, seed)).out.every((r) => r.ok))
+  const a = await spawnWorkerThrough(world, proxy)
   return { ...world, proxy, a, b }
 }
 
@@ -346,8 +349,7 @@ async function replayedUpTo(proxy, stored, fence) {
 test('a replayed set does not bring back a key another instance deleted during the outage: both instances then load it', {
   timeout: TEST_TIMEOUT,
 }, async (t) => {
-  const { a, b, proxy, stored } = await cutOffWorld(t)
-  await changes(b, [['set', 'k', 'v0']])
+  const { a, b, proxy, stored } = await cutOffWorld(t, [['set', 'k', 'v0']])
   assert.deepEqual(await read(a, ['k']), ['v0'], 'a holds k')
   proxy.cut()
   await queuedOn(a, [
@@ -367,8 +369,7 @@ test('a replayed set does not bring back a key another instance deleted during t
 test('a replayed set does not overwrite what another instance loaded after its delete: no instance serves the replayed value', {
   timeout: TEST_TIMEOUT,
 }, async (t) => {
-  const { a, b, proxy, stored } = await cutOffWorld(t)
-  await changes(b, [['set', 'k', 'v0']])
+  const { a, b, proxy, stored } = await cutOffWorld(t, [['set', 'k', 'v0']])
   assert.deepEqual(await read(a, ['k']), ['v0'], 'a holds k')
   proxy.cut()
   await queuedOn(a, [
@@ -391,8 +392,7 @@ test('a replayed set does not overwrite what another instance loaded after its d
 test('a replayed set over the very write it held is applied: another instance reads it without a load', {
   timeout: TEST_TIMEOUT,
 }, async (t) => {
-  const { a, b, proxy, stored } = await cutOffWorld(t)
-  await changes(b, [['set', 'k', 'v0']])
+  const { a, b, proxy, stored } = await cutOffWorld(t, [['set', 'k', 'v0']])
   assert.deepEqual(await read(a, ['k']), ['v0'], 'a holds k, read from Redis')
   proxy.cut()
   await queuedOn(a, [
