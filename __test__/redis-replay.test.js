@@ -145,7 +145,7 @@ test('expire and expireByTag made while Redis is paused are queued and replayed:
   assert.equal((await stats(a)).replayDropped, 0)
 })
 
-test('a cut connection: a newer write by another instance during the outage is not replaced by the replay; an older one is', {
+test('a cut connection: a newer write by another instance during the outage is not replaced by the replay; an older one a did not see is invalidated', {
   timeout: TEST_TIMEOUT,
 }, async (t) => {
   const { redis, spawnWorker, stored } = await setup(t)
@@ -186,15 +186,17 @@ test('a cut connection: a newer write by another instance during the outage is n
   await until(async () => (await stats(a)).replayQueued === 0, 'the queue drained', 15_000)
   assert.equal((await stored('k')).value, 'b newer', "b's newer set is not replaced by a's older one")
   assert.equal((await stored('d')).value, 'b set after the delete', "nor by a's older delete")
-  assert.equal((await stored('j')).value, 'a newer', "a's newer set replaces b's older one")
+  // a held nothing of j when it set it: b's older set, which a never saw, cannot be told from a
+  // load made after a's set (which a's value must not replace), so the replay deletes j instead.
+  assert.equal((await stored('j')).exists, false, "a's newer set over a write it did not see invalidates the key")
   assert.equal((await stored('only-a')).value, 'a alone')
-  // a's own copies of what it lost give way to b's values.
+  // a's own copies of what it lost give way to b's values, and to j's absence.
   await until(
-    async () => JSON.stringify(await read(a, ['k', 'd', 'j'])) === JSON.stringify(['b newer', 'b set after the delete', 'a newer']),
+    async () => JSON.stringify(await read(a, ['k', 'd', 'j'])) === JSON.stringify(['b newer', 'b set after the delete', null]),
     "a serves b's newer values",
     5_000,
   )
-  await until(async () => JSON.stringify(await read(b, ['j', 'only-a'])) === JSON.stringify(['a newer', 'a alone']), "b sees a's replayed changes", 5_000)
+  await until(async () => JSON.stringify(await read(b, ['j', 'only-a'])) === JSON.stringify([null, 'a alone']), "b sees a's replayed changes", 5_000)
 })
 
 test('at most 10,000 changes wait: the oldest past that are dropped, each counted and reported', { timeout: TEST_TIMEOUT }, async (t) => {
@@ -297,4 +299,129 @@ test('close() with changes waiting for replay: the call waiting behind them sett
   redis.resume()
   await sleep(500)
   assert.equal((await stored('q')).exists, false, 'nothing replayed after close')
+})
+
+// ---- what a replayed set expects of its key (issue 37) -------------------------------------
+// A set queued while this instance was cut off carries what it knew of the key in Redis then: the
+// write it held in process, none (its own queued delete before it), or nothing known. Replayed
+// over a key that changed in a way it did not see (a delete, a load, another write), it becomes
+// an invalidation: every instance's next read loads from the source of truth.
+
+/** `a` reaches Redis through a proxy the test cuts; `b` directly. `seed`: changes `b` makes
+ * before `a` starts, so `a` never hears their announcements (one heard after `a` read the key
+ * would drop its copy, and it would hold nothing of the key). */
+async function cutOffWorld(t, seed = []) {
+  const world = await setup(t)
+  const proxy = new TcpProxy(world.redis.port)
+  t.after(() => proxy.close())
+  await proxy.start()
+  const b = await world.spawnWorker('b')
+  assert.ok((await changes(b, seed)).out.every((r) => r.ok))
+  const a = await spawnWorkerThrough(world, proxy)
+  return { ...world, proxy, a, b }
+}
+
+const spawnWorkerThrough = (world, proxy) => world.spawnWorker('a', { redis: `redis://127.0.0.1:${proxy.port}` })
+
+/** One getOrLoad of `key` on `w` whose loader gives `value`: what it served, and whether it loaded. */
+async function load(w, key, value) {
+  const r = await w.request('read', { key, loader: { value } })
+  assert.equal(r.results[0].ok, true, JSON.stringify(r.results[0]))
+  return { value: r.results[0].value, loads: r.loaderCallsDuring }
+}
+
+/** `ops` made on `a` while it is cut off: each rejected as queued. */
+async function queuedOn(a, ops) {
+  const during = await changes(a, ops)
+  assert.ok(
+    during.out.every((r) => !r.ok && r.code === 'ERR_REDIS' && r.queued === true),
+    JSON.stringify(during.out),
+  )
+}
+
+/** Mends the proxy and waits until Redis holds `fence`, a set queued after the changes of interest:
+ * the drain replays in order, one at a time, so every change queued before it has been applied. */
+async function replayedUpTo(proxy, stored, fence) {
+  proxy.mend()
+  await until(async () => (await stored(fence)).exists, `a's replay reached ${fence}`)
+}
+
+test('a replayed set does not bring back a key another instance deleted during the outage: both instances then load it', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { a, b, proxy, stored } = await cutOffWorld(t, [['set', 'k', 'v0']])
+  assert.deepEqual(await read(a, ['k']), ['v0'], 'a holds k')
+  proxy.cut()
+  await queuedOn(a, [
+    ['set', 'k', 'v1'],
+    ['set', 'fence', 1],
+  ])
+  assert.deepEqual((await changes(b, [['delete', 'k']])).out, [{ ok: true }])
+  await replayedUpTo(proxy, stored, 'fence')
+
+  assert.equal((await stored('k')).exists, false, "a's older set did not bring the deleted key back")
+  const fromA = await load(a, 'k', 'from the source')
+  const fromB = await load(b, 'k', 'from the source')
+  assert.deepEqual([fromA.value, fromB.value], ['from the source', 'from the source'], 'never v1')
+  assert.equal(fromA.loads + fromB.loads, 1, 'one load between them: the first read loads, the second reads its result')
+})
+
+test('a replayed set does not overwrite what another instance loaded after its delete: no instance serves the replayed value', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { a, b, proxy, stored } = await cutOffWorld(t, [['set', 'k', 'v0']])
+  assert.deepEqual(await read(a, ['k']), ['v0'], 'a holds k')
+  proxy.cut()
+  await queuedOn(a, [
+    ['set', 'k', 'v1'],
+    ['set', 'fence', 1],
+  ])
+  assert.deepEqual((await changes(b, [['delete', 'k']])).out, [{ ok: true }])
+  assert.deepEqual(await load(b, 'k', 'v2'), { value: 'v2', loads: 1 }, 'b reloads k after its delete')
+  await replayedUpTo(proxy, stored, 'fence')
+
+  assert.notEqual((await stored('k')).value, 'v1', 'Redis does not hold the replayed value')
+  const fromA = await load(a, 'k', 'v3')
+  const fromB = await load(b, 'k', 'v3')
+  assert.notEqual(fromA.value, 'v1', 'a does not serve it')
+  assert.notEqual(fromB.value, 'v1', 'b does not serve it')
+  // b hears the replay's invalidation and drops its copy of v2; from then on both agree.
+  await until(async () => (await load(b, 'k', 'v3')).value === (await load(a, 'k', 'v3')).value, 'a and b serve the same value of k', 5_000)
+})
+
+test('a replayed set over the very write it held is applied: another instance reads it without a load', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { a, b, proxy, stored } = await cutOffWorld(t, [['set', 'k', 'v0']])
+  assert.deepEqual(await read(a, ['k']), ['v0'], 'a holds k, read from Redis')
+  proxy.cut()
+  await queuedOn(a, [
+    ['set', 'k', 'v1'],
+    ['set', 'fence', 1],
+  ])
+  await replayedUpTo(proxy, stored, 'fence')
+  assert.equal((await stored('k')).value, 'v1')
+  assert.deepEqual(await load(b, 'k', 'from the source'), { value: 'v1', loads: 0 })
+  assert.deepEqual(await load(a, 'k', 'from the source'), { value: 'v1', loads: 0 })
+})
+
+test('queued sets of one key replay as a chain: each expects what the one before it leaves, and the last is applied', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { a, b, proxy, stored } = await cutOffWorld(t)
+  await changes(a, [['set', 'k', 'v0']])
+  proxy.cut()
+  await queuedOn(a, [
+    ['set', 'k', 'v1'],
+    ['set', 'k', 'v2'],
+    ['delete', 'k'],
+    ['set', 'k', 'v3'],
+    ['set', 'never-held', 'n'],
+    ['set', 'fence', 1],
+  ])
+  await replayedUpTo(proxy, stored, 'fence')
+  assert.equal((await stored('k')).value, 'v3', 'v3 expects the absence its delete left')
+  assert.equal((await stored('never-held')).value, 'n', 'a key a never held, absent in Redis, takes its set')
+  assert.deepEqual(await load(b, 'k', 'from the source'), { value: 'v3', loads: 0 })
+  assert.deepEqual(await load(b, 'never-held', 'from the source'), { value: 'n', loads: 0 })
 })

@@ -862,6 +862,14 @@ impl<C: Clock> Cache<C> {
         }))
     }
 
+    /// The envelope of the entry held for `key`, whatever its state, once what other processes
+    /// replaced is dropped: the write this instance last knew of in Redis (a `set` made now
+    /// while Redis cannot take it expects to find that write there when it is replayed).
+    pub fn held_envelope(&mut self, key: &str) -> Option<Envelope> {
+        self.apply_inbox();
+        self.store.peek(key).map(|e| e.envelope)
+    }
+
     /// The in-process copy's freshUntil, if any (a refresh compares it with Redis's copy).
     pub fn fresh_until(&self, key: &str) -> Option<f64> {
         self.store.peek(key).map(|e| e.envelope.fresh_until)

@@ -13,8 +13,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 mod binary;
+mod identity;
 pub use binary::COMPRESS_ABOVE;
 use binary::{compressed, decode_binary};
+pub use identity::{write_identity, IDENTITY_BYTES};
 
 /// Where an entry is in its life at a given time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -773,13 +775,8 @@ pub fn same_write(header: &[u8], held: &Envelope, value_key: &str) -> bool {
     use layout::*;
     match header.first() {
         Some(&(MAGIC | MAGIC_TIMED)) if header.len() >= FIXED => {
-            let compute = u32::from_be_bytes([header[36], header[37], header[38], header[39]]);
             header[1] & MARKER == 0
-                && header[MARK..MARK + 8] == key_mark_bits(value_key).to_be_bytes()
-                && u48(header, BORN) == Some(held.born.min(MAX_U48))
-                && u48(header, FRESH) == Some(ms(held.fresh_until.round()))
-                && u48(header, HARD) == Some(ms(held.hard_until.round()))
-                && compute == compute_us(held.compute_ms)
+                && identity::header_identity(header) == Some(write_identity(held, value_key))
         }
         Some(b'{') => {
             // A cut inside a multi-byte character can only be in the value, after the fields.

@@ -6,11 +6,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use stampede_cache::envelope::write_identity;
 use stampede_cache::envelope::{Body, Envelope, Serializer};
 use stampede_cache::inbox::{Inbox, Stamp};
 use stampede_cache::stats::Stats;
 use stampede_cache::store::redis::{
-    Fetched, Gate, LockOutcome, Policies, RedisConfig, RedisTier, WriteBack,
+    Applied, Expected, Fetched, Gate, LockOutcome, Policies, RedisConfig, RedisTier, Replaying,
+    WriteBack,
 };
 
 struct RedisServer {
@@ -170,6 +172,27 @@ async fn value_in(c: &mut redis::aio::MultiplexedConnection, key: &str) -> Optio
     d.value_json.map(std::borrow::Cow::into_owned)
 }
 
+/// What `write` answers for a set or delete applied.
+fn wrote(existed: bool) -> Applied {
+    Applied::Wrote { existed }
+}
+
+/// A replay, made at `made_at`, of a change made knowing nothing of the key.
+fn unknown(made_at: u64) -> Option<Replaying> {
+    Some(Replaying {
+        made_at,
+        expected: Expected::Unknown,
+    })
+}
+
+/// A replay, made at `made_at`, of a change made while holding `held`, written at `key`.
+fn known(made_at: u64, held: &Envelope, key: &str) -> Option<Replaying> {
+    Some(Replaying {
+        made_at,
+        expected: Expected::Known(write_identity(held, &format!("t:v:{{{key}}}"))),
+    })
+}
+
 fn envelope(ttl: f64) -> Envelope {
     Envelope::new(now_ms(), ttl, ttl * 10.0, 5.0, false)
 }
@@ -294,7 +317,7 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     let gate = lead(&a, "d").await;
     assert_eq!(
         b.write("d", None, now_ms() as u64, None).await,
-        Ok(Some(false))
+        Ok(wrote(false))
     );
     assert_eq!(
         write_back(&a, "d", &gate, "\"old\"").await,
@@ -317,7 +340,7 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
             None
         )
         .await,
-        Ok(Some(false))
+        Ok(wrote(false))
     );
     assert_eq!(
         write_back(&a, "s", &gate, "\"old\"").await,
@@ -349,33 +372,41 @@ async fn a_replayed_change_never_replaces_a_newer_one() {
     let live = Body::json(Some("\"b live\""));
     assert_eq!(
         b.write("r", Some((&e, &live)), made + 10, None).await,
-        Ok(Some(false))
+        Ok(wrote(false))
     );
     let older = Body::json(Some("\"a older\""));
     assert_eq!(
-        a.write("r", Some((&e, &older)), made, Some(made)).await,
-        Ok(None),
+        a.write("r", Some((&e, &older)), made, unknown(made)).await,
+        Ok(Applied::Superseded),
         "an older replayed set is dropped"
     );
-    assert_eq!(a.write("r", None, made + 5, Some(made + 5)).await, Ok(None));
+    assert_eq!(
+        a.write("r", None, made + 5, unknown(made + 5)).await,
+        Ok(Applied::Superseded)
+    );
     assert_eq!(
         value_in(&mut c, "t:v:{r}").await.as_deref(),
         Some("\"b live\"")
     );
     let newer = Body::json(Some("\"a newer\""));
     assert_eq!(
-        a.write("r", Some((&e, &newer)), made + 20, Some(made + 20))
-            .await,
-        Ok(Some(true)),
-        "a newer replayed set applies"
+        a.write(
+            "r",
+            Some((&e, &newer)),
+            made + 20,
+            known(made + 20, &e, "r")
+        )
+        .await,
+        Ok(wrote(true)),
+        "a newer replayed set over the write it held applies"
     );
     assert_eq!(
         value_in(&mut c, "t:v:{r}").await.as_deref(),
         Some("\"a newer\"")
     );
     assert_eq!(
-        a.write("r", None, made + 30, Some(made + 30)).await,
-        Ok(Some(true))
+        a.write("r", None, made + 30, unknown(made + 30)).await,
+        Ok(wrote(true))
     );
     assert_eq!(
         value_in(&mut c, "t:v:{r}").await,
@@ -386,7 +417,7 @@ async fn a_replayed_change_never_replaces_a_newer_one() {
     // set is still dropped, one newer applies.
     assert_eq!(
         b.write("w", Some((&e, &live)), made + 40, None).await,
-        Ok(Some(false))
+        Ok(wrote(false))
     );
     let gate = b.cold_gate("w", true).await;
     assert!(matches!(gate, Gate::Lead { .. }), "{gate:?}");
@@ -395,22 +426,22 @@ async fn a_replayed_change_never_replaces_a_newer_one() {
         WriteBack::Written
     );
     assert_eq!(
-        a.write("w", Some((&e, &older)), made + 35, Some(made + 35))
+        a.write("w", Some((&e, &older)), made + 35, unknown(made + 35))
             .await,
-        Ok(None),
+        Ok(Applied::Superseded),
         "a replayed set older than the set the load followed"
     );
     assert_eq!(
-        a.write("w", None, made + 39, Some(made + 39)).await,
-        Ok(None)
+        a.write("w", None, made + 39, unknown(made + 39)).await,
+        Ok(Applied::Superseded)
     );
     assert_eq!(
         value_in(&mut c, "t:v:{w}").await.as_deref(),
         Some("\"loaded\"")
     );
     assert_eq!(
-        a.write("w", None, made + 41, Some(made + 41)).await,
-        Ok(Some(true))
+        a.write("w", None, made + 41, unknown(made + 41)).await,
+        Ok(wrote(true))
     );
     // Two changes of this instance in one millisecond are two: the second is the newer.
     let first = a.change_time(made + 100);
@@ -419,19 +450,22 @@ async fn a_replayed_change_never_replaces_a_newer_one() {
     let one = Body::json(Some("1"));
     let two = Body::json(Some("2"));
     assert_eq!(
-        a.write("r", Some((&e, &one)), first, Some(first)).await,
-        Ok(Some(false)),
+        a.write("r", Some((&e, &one)), first, unknown(first)).await,
+        Ok(wrote(false)),
         "r was deleted"
     );
     assert_eq!(
-        a.write("r", Some((&e, &two)), second, Some(second)).await,
-        Ok(Some(true))
+        a.write("r", Some((&e, &two)), second, known(second, &e, "r"))
+            .await,
+        Ok(wrote(true))
     );
     assert_eq!(value_in(&mut c, "t:v:{r}").await.as_deref(), Some("2"));
-    // A key never written, or filled by loads alone: a replayed set applies.
+    // A key never written: a replayed set applies. One filled by a load this instance did not
+    // see: it is deleted instead (the load may be newer than the set; see the next test).
     assert_eq!(
-        a.write("fresh", Some((&e, &newer)), made, Some(made)).await,
-        Ok(Some(false))
+        a.write("fresh", Some((&e, &newer)), made, unknown(made))
+            .await,
+        Ok(wrote(false))
     );
     let gate = lead(&b, "filled").await;
     assert_eq!(
@@ -439,13 +473,122 @@ async fn a_replayed_change_never_replaces_a_newer_one() {
         WriteBack::Written
     );
     assert_eq!(
-        a.write("filled", Some((&e, &newer)), made, Some(made))
+        a.write("filled", Some((&e, &newer)), made, unknown(made))
             .await,
-        Ok(Some(true))
+        Ok(Applied::Invalidated)
     );
+    assert_eq!(value_in(&mut c, "t:v:{filled}").await, None);
+}
+
+/// A replayed set applies only over what its instance knew of the key when it made it (issue
+/// 37): the very write it held, nothing after its own delete, nothing known and no key, or
+/// what its own clear left. Anything else (another write, a marker, an earlier version's JSON
+/// envelope of the same times) is not provably that: the key is deleted instead. A replayed
+/// delete applies whatever it finds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_set_over_a_key_changed_unseen_deletes_it_instead() {
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let (b, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let made = now_ms() as u64;
+    let held = envelope(60_000.0);
+    let other = envelope(30_000.0);
+    let v = Body::json(Some("\"a\""));
+    let replay = |expected| {
+        Some(Replaying {
+            made_at: made + 10,
+            expected,
+        })
+    };
+    // Another write than the one held.
+    b.write("k", Some((&other, &v)), made, None).await.unwrap();
     assert_eq!(
-        value_in(&mut c, "t:v:{filled}").await.as_deref(),
-        Some("\"a newer\"")
+        a.write(
+            "k",
+            Some((&held, &v)),
+            made + 10,
+            known(made + 10, &held, "k")
+        )
+        .await,
+        Ok(Applied::Invalidated)
+    );
+    assert_eq!(value_in(&mut c, "t:v:{k}").await, None);
+    // Nothing expected after its own delete, but a write there.
+    b.write("k", Some((&other, &v)), made, None).await.unwrap();
+    assert_eq!(
+        a.write("k", Some((&held, &v)), made + 10, replay(Expected::Absent))
+            .await,
+        Ok(Applied::Invalidated)
+    );
+    // Nothing expected and nothing there: applied.
+    assert_eq!(
+        a.write("k", Some((&held, &v)), made + 10, replay(Expected::Absent))
+            .await,
+        Ok(wrote(false))
+    );
+    // A marker: a load running elsewhere on a key with no value. Deleted, its load dropped.
+    let gate = lead(&b, "m").await;
+    assert_eq!(
+        a.write("m", Some((&held, &v)), made + 10, replay(Expected::Unknown))
+            .await,
+        Ok(Applied::Invalidated)
+    );
+    assert_eq!(bytes_in(&mut c, "t:v:{m}").await, None);
+    assert_eq!(
+        write_back(&b, "m", &gate, "\"loaded\"").await,
+        WriteBack::Dropped
+    );
+    // An earlier version's JSON envelope with the very times held: not provably that write.
+    let json = format!(
+        r#"{{"sc":1,"gen":"g0","born":{},"freshUntil":{},"hardUntil":{},"computeMs":{},"retryAfter":0,"value":"v"}}"#,
+        held.born, held.fresh_until, held.hard_until, held.compute_ms
+    );
+    let _: () = redis::cmd("SET")
+        .arg("t:v:{j}")
+        .arg(&json)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.write(
+            "j",
+            Some((&held, &v)),
+            made + 10,
+            known(made + 10, &held, "j")
+        )
+        .await,
+        Ok(Applied::Invalidated)
+    );
+    // A replayed delete applies over anything.
+    b.write("d", Some((&other, &v)), made, None).await.unwrap();
+    assert_eq!(
+        a.write("d", None, made + 10, replay(Expected::Absent))
+            .await,
+        Ok(wrote(true))
+    );
+    // Behind its own clear: an entry born before the clear is what it left.
+    b.write("c", Some((&other, &v)), made, None).await.unwrap();
+    a.clear(&Default::default()).await.unwrap();
+    assert_eq!(
+        a.write("c", Some((&held, &v)), made + 10, replay(Expected::Cleared))
+            .await,
+        Ok(wrote(true))
+    );
+    assert_eq!(value_in(&mut c, "t:v:{c}").await.as_deref(), Some("\"a\""));
+    // One born since (written after the clear, unseen) is not.
+    assert_eq!(
+        a.write(
+            "c",
+            Some((&held, &v)),
+            made + 20,
+            Some(Replaying {
+                made_at: made + 20,
+                expected: Expected::Cleared
+            })
+        )
+        .await,
+        Ok(Applied::Invalidated)
     );
 }
 
@@ -510,7 +653,7 @@ async fn refresh_is_skipped_while_another_holds_the_lock_and_backs_off_after_a_f
             None
         )
         .await,
-        Ok(Some(false))
+        Ok(wrote(false))
     );
 
     let Gate::Lead {
@@ -699,7 +842,7 @@ async fn expire_ends_an_entry_s_freshness_keeps_its_value_and_expiry_and_fences_
             None
         )
         .await,
-        Ok(Some(false))
+        Ok(wrote(false))
     );
     let pttl_before: i64 = redis::cmd("PTTL")
         .arg("t:v:{k}")

@@ -13,7 +13,7 @@ use super::{js_err, JsErr};
 use crate::cache::Cache;
 use crate::envelope::Envelope;
 use crate::error::{Error as CoreError, ErrorCode};
-use crate::store::redis::{RedisTier, Reports};
+use crate::store::redis::{Expected, RedisTier, Reports};
 
 /// One cache instance: the engine, its Redis tier if configured (taken out by `close`), the
 /// envelopes (and tags) `set_entry` wrote that `redis_write` sends next (same JS turn, see
@@ -24,6 +24,9 @@ pub struct EngineState {
     /// The tier's failures for `onError`, drained after close too.
     pub(super) reports: Option<Arc<Reports>>,
     pub(super) written: HashMap<String, (Envelope, Vec<String>)>,
+    /// What the key's entry here was when `set_entry` or `delete_entry` replaced it, which
+    /// `redis_write` (same JS turn) sends along: what a replay of the change expects in Redis.
+    pub(super) expected: HashMap<String, Expected>,
     /// By flight id (see `flight.rs`).
     pub(super) flights: HashMap<u64, Flight>,
     /// The read lane to the tier's server, if any (see `lane/`).

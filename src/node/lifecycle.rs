@@ -64,6 +64,7 @@ pub fn create_engine(options: Option<Object>) -> Result<External<EngineToken>, J
         reports: redis.as_ref().map(|r| r.reports()),
         redis,
         written: HashMap::new(),
+        expected: HashMap::new(),
         flights: HashMap::new(),
         lane: LaneSlot::default(),
         node_lanes: NodeLanes::default(),
@@ -96,6 +97,7 @@ pub fn close_engine(id: u32) {
         let mut e = e.borrow_mut();
         e.cache.close();
         e.written.clear();
+        e.expected.clear();
         e.lane.close();
         e.node_lanes.close();
         if let Some(r) = e.redis.take() {

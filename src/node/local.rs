@@ -8,10 +8,11 @@ use napi_derive::napi;
 use super::codes::{
     encode_hit, MISS, NO_SLOT, STEP_JOIN, STEP_KINDS, STEP_LEAD, STEP_SERVE, WRITTEN_NOWHERE,
 };
-use super::engines::{engine, with_engine};
+use super::engines::{engine, with_engine, EngineState};
 use super::options::{loaded_of, policy_of, LoadResult};
 use super::JsErr;
 use crate::cache::{Extra, Step};
+use crate::store::redis::Expected;
 
 /// What to do, as one number `n * STEP_KINDS + kind`: `kind` `STEP_SERVE` the hit `n`,
 /// `STEP_LEAD` flight `n`, or `STEP_JOIN` flight `n` (`n >= 0`, below 2^50). A number, not an
@@ -117,7 +118,12 @@ pub fn set_entry(
             tags: tags.unwrap_or_default(),
             size: size as u64,
         };
-        Ok(match e.cache.set(&key, negative, &p, &extra)? {
+        let expected = expected_of(e, &key);
+        let written = e.cache.set(&key, negative, &p, &extra)?;
+        if let Some(expected) = expected {
+            e.expected.insert(key.clone(), expected);
+        }
+        Ok(match written {
             // A zero TTL keeps nothing here; the facade deletes any older copy in Redis.
             None => WRITTEN_NOWHERE,
             Some(w) => {
@@ -130,11 +136,23 @@ pub fn set_entry(
     })
 }
 
+/// With Redis, what the entry held for `key` says of it there, taken before a `set` or
+/// `delete` replaces it (kept for the `redis_write` that sends the change).
+fn expected_of(e: &mut EngineState, key: &str) -> Option<Expected> {
+    let value_key = e.redis.as_ref()?.value_key(key);
+    let held = e.cache.held_envelope(key);
+    Some(Expected::of_held(held.as_ref(), &value_key))
+}
+
 /// `[freedSlot or NO_SLOT, 1 if a live entry was removed else 0]`.
 #[napi]
 pub fn delete_entry(id: u32, key: String) -> Result<Vec<i32>, JsErr> {
     with_engine(id, |c| {
+        let expected = expected_of(c, &key);
         let (slot, removed) = c.cache.delete(&key)?;
+        if let Some(expected) = expected {
+            c.expected.insert(key, expected);
+        }
         Ok(vec![slot.map_or(NO_SLOT, |s| s as i32), removed as i32])
     })
 }
@@ -254,7 +272,7 @@ pub fn debug_counts(id: u32) -> Vec<u32> {
                 c.cache.flights_in_progress() as u32,
                 c.cache.entries() as u32,
                 waiting as u32,
-                (c.written.len() + c.flights.len() + unsent) as u32,
+                (c.written.len() + c.expected.len() + c.flights.len() + unsent) as u32,
                 c.cache.inbox().pending_keys() as u32,
                 c.cache.applied_kept() as u32,
                 c.cache.refreshes_running() as u32,

@@ -31,7 +31,7 @@ use crate::envelope::{Body, Envelope, Fmt};
 use crate::error::ErrorCode;
 use crate::inbox::Stamp;
 use crate::store::redis::{
-    explained, Applied, Change, HeldLock, Outage, RedisTier, Taken, WriteBack,
+    explained, Applied, Change, Expected, HeldLock, Outage, RedisTier, Taken, WriteBack,
 };
 
 /// The engine's read lane, if it can take a read now (`lane::ready`).
@@ -405,6 +405,7 @@ pub fn redis_write(
     let queued = engine(id).and_then(|e| {
         let mut e = e.borrow_mut();
         let written = e.written.remove(&key);
+        let expected = e.expected.remove(&key).unwrap_or(Expected::Unknown);
         let tier = e.redis.clone()?;
         if !delete && written.is_none() {
             return None;
@@ -417,6 +418,7 @@ pub fn redis_write(
             value_json,
             fmt: Fmt::from_code(fmt),
             at_ms: tier.change_time(SystemClock.now_ms().max(0.0) as u64),
+            expected,
         };
         tier.in_order(&key, async move {
             let _ = tx.send(job_tier.take_change(change).await);

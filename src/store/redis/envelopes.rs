@@ -8,6 +8,7 @@
 use redis::Value;
 
 use super::fence::Fence;
+use super::replaying::{Applied, Replaying};
 use super::{RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
 use crate::envelope::{new_generation, Body, Envelope, Fmt, Serializer, State};
@@ -481,10 +482,10 @@ impl RedisTier {
 
     /// `set` (`Some`) or `delete` (`None`), made at `at_ms` (epoch ms): the newest state of the
     /// key, with a new generation that drops every load that began before (a set's envelope
-    /// names `at_ms`; a delete leaves nothing). `Ok(Some(existed))`: whether the key held a
-    /// value. `replayed`: the change was made at
-    /// that time and Redis could not take it then; `Ok(None)` when the key holds a change made at
-    /// or after it (not applied).
+    /// names `at_ms`; a delete leaves nothing). `Applied::Wrote`: whether the key held a
+    /// value. `replayed`: the change was made at that time and Redis could not take it then;
+    /// `Superseded` when the key holds a change made at or after it (not applied), and, for a
+    /// set, `Invalidated` when the key holds other than it expected (deleted instead).
     /// A set's entry is born at the namespace clock known when it runs (after every earlier
     /// deleteByTag and clear of this instance); Redis's clock is read alongside, and if it was
     /// ahead (one elsewhere, not yet heard of here) the entry's born is raised to it, so a set
@@ -495,8 +496,8 @@ impl RedisTier {
         key: &str,
         written: Option<(&Envelope, &Body<'_>)>,
         at_ms: u64,
-        replayed: Option<u64>,
-    ) -> Result<Option<bool>, Unavailable> {
+        replayed: Option<Replaying>,
+    ) -> Result<Applied, Unavailable> {
         self.wrote_here(key);
         let generation = new_generation();
         let (text, px, born) = match written {
@@ -529,7 +530,8 @@ impl RedisTier {
                 .arg(self.bus.channel())
                 .arg(&msg)
                 .arg(&mark)
-                .arg(replayed.map_or(String::new(), |at| at.to_string()));
+                .arg(replayed.map_or(String::new(), |r| r.made_at.to_string()))
+                .arg(replayed.map_or(Vec::new(), |r| r.expected.arg(self.inbox.cleared())));
             let reply = invoke_marked(&call, &mark, &mut c).await?;
             Ok(reply.map(|r| r.first().map_or(0, int)))
         });
@@ -550,10 +552,14 @@ impl RedisTier {
             self.misdelivered(op, key);
             return Err(Unavailable);
         };
-        if existed < 0 {
+        if existed == -1 {
             // A replay older than what the key holds: nothing was written (nor announced).
             self.bus.carried().own_heard(key);
-            return Ok(None);
+            return Ok(Applied::Superseded);
+        }
+        if existed < 0 {
+            // A replayed set over a key that changed unseen: deleted instead, and announced.
+            return Ok(Applied::Invalidated);
         }
         if let (Some(born), Some(clock)) = (born, clock) {
             if clock > born {
@@ -570,7 +576,9 @@ impl RedisTier {
                 }
             }
         }
-        Ok(Some(existed == 1))
+        Ok(Applied::Wrote {
+            existed: existed == 1,
+        })
     }
 
     /// `expire(key)` in Redis, already applied here: the entry keeps its value and expiry but its

@@ -122,7 +122,7 @@ pub use lane::{
     MarkRule, Opened,
 };
 pub use order::WriteOrder;
-pub use replaying::{Applied, Change, Taken};
+pub use replaying::{Applied, Change, Expected, Replaying, Taken};
 pub use reports::{Outage, Report, Reports, REPORT_INTERVAL};
 pub use tags::TagFailure;
 pub use target::LaneTarget;

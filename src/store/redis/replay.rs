@@ -15,10 +15,12 @@ use crate::sync::LockOrRecover;
 /// At most this many changes wait per cache; past it the oldest are dropped.
 pub const REPLAY_BOUND: usize = 10_000;
 
-/// What the queue needs to know of a change: the key it changes (`None`: the namespace), and
-/// when it was made (unique and increasing in the order this instance made its changes).
+/// What the queue needs to know of a change: the key it changes (`None`: the namespace),
+/// whether it changes every key (a clear), and when it was made (unique and increasing in the
+/// order this instance made its changes).
 pub trait Change {
     fn key(&self) -> Option<&str>;
+    fn every_key(&self) -> bool;
     fn made_at(&self) -> u64;
 }
 
@@ -61,6 +63,8 @@ pub struct Replay<C> {
 struct State<C> {
     queue: VecDeque<Queued<C>>,
     keys: HashMap<String, usize>,
+    /// How many waiting changes change every key.
+    every: usize,
 }
 
 impl<C> Default for Replay<C> {
@@ -69,6 +73,7 @@ impl<C> Default for Replay<C> {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 keys: HashMap::new(),
+                every: 0,
             }),
             len: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
@@ -85,6 +90,7 @@ impl<C: Change> Replay<C> {
         if let Some(key) = q.change.key() {
             *state.keys.entry(key.to_string()).or_default() += 1;
         }
+        state.every += usize::from(q.change.every_key());
         let made = q.change.made_at();
         let at = state
             .queue
@@ -127,6 +133,7 @@ impl<C: Change> Replay<C> {
     pub fn take_all(&self) -> Vec<Queued<C>> {
         let mut state = self.state.lock_or_recover();
         state.keys.clear();
+        state.every = 0;
         self.len.store(0, Ordering::Release);
         state.queue.drain(..).collect()
     }
@@ -144,6 +151,24 @@ impl<C: Change> Replay<C> {
         !self.is_empty() && self.state.lock_or_recover().keys.contains_key(key)
     }
 
+    /// What `read` makes of the newest waiting change of `key`, or of every key (`None`: none
+    /// waits).
+    pub fn newest_of<R>(&self, key: &str, read: impl FnOnce(&C) -> R) -> Option<R> {
+        if self.is_empty() {
+            return None;
+        }
+        let state = self.state.lock_or_recover();
+        if state.every == 0 && !state.keys.contains_key(key) {
+            return None;
+        }
+        let q = state
+            .queue
+            .iter()
+            .rev()
+            .find(|q| q.change.every_key() || q.change.key() == Some(key))?;
+        Some(read(&q.change))
+    }
+
     /// True for the one caller that may start the drain now.
     pub fn begin_drain(&self) -> bool {
         self.draining
@@ -158,6 +183,7 @@ impl<C: Change> Replay<C> {
 
 impl<C: Change> State<C> {
     fn forget(&mut self, change: &C) {
+        self.every -= usize::from(change.every_key());
         let Some(key) = change.key() else { return };
         if let Some(n) = self.keys.get_mut(key) {
             *n -= 1;
@@ -172,10 +198,14 @@ impl<C: Change> State<C> {
 mod tests {
     use super::*;
 
+    /// A set of a key, or (`*`) a clear.
     struct Set(String, u32);
     impl Change for Set {
         fn key(&self) -> Option<&str> {
-            Some(&self.0)
+            Some(self.0.as_str()).filter(|k| *k != "*")
+        }
+        fn every_key(&self) -> bool {
+            self.0 == "*"
         }
         fn made_at(&self) -> u64 {
             u64::from(self.1)
@@ -233,6 +263,33 @@ mod tests {
         replay.push(q(1));
         assert_eq!(replay.take_all().len(), 1);
         assert!(replay.is_empty() && !replay.holds("k1"));
+    }
+
+    #[test]
+    fn the_newest_waiting_change_of_a_key_is_found() {
+        let replay: Replay<Set> = Replay::default();
+        assert_eq!(replay.newest_of("k0", |c| c.1), None);
+        for n in [0, 1, 3, 4] {
+            replay.push(q(n));
+        }
+        assert_eq!(replay.newest_of("k0", |c| c.1), Some(3));
+        assert_eq!(replay.newest_of("k1", |c| c.1), Some(4));
+        assert_eq!(replay.newest_of("k2", |c| c.1), None);
+        replay.push(Queued::new(Set("*".into(), 5), None));
+        assert_eq!(
+            replay.newest_of("k2", |c| c.1),
+            Some(5),
+            "a clear changes every key"
+        );
+        replay.push(q(6));
+        assert_eq!(replay.newest_of("k0", |c| c.1), Some(6));
+        assert_eq!(replay.newest_of("k1", |c| c.1), Some(5));
+        while replay.pop().is_some() {}
+        assert_eq!(
+            replay.newest_of("k1", |c| c.1),
+            None,
+            "no clear is left counted"
+        );
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! them, so the order holds across the outage. A replayed `set` or `delete` carries the time it
 //! was made and is dropped in Redis when the key holds a change made at or after that time
 //! (`write.lua`): a replay never replaces a newer `set`, whichever instance made it. A replayed
+//! `set` also carries what this instance knew of the key in Redis when it made it (`Expected`):
+//! found changed in a way it did not see (a delete, a load, another write), it becomes an
+//! invalidation, so no instance serves its value over a newer state. A replayed
 //! `expire`, `deleteByTag`, `expireByTag` or `clear` applies to what Redis holds when it is
 //! taken (a tag's is numbered then), so it may also reach entries written meanwhile (a refresh
 //! or a reload, never an older value served).
@@ -16,24 +19,71 @@ use tokio::sync::oneshot;
 
 use super::replay::{self, Queued, Replayed};
 use super::{RedisTier, TagFailure, Unavailable};
-use crate::envelope::{Body, Envelope, Fmt};
+use crate::envelope::{write_identity, Body, Envelope, Fmt, IDENTITY_BYTES};
 use crate::inbox::Tentative;
 
 /// How many times a change may be refused by a Redis that is up (an error reply, not an
 /// outage) before it is dropped: a change Redis will never take must not hold up the rest.
 const REFUSALS: u32 = 5;
 
+/// What this instance knew of a key in Redis when it made a change of it: what a replay of a
+/// `set` expects the key to hold (`write.lua`; anything else, it invalidates the key instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expected {
+    /// The write it held in process (read from Redis or written there), by its identity.
+    Known([u8; IDENTITY_BYTES]),
+    /// Nothing: its own change of the key before this one, still waiting, was a delete.
+    Absent,
+    /// What a clear leaves: its own change before this one, still waiting, was a `clear` (none
+    /// of the key since). The key holds nothing, or an entry born before the clear, dead (the
+    /// sweep that removes those runs after the clear, alongside the changes behind it).
+    Cleared,
+    /// Nothing known: it held nothing (`l1: false`, never read, evicted). An absent key is then
+    /// taken as expected: a delete elsewhere cannot be told from a key never written.
+    Unknown,
+}
+
+impl Expected {
+    /// What the in-process entry `held` at `value_key` (if any) says.
+    pub fn of_held(held: Option<&Envelope>, value_key: &str) -> Self {
+        held.map_or(Expected::Unknown, |e| {
+            Expected::Known(write_identity(e, value_key))
+        })
+    }
+
+    /// As `write.lua` takes it (ARGV[7]): `k` and the identity, `a`, `u`, or `c` and `cleared`,
+    /// the clock of the newest clear known here (at least the one this change waited behind,
+    /// which Redis took before it).
+    pub(super) fn arg(&self, cleared: u64) -> Vec<u8> {
+        match self {
+            Expected::Known(id) => [&b"k"[..], id].concat(),
+            Expected::Absent => b"a".to_vec(),
+            Expected::Unknown => b"u".to_vec(),
+            Expected::Cleared => format!("c{cleared}").into_bytes(),
+        }
+    }
+}
+
+/// A replayed `set` or `delete`: when it was made (it is dropped by a change of its key made at
+/// or after that), and what a set expects of the key.
+#[derive(Debug, Clone, Copy)]
+pub struct Replaying {
+    pub made_at: u64,
+    pub expected: Expected,
+}
+
 /// A change of this cache's entries, as Redis is asked to take it.
 #[derive(Debug, Clone)]
 pub enum Change {
     /// `set` (an entry: its envelope and tags, and its value) or `delete` (none) of `key`, made
-    /// at `at_ms` (epoch ms).
+    /// at `at_ms` (epoch ms), when this instance knew `expected` of the key in Redis.
     Write {
         key: String,
         entry: Option<(Envelope, Vec<String>)>,
         value_json: Option<String>,
         fmt: Fmt,
         at_ms: u64,
+        expected: Expected,
     },
     DeleteTags {
         tags: Vec<String>,
@@ -67,6 +117,10 @@ impl replay::Change for Change {
         }
     }
 
+    fn every_key(&self) -> bool {
+        matches!(self, Change::Clear { .. })
+    }
+
     fn made_at(&self) -> u64 {
         match self {
             Change::Write { at_ms, .. }
@@ -87,6 +141,9 @@ pub enum Applied {
     },
     /// A replayed set or delete older than what the key holds: not applied.
     Superseded,
+    /// A replayed set that found its key changed in a way this instance did not see: the key
+    /// was deleted instead (and announced), so every instance's next read loads it.
+    Invalidated,
     /// An expire; whether the value key existed.
     Expired {
         existed: bool,
@@ -119,6 +176,7 @@ impl RedisTier {
         }
         if !self.replay.is_empty() {
             let (tx, rx) = oneshot::channel();
+            let change = self.behind_its_key(change);
             self.queue_change(Queued::new(change, Some(tx)));
             self.kick_replay();
             return match rx.await {
@@ -141,10 +199,34 @@ impl RedisTier {
                     },
                     other => other,
                 };
+                let change = self.behind_its_key(change);
                 self.queue_change(Queued::new(change, None));
                 Taken::Queued
             }
         }
+    }
+
+    /// `change` as it waits behind this instance's own waiting changes of its key: a set then
+    /// expects what the newest of them leaves (a set's write, nothing after a delete, dead
+    /// entries after a clear), not
+    /// what was held here (which may be nothing: `l1: false`, or that delete).
+    fn behind_its_key(&self, mut change: Change) -> Change {
+        if let Change::Write { key, expected, .. } = &mut change {
+            let leaves = self.replay.newest_of(key, |before| match before {
+                Change::Write {
+                    entry: Some((envelope, _)),
+                    ..
+                } => Some(Expected::of_held(Some(envelope), &self.value_key(key))),
+                Change::Write { entry: None, .. } => Some(Expected::Absent),
+                Change::Clear { .. } => Some(Expected::Cleared),
+                // An expire redraws what it finds: what is held here says what it left.
+                _ => None,
+            });
+            if let Some(leaves) = leaves.flatten() {
+                *expected = leaves;
+            }
+        }
+        change
     }
 
     /// The time a change made now is made at (epoch ms; `now_ms` the clock's): never the time of
@@ -281,6 +363,7 @@ impl RedisTier {
                 value_json,
                 fmt,
                 at_ms,
+                expected,
             } => {
                 let body = entry.as_ref().map(|(_, tags)| Body {
                     value_json: value_json.as_deref(),
@@ -288,16 +371,17 @@ impl RedisTier {
                     fmt: *fmt,
                 });
                 let written = entry.as_ref().zip(body.as_ref()).map(|((e, _), b)| (e, b));
-                let made = replayed.then_some(*at_ms);
-                match self.write(key, written, *at_ms, made).await? {
-                    Some(existed) => Ok(Applied::Wrote { existed }),
-                    None => {
-                        // Another instance's newer change holds the key: the copy here, of
-                        // this older one, goes.
-                        self.inbox.invalidate(key);
-                        Ok(Applied::Superseded)
-                    }
+                let replaying = replayed.then_some(Replaying {
+                    made_at: *at_ms,
+                    expected: *expected,
+                });
+                let applied = self.write(key, written, *at_ms, replaying).await?;
+                if matches!(applied, Applied::Superseded | Applied::Invalidated) {
+                    // Another instance's change holds the key (or, invalidated, nothing does):
+                    // the copy here, of this older one, goes.
+                    self.inbox.invalidate(key);
                 }
+                Ok(applied)
             }
             Change::Expire { key, now, .. } => {
                 // Whatever the key holds when it is replayed turns stale (a set made after the

@@ -64,6 +64,27 @@ local function envelope_waited(head)
   return envelope_marker(head) and bit.band(string.byte(head, 2), ENVELOPE_WAITED) ~= 0
 end
 
+-- Whether `key`, whose value begins with `head` (its first bytes, or a pcall's error for another
+-- type), holds what `expected` says a replayed set expects: 'k' and a write's identity (the
+-- header's bytes 3-10 and 19-40, see src/envelope/identity.rs) for that very write (either
+-- binary layout, no marker); 'a', or 'u' (nothing known; also when missing), for no key at all;
+-- 'c' and a clear's clock for no key or an entry born before that clock (binary, dead by it).
+-- Anything else is not provably expected: an old JSON envelope, a marker, another write.
+local function envelope_as_expected(key, head, expected)
+  if expected == nil or expected == 'a' or expected == 'u' then
+    return redis.call('EXISTS', key) == 0
+  end
+  if string.sub(expected, 1, 1) == 'c' then
+    if redis.call('EXISTS', key) == 0 then return true end
+    return envelope_binary(head) and not envelope_marker(head)
+      and envelope_born(head) < (tonumber(string.sub(expected, 2)) or 0)
+  end
+  if string.sub(expected, 1, 1) ~= 'k' or #expected ~= 31 then return false end
+  return envelope_binary(head) and not envelope_marker(head)
+    and string.sub(head, 3, 10) == string.sub(expected, 2, 9)
+    and string.sub(head, 19, ENVELOPE_FIXED) == string.sub(expected, 10, 31)
+end
+
 -- `value` (a load's result: binary, untimed) carrying what `current`, the key's envelope it
 -- replaces, holds of the key's last set or delete: the set part of its generation (first 4
 -- bytes, see `Generation`) and, if timed, the madeAt of the key's last set. An old JSON envelope has neither.
