@@ -10,6 +10,9 @@
 //                            [--baseline DIR] [--json out.json]
 //   (--baseline DIR adds a side for another build of the library, a checkout of an older commit
 //   with its addon built, so a change is measured before and after in one run)
+//   node bench/redis-cost.js --instructions [--sides ...]
+//   (each side's redis-server runs under valgrind's callgrind: adds the user-space instructions
+//   the server executed per operation, a count the machine's load does not move; 2,000 entries)
 //   node bench/redis-cost.js --large
 //   (a 100 KB HTML page, as a Next.js entry: bytes in Redis and sequential read time, with the
 //   envelope's compression and without it, STAMPEDE_CACHE_NO_COMPRESS=1, each in its own process)
@@ -37,7 +40,8 @@ const valueOf = (name) => {
   return i >= 0 ? args[i + 1] : undefined
 }
 const QUICK = flag('--quick')
-const ENTRIES = Number(valueOf('--entries') ?? (QUICK ? 4_000 : 20_000))
+const INSTRUCTIONS = flag('--instructions')
+const ENTRIES = Number(valueOf('--entries') ?? (QUICK ? 4_000 : INSTRUCTIONS ? 2_000 : 20_000))
 const BATCH = 1_000
 const SIZES = { '~100 B': [80, 100, 120], '~1 KB': [600, 700, 800, 900, 1_000, 1_100, 1_200, 1_300, 1_400] }
 const jsonOut = valueOf('--json')
@@ -219,7 +223,9 @@ async function serverCpu(redis) {
 async function phase(redis, ops, body) {
   await redis.command('CONFIG', 'RESETSTAT')
   const cpu0 = await serverCpu(redis)
+  const ir0 = redis.instructions?.()
   await body()
+  const ir1 = redis.instructions?.()
   const cpu1 = await serverCpu(redis)
   const counts = await commandCounts(redis)
   const total = Object.values(counts).reduce((a, b) => a + b, 0)
@@ -228,11 +234,11 @@ async function phase(redis, ops, body) {
       .sort((a, b) => b[1] - a[1])
       .map(([k, v]) => [k, +(v / ops).toFixed(2)]),
   )
-  return { commands: total / ops, byName, cpuUs: ((cpu1 - cpu0) * 1e6) / ops }
+  return { commands: total / ops, byName, cpuUs: ((cpu1 - cpu0) * 1e6) / ops, instructions: redis.instructions ? (ir1 - ir0) / ops : null }
 }
 
 async function measure(name, size) {
-  const redis = await startRedis()
+  const redis = await startRedis({ callgrind: INSTRUCTIONS })
   try {
     const side = await openSide(name, redis.url, size)
     const mem0 = Number(infoFields(await redis.command('INFO', 'memory')).used_memory)
@@ -277,6 +283,7 @@ function meanOf(runs) {
     runs[0][k] && {
       commands: avg((r) => r[k].commands),
       cpuUs: avg((r) => r[k].cpuUs),
+      instructions: avg((r) => r[k].instructions),
       byName: runs[0][k].byName,
     }
   return { keys: avg((r) => r.keys), bytes: avg((r) => r.bytes), cold: ph('cold'), read: ph('read'), batch: ph('batch') }
@@ -348,6 +355,12 @@ function table(results, label) {
     (x) => x.toFixed(0),
     true,
   )
+  if (INSTRUCTIONS) {
+    const k = (x) => `${(x / 1000).toFixed(1)}k`
+    row('server instructions per cold load', (r) => r.cold?.instructions, k, true)
+    row('server instructions per sequential read', (r) => r.read?.instructions, k, true)
+    row(`server instructions per warm ${BATCH}-key batch`, (r) => r.batch?.instructions, k, true)
+  }
   lines.push('')
   for (const s of sides) {
     const r = results[s]
