@@ -685,6 +685,18 @@ pub fn new_generation() -> Generation {
     rand::random()
 }
 
+/// The generation of a load's write-back fenced by `fence` (the generation the key held when
+/// the load began, as the scripts read it): its set part, which `write_back.lua` would carry
+/// over anyway (so it writes the envelope as given, without a copy), and 4 new bytes. All new
+/// when the fence is not a binary generation (an old JSON envelope's).
+pub fn load_generation(fence: &[u8]) -> Generation {
+    let mut g = new_generation();
+    if let Ok(fenced) = <&Generation>::try_from(fence) {
+        g[..4].copy_from_slice(&fenced[..4]);
+    }
+    g
+}
+
 /// The binary layout in Redis, big-endian, fixed offsets so the Lua scripts read a field with
 /// `string.sub` / `struct.unpack` (`scripts/envelope.lua` is the one place they do):
 ///
@@ -967,6 +979,18 @@ fn push_number(out: &mut String, n: f64) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_load_keeps_the_set_part_it_was_fenced_by_and_draws_the_rest() {
+        let fence = [1, 2, 3, 4, 5, 6, 7, 8];
+        let a = load_generation(&fence);
+        let b = load_generation(&fence);
+        assert_eq!(a[..4], fence[..4]);
+        assert_ne!(a[4..], b[4..], "the rest is drawn anew");
+        // An old JSON envelope's generation (text) fences nothing binary: all new.
+        let text = load_generation(b"0123456789abcdef0123456789abcdef");
+        assert_ne!(text, load_generation(b"0123456789abcdef0123456789abcdef"));
+    }
+
     #[test]
     fn a_header_names_the_write_it_begins_and_no_other() {
         use super::*;

@@ -11,7 +11,7 @@ use super::fence::Fence;
 use super::replaying::{Applied, Replaying};
 use super::{RedisTier, Remote, Unavailable};
 use crate::clock::{Clock, SystemClock};
-use crate::envelope::{new_generation, Body, Envelope, Fmt, Serializer, State};
+use crate::envelope::{load_generation, new_generation, Body, Envelope, Fmt, Serializer, State};
 use crate::inbox::{tag_bucket, Stamp};
 
 /// A random token naming one lock holder, or one generation of a key: a version 4 UUID whose
@@ -423,7 +423,7 @@ impl RedisTier {
         let px = envelope.remaining_ms(SystemClock.now_ms());
         self.wrote_here(key);
         let keys = (self.value_key(key), self.lock_key(key));
-        let text = envelope.encode(body, &new_generation(), &keys.0);
+        let text = envelope.encode(body, &load_generation(&fence.state), &keys.0);
         let msg = self.bus.announcement(key);
         // Published instead of `msg` when the script writes: other processes then have the
         // value without reading it (see `carried.rs`).

@@ -90,9 +90,13 @@ end
 -- bytes, see `Generation`) and, if timed, the madeAt of the key's last set. An old JSON envelope has neither.
 local function envelope_carrying(value, current)
   if not envelope_binary(current) then return value end
+  local timed = envelope_made_at(current) > 0
+  -- The writer drew its set part from its fence (`load_generation`): then, untimed, there is
+  -- nothing to carry, and the value is written as given, not copied.
+  if not timed and string.sub(current, 11, 14) == string.sub(value, 11, 14) then return value end
   local middle = string.sub(value, 2, 10) .. string.sub(current, 11, 14)
     .. string.sub(value, 15, ENVELOPE_FIXED)
-  if envelope_made_at(current) > 0 then
+  if timed then
     return ENVELOPE_TIMED .. middle .. string.sub(current, ENVELOPE_FIXED + 1, ENVELOPE_TIMED_FIXED)
       .. string.sub(value, ENVELOPE_FIXED + 1)
   end
