@@ -178,3 +178,21 @@ for (const [name, extra, env] of [
     assert.equal(flooded.lanesAfter, 1, `the lane stayed open: ${JSON.stringify(flooded)}`)
   })
 }
+
+// Worker threads reading on a lane, terminated from outside (fixtures/lane-worker.js): the
+// process goes on and exits cleanly. Node on its libuv lane (on the socket lane, a worker
+// terminated with reads in flight still aborts now and then: its finalizer asks them again of a
+// Tokio runtime already shut down).
+for (const [name, extra, env] of [
+  ['node', [], {}],
+  ['bun', [], {}],
+  ['deno', ['--unstable-detect-cjs'], {}],
+]) {
+  test(`${name}: a worker thread reading on a lane, terminated, takes nothing down with it`, { timeout: 120_000 }, async () => {
+    await ready
+    const [bin, args] = RUNTIMES[name]()
+    const fixture = path.join(__dirname, 'fixtures', 'lane-worker.js')
+    const { seen } = runUnder(name, bin, [...args, ...extra, fixture, redis.url], ROOT, env)
+    assert.deepEqual(seen.values, ['ok', 'ok', 'ok'])
+  })
+}
