@@ -233,3 +233,49 @@ for (const [label, tier] of TIERS) {
     assert.equal(await b.getOrLoad('k', load), 'v1')
   })
 }
+
+// get() on a tier that keeps nothing asks nothing of it (no in-process lookup, no adoption): each
+// read is Redis's, and is counted and published as any read from Redis is.
+for (const [label, l1] of [
+  ['l1: false', false],
+  ['l1: { maxEntries: 0 }', { maxEntries: 0 }],
+]) {
+  test(`${label}: get() answers Redis's value or a miss, counted and published as before; a bad key, a closed cache and no Redis answer as before`, {
+    timeout: TEST_TIMEOUT,
+  }, async (t) => {
+    const dc = require('node:diagnostics_channel')
+    const { a, b } = await pair(t, { l1 })
+    await a.set('k', { n: 1 })
+    const seen = []
+    const onHit = (m) => m.cache === b && seen.push(['hit', m.key, m.tier])
+    const onMiss = (m) => m.cache === b && seen.push(['miss', m.key])
+    dc.subscribe('stampede-cache:hit', onHit)
+    dc.subscribe('stampede-cache:miss', onMiss)
+    try {
+      assert.deepEqual(await b.get('k'), { n: 1 })
+      assert.equal(await b.get('absent'), undefined)
+      assert.deepEqual(await b.get('k'), { n: 1 })
+    } finally {
+      dc.unsubscribe('stampede-cache:hit', onHit)
+      dc.unsubscribe('stampede-cache:miss', onMiss)
+    }
+    assert.deepEqual(seen, [
+      ['miss', 'k'],
+      ['hit', 'k', 'redis'],
+      ['miss', 'absent'],
+      ['miss', 'k'],
+      ['hit', 'k', 'redis'],
+    ])
+    const s = b.stats()
+    assert.deepEqual([s.hits, s.l2Hits, s.misses, s.l1Entries, s.loads], [0, 2, 1, 0, 0])
+    await assert.rejects(b.get(''), { code: 'ERR_INVALID_KEY' })
+    await assert.rejects(b.get(42), { code: 'ERR_INVALID_KEY' })
+
+    // Without Redis, a miss is counted all the same.
+    const alone = new StampedeCache({ namespace: newNamespace('nol1'), l1 })
+    assert.equal(await alone.get('k'), undefined)
+    assert.equal(alone.stats().misses, 1)
+    await alone.close()
+    await assert.rejects(alone.get('k'), { code: 'ERR_CLOSED' })
+  })
+}

@@ -142,3 +142,57 @@ for (const [name, gcArgs, env] of [
     assert.equal(seen.after, 1, `the collected cache's lane closed: ${JSON.stringify(seen)}`)
   })
 }
+
+// The socket lane's flow against a stopped Redis (fixtures/lane-flow.js): a read in flight holds
+// the process until it is answered, and then the idle lane lets it exit; requests far larger than
+// the socket takes while Redis reads nothing are written whole, in order, as it drains. Node runs
+// it on the socket lane (STAMPEDE_CACHE_LANE=socket); Bun on its own TCP API, Deno on `node:net`.
+for (const [name, extra, env] of [
+  ['node', [], { STAMPEDE_CACHE_LANE: 'socket' }],
+  ['bun', [], {}],
+  ['deno', ['--unstable-detect-cjs'], {}],
+]) {
+  test(`${name}: a socket lane holds the process for a read in flight, then lets it go; what the socket cannot take at once is written`, {
+    timeout: 120_000,
+  }, async () => {
+    await ready
+    const [bin, args] = RUNTIMES[name]()
+    const fixture = path.join(__dirname, 'fixtures', 'lane-flow.js')
+    const run = (scenario) => {
+      try {
+        return runUnder(name, bin, [...args, ...extra, fixture, String(redis.port), String(redis.proc.pid), scenario], ROOT, env)
+      } finally {
+        // Never leave the server stopped, whatever the fixture did.
+        redis.proc.kill('SIGCONT')
+      }
+    }
+    const held = run('hold').seen
+    assert.equal(held.lanes, 1, `the reads took the lane: ${JSON.stringify(held)}`)
+    assert.equal(held.late, 'v', `the read in flight was answered before the process exited: ${JSON.stringify(held)}`)
+    assert.deepEqual(held.errors, [], JSON.stringify(held))
+    const flooded = run('backpressure').seen
+    assert.equal(flooded.lanes, 1, JSON.stringify(flooded))
+    assert.equal(flooded.wrong, 0, `every value its own key's: ${JSON.stringify(flooded)}`)
+    assert.equal(flooded.found, 100, JSON.stringify(flooded))
+    assert.deepEqual(flooded.errors, [], `nothing timed out or failed: ${JSON.stringify(flooded)}`)
+    assert.equal(flooded.lanesAfter, 1, `the lane stayed open: ${JSON.stringify(flooded)}`)
+  })
+}
+
+// Worker threads reading on a lane, terminated from outside (fixtures/lane-worker.js): the
+// process goes on and exits cleanly. Node on its libuv lane (on the socket lane, a worker
+// terminated with reads in flight still aborts now and then: its finalizer asks them again of a
+// Tokio runtime already shut down).
+for (const [name, extra, env] of [
+  ['node', [], {}],
+  ['bun', [], {}],
+  ['deno', ['--unstable-detect-cjs'], {}],
+]) {
+  test(`${name}: a worker thread reading on a lane, terminated, takes nothing down with it`, { timeout: 120_000 }, async () => {
+    await ready
+    const [bin, args] = RUNTIMES[name]()
+    const fixture = path.join(__dirname, 'fixtures', 'lane-worker.js')
+    const { seen } = runUnder(name, bin, [...args, ...extra, fixture, redis.url], ROOT, env)
+    assert.deepEqual(seen.values, ['ok', 'ok', 'ok'])
+  })
+}

@@ -253,14 +253,18 @@ class StampedeCache {
         }
       }
       // The hot path, as getOrLoad's: a hit (see HIT_SLOT_SHIFT; never a refresh request), or a
-      // negative number. A miss, a closed cache or a bad key is the slow path's to answer.
-      const epoch = fresh === null ? 0 : fresh.epoch()
-      const r = peekGet(this.#id, key)
-      if (r >= 0) {
-        const value = this.#values[r >> HIT_SLOT_SHIFT]
-        if (fresh !== null && (r & HIT_FLAGS) === 0) fresh.offer(key, r >> HIT_SLOT_SHIFT, epoch)
-        if (hitChannel.hasSubscribers) this.#c.publishHit(key, 'memory', hitState(r))
-        return Promise.resolve(value)
+      // negative number. A miss, a closed cache or a bad key is the slow path's to answer. A
+      // tier that keeps nothing has nothing to look up: every read is Redis's (a native call
+      // saved is 5-10% of a sequential read's time under Bun).
+      if (!this.#c.keepsNone) {
+        const epoch = fresh === null ? 0 : fresh.epoch()
+        const r = peekGet(this.#id, key)
+        if (r >= 0) {
+          const value = this.#values[r >> HIT_SLOT_SHIFT]
+          if (fresh !== null && (r & HIT_FLAGS) === 0) fresh.offer(key, r >> HIT_SLOT_SHIFT, epoch)
+          if (hitChannel.hasSubscribers) this.#c.publishHit(key, 'memory', hitState(r))
+          return Promise.resolve(value)
+        }
       }
     }
     return this.#getSlow(key)
@@ -270,11 +274,14 @@ class StampedeCache {
     if (this.#c.closed) throw closedError()
     const k = engine.encodeKey(key)
     this.#c.watchInvalidations()
-    const hit = engine.getEntry(this.#id, k)
-    this.#c.publishInvalidations()
-    if (hit >= 0) {
-      if (hitChannel.hasSubscribers) this.#c.publishHit(k, 'memory', hitState(hit))
-      return this.#values[hit >> HIT_SLOT_SHIFT]
+    // Without Redis, the engine's lookup counts the miss.
+    if (!this.#c.keepsNone || !this.#c.redis) {
+      const hit = engine.getEntry(this.#id, k)
+      this.#c.publishInvalidations()
+      if (hit >= 0) {
+        if (hitChannel.hasSubscribers) this.#c.publishHit(k, 'memory', hitState(hit))
+        return this.#values[hit >> HIT_SLOT_SHIFT]
+      }
     }
     if (missChannel.hasSubscribers) missChannel.publish({ cache: this, namespace: this.#c.namespace, key: k })
     if (!this.#c.redis) return undefined
@@ -286,7 +293,9 @@ class StampedeCache {
     if (answer.kind !== GATE_FOUND) return undefined
     const value = this.#c.decode(answer)
     if (value === UNREADABLE) return undefined
-    this.#c.adoptDecoded(k, -1, false, answer, value)
+    // `l1: false`: the engine would keep it nowhere (adoptRead answers so at once).
+    if (this.#c.l1Off) this.#c.publishInvalidations()
+    else this.#c.adoptDecoded(k, -1, false, answer, value)
     if (hitChannel.hasSubscribers) this.#c.publishHit(k, 'redis', answer.state)
     return value
   }

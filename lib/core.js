@@ -90,6 +90,8 @@ class CacheState {
      * (a batch of 1,000 keys spent a native call a key finding nothing there).
      */
     this.keepsNone = l1 === false || (typeof l1 === 'object' && l1 !== null && l1.maxEntries === 0)
+    /** `l1: false`: the engine has no in-process tier, and adopts a read nowhere (`adoptRead`). */
+    this.l1Off = l1 === false
     /**
      * Fresh hits answered without a native call (lib/fresh.js), or null: l1 off, or a runtime
      * that cannot share the engine's memory. Filled by the hot paths' native hits.

@@ -8,12 +8,13 @@
 const net = require('node:net')
 
 /**
- * Opens socket lane `id` to `path` (a Unix socket) or `host`:`port`, writes the handshake
- * `hello` at once, and answers the connection the native side drives: { write(bytes), end() }.
- * `connectMs`: the socket is ended unless its handshake was answered by then; `commandMs`: a
- * read in flight is checked this long after it was written (`laneTimer`).
+ * Opens socket lane `lane.id` to `lane.path` (a Unix socket) or `lane.host`:`lane.port`, writes
+ * the handshake `lane.hello` at once, and answers the connection the native side drives:
+ * { write(bytes), end() }. `lane.connectMs`: the socket is ended unless its handshake was
+ * answered by then; `lane.commandMs`: a read in flight is checked this long after it was written
+ * (`laneTimer`).
  */
-function openSocketLane(native, id, host, port, path, hello, connectMs, commandMs) {
+function openSocketLane(native, { id, host, port, path, hello, connectMs, commandMs }) {
   const options = path ? { path } : { host, port, noDelay: true }
   // Chunks are read into one buffer of the lane's (`onread`: no Buffer and no stream machinery
   // per chunk; Node, Bun and Deno all take it); the framer copies what it keeps.

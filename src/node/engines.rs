@@ -1,7 +1,7 @@
 //! The per-thread engine table: an engine per cache instance, named by a `u32` id (created and
 //! closed in `lifecycle.rs`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::result::Result;
@@ -37,6 +37,16 @@ pub struct EngineState {
 
 impl Drop for EngineState {
     fn drop(&mut self) {
+        if TEARING_DOWN.get() {
+            // The thread ends with this engine still in its table (a worker terminated under
+            // Bun or Deno, which run no finalizers first): its lanes' sockets go with the
+            // thread's runtime, and closing them would reach thread-local storage already torn
+            // down, which aborts the process. The bus task still stops.
+            if let Some(r) = &self.redis {
+                r.close();
+            }
+            return;
+        }
         // A cache collected without close() still closes its lane and stops its bus task; the
         // locks its flights hold go back as their records drop, after this.
         let (lane, node_lanes) = (&mut self.lane, &mut self.node_lanes);
@@ -52,10 +62,37 @@ impl Drop for EngineState {
 
 pub(super) type Engine = Rc<RefCell<EngineState>>;
 
+/// This thread's engines by id (see `ENGINES`). Dropped only as the thread's storage is torn
+/// down, which it says first (`TEARING_DOWN`), before its engines drop.
+pub(super) struct Engines(Vec<Option<Engine>>);
+
+impl std::ops::Deref for Engines {
+    type Target = Vec<Option<Engine>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Engines {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Engines {
+    fn drop(&mut self) {
+        TEARING_DOWN.set(true);
+    }
+}
+
 thread_local! {
     /// Engines of this thread's JS environment, by id; `None` once finalized (and the id free
     /// for the next engine: a finalized engine's facade is gone, so nothing names it any more).
-    pub(super) static ENGINES: RefCell<Vec<Option<Engine>>> = const { RefCell::new(Vec::new()) };
+    pub(super) static ENGINES: RefCell<Engines> = const { RefCell::new(Engines(Vec::new())) };
+    /// Set as this thread's storage is torn down with engines left in its table. A `const`
+    /// cell with nothing to drop: readable until the thread's very end.
+    static TEARING_DOWN: Cell<bool> = const { Cell::new(false) };
 }
 
 pub(super) fn engine(id: u32) -> Option<Engine> {

@@ -316,7 +316,8 @@ pub fn lane_closed(id: u32, why: String) {
     SOCKET_LANES.with_borrow_mut(|lanes| lanes.remove(&id));
 }
 
-/// Calls the opener with `o`: the connection's `write` and `end` functions.
+/// Calls the opener with `o` as one record, `{ id, host, port, path, hello, connectMs,
+/// commandMs }` (`path`: null over TCP): the connection's `write` and `end` functions.
 ///
 /// SAFETY: on the JS thread of `env`, inside a napi call (a handle scope is open).
 pub(super) unsafe fn call_opener(
@@ -326,17 +327,15 @@ pub(super) unsafe fn call_opener(
     let Some(Opener(opener)) = SOCKET_OPENER.get() else {
         return Err(napi::Error::from_reason("no lane opener is registered"));
     };
-    // SAFETY: the caller's promise; every value is made in the open scope and passed at once.
+    // SAFETY: the caller's promise; every value is made in the open scope and set at once.
     unsafe {
-        let mut args = [ptr::null_mut(); 7];
-        napi::check_status!(sys::napi_create_uint32(env, o.id, &mut args[0]))?;
-        args[1] = js_string(env, o.host)?;
-        napi::check_status!(sys::napi_create_uint32(
-            env,
-            u32::from(o.port),
-            &mut args[2]
-        ))?;
-        args[3] = match o.path {
+        let mut record = ptr::null_mut();
+        napi::check_status!(sys::napi_create_object(env, &mut record))?;
+        let mut id = ptr::null_mut();
+        napi::check_status!(sys::napi_create_uint32(env, o.id, &mut id))?;
+        let mut port = ptr::null_mut();
+        napi::check_status!(sys::napi_create_uint32(env, u32::from(o.port), &mut port))?;
+        let path = match o.path {
             Some(p) => js_string(env, p)?,
             None => {
                 let mut null = ptr::null_mut();
@@ -344,10 +343,28 @@ pub(super) unsafe fn call_opener(
                 null
             }
         };
-        args[4] = js_buffer(env, o.hello)?;
-        napi::check_status!(sys::napi_create_double(env, o.connect_ms, &mut args[5]))?;
-        napi::check_status!(sys::napi_create_double(env, o.command_ms, &mut args[6]))?;
-        let conn = call_ref(env, opener, &args)?;
+        let mut connect_ms = ptr::null_mut();
+        napi::check_status!(sys::napi_create_double(env, o.connect_ms, &mut connect_ms))?;
+        let mut command_ms = ptr::null_mut();
+        napi::check_status!(sys::napi_create_double(env, o.command_ms, &mut command_ms))?;
+        let fields = [
+            (c"id", id),
+            (c"host", js_string(env, o.host)?),
+            (c"port", port),
+            (c"path", path),
+            (c"hello", js_buffer(env, o.hello)?),
+            (c"connectMs", connect_ms),
+            (c"commandMs", command_ms),
+        ];
+        for (name, value) in fields {
+            napi::check_status!(sys::napi_set_named_property(
+                env,
+                record,
+                name.as_ptr(),
+                value
+            ))?;
+        }
+        let conn = call_ref(env, opener, &[record])?;
         let mut refs = [ptr::null_mut(); 2];
         for (r, name) in refs.iter_mut().zip([c"write", c"end"]) {
             let mut f = ptr::null_mut();
