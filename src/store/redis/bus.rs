@@ -75,11 +75,13 @@ impl Bus {
         format!("{} {key}", self.origin)
     }
 
-    /// The announcement of a load's result that carries the envelope written, if it is small
-    /// and untagged (see `carried.rs`).
-    pub fn carrying_announcement(&self, key: &str, envelope: &[u8], tagged: bool) -> Vec<u8> {
+    /// The announcement of a load's result, as `write_back.lua` is given it: the carried
+    /// message's prefix (its first byte `CARRIED_MESSAGE`), to which the script appends the
+    /// envelope it writes, if that is small and untagged (see `carried.rs`); else the plain
+    /// announcement.
+    pub fn carrying_announcement(&self, key: &str, envelope_len: usize, tagged: bool) -> Vec<u8> {
         (!tagged)
-            .then(|| carried::message(&self.origin, key, envelope))
+            .then(|| carried::prefix(&self.origin, key, envelope_len))
             .flatten()
             .unwrap_or_else(|| self.announcement(key).into_bytes())
     }

@@ -44,18 +44,26 @@ pub const MAX_OWN_PENDING: usize = 4_096;
 
 /// The announcement of `key` carrying `envelope`, or `None` if the envelope is too large.
 pub fn message(origin: &str, key: &str, envelope: &[u8]) -> Option<Vec<u8>> {
-    if envelope.len() > MAX_CARRIED_ENVELOPE {
+    let mut m = prefix(origin, key, envelope.len())?;
+    m.extend_from_slice(envelope);
+    Some(m)
+}
+
+/// [`message`] less the envelope, for an envelope of `envelope_len` bytes: what
+/// `write_back.lua` is given, and puts in front of the envelope it writes (so the value crosses
+/// to Redis once, not once more inside the message). `None` if the envelope is too large.
+pub fn prefix(origin: &str, key: &str, envelope_len: usize) -> Option<Vec<u8>> {
+    if envelope_len > MAX_CARRIED_ENVELOPE {
         return None;
     }
     let len = key.len().to_string();
-    let mut m = Vec::with_capacity(4 + origin.len() + len.len() + key.len() + envelope.len());
+    let mut m = Vec::with_capacity(4 + origin.len() + len.len() + key.len() + envelope_len);
     m.push(CARRIED_MESSAGE);
     m.extend_from_slice(origin.as_bytes());
     m.push(b' ');
     m.extend_from_slice(len.as_bytes());
     m.push(b' ');
     m.extend_from_slice(key.as_bytes());
-    m.extend_from_slice(envelope);
     Some(m)
 }
 

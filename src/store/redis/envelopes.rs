@@ -425,11 +425,11 @@ impl RedisTier {
         let keys = (self.value_key(key), self.lock_key(key));
         let text = envelope.encode(body, &load_generation(&fence.state), &keys.0);
         let msg = self.bus.announcement(key);
-        // Published instead of `msg` when the script writes: other processes then have the
-        // value without reading it (see `carried.rs`).
+        // Published instead of `msg` when the script writes, with the envelope written after
+        // it: other processes then have the value without reading it (see `carried.rs`).
         let carrying = self
             .bus
-            .carrying_announcement(key, &text, !body.tags.is_empty());
+            .carrying_announcement(key, text.len(), !body.tags.is_empty());
         self.bus.carried().expect_own(key);
         let mark = next_echo();
         let written = self

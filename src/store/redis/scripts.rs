@@ -178,6 +178,13 @@ mod tests {
     }
 
     #[test]
+    fn write_back_knows_a_carried_announcement_by_the_byte_the_bus_gives_it() {
+        let byte = super::super::carried::CARRIED_MESSAGE;
+        assert!(include_str!("scripts/write_back.lua")
+            .contains(&format!("local CARRIED_MESSAGE = {byte}\n")));
+    }
+
+    #[test]
     fn every_function_a_script_calls_is_defined_before_it_in_that_script() {
         for (name, body) in [
             ("fence", include_str!("scripts/fence.lua")),

@@ -19,10 +19,13 @@
 -- tag: one cluster slot).
 -- ARGV[1] envelope (with a new generation inside), ARGV[2] its px, ARGV[3] lock token ('' when
 -- the load holds none), ARGV[4] the fence read when the load began, ARGV[5] '1' for a forced
--- load, ARGV[6] channel, ARGV[7] message when dropped, ARGV[8] message when written, ARGV[9]
--- the caller's mark (returned last, see `invoke_marked`).
+-- load, ARGV[6] channel, ARGV[7] message when dropped, ARGV[8] message when written (beginning
+-- with the byte CARRIED_MESSAGE: the envelope written goes after it, see src/store/redis/
+-- carried.rs), ARGV[9] the caller's mark (returned last, see `invoke_marked`).
 -- Returns {1, 1 when announced else 0, mark} when written, {0, 1 when announced else 0, mark}
 -- when dropped.
+-- The first byte of a value-carrying announcement (CARRIED_MESSAGE in src/store/redis/carried.rs).
+local CARRIED_MESSAGE = 254
 local read = redis.call('MGET', KEYS[2], KEYS[1], KEYS[3])
 if ARGV[3] ~= '' and read[1] == ARGV[3] then redis.call('DEL', KEYS[2]) end
 -- MGET answers nil for a key of another type, as for an absent one.
@@ -42,9 +45,12 @@ if moved then
   end
   return {0, 0, ARGV[9]}
 end
-redis.call('SET', KEYS[1], envelope_carrying(ARGV[1], value), 'PX', ARGV[2])
+local written = envelope_carrying(ARGV[1], value)
+redis.call('SET', KEYS[1], written, 'PX', ARGV[2])
 if envelope_marker(value) and not envelope_waited(value) and not read[3] then
   return {1, 0, ARGV[9]}
 end
-redis.call('PUBLISH', ARGV[6], ARGV[8])
+local message = ARGV[8]
+if string.byte(message, 1) == CARRIED_MESSAGE then message = message .. written end
+redis.call('PUBLISH', ARGV[6], message)
 return {1, 1, ARGV[9]}
