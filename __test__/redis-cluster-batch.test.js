@@ -9,9 +9,6 @@
 
 const { test, before, after } = require('node:test')
 const assert = require('node:assert/strict')
-const crypto = require('node:crypto')
-const fs = require('node:fs')
-const path = require('node:path')
 const { ProxiedCluster, echoedPipelines, isEcho } = require('./helpers/proxied-cluster')
 const { killTopologySync } = require('./helpers/redis-topology')
 const { eventually } = require('./helpers/eventually')
@@ -19,12 +16,12 @@ const { eventually } = require('./helpers/eventually')
 process.on('exit', killTopologySync)
 
 const N = 300
-const SCRIPTS = path.join(__dirname, '..', 'src', 'store', 'redis', 'scripts')
-/** The lock bid's hash, as the redis crate computes it (SHA-1 of the script's text). */
-const COLD_GATE_SHA = crypto
-  .createHash('sha1')
-  .update(fs.readFileSync(path.join(SCRIPTS, 'envelope.lua')) + fs.readFileSync(path.join(SCRIPTS, 'cold_gate.lua')))
-  .digest('hex')
+/**
+ * The lock bid's hash, as the redis crate sends it: the script's text is the envelope.lua
+ * functions it calls and cold_gate.lua (src/store/redis/scripts.rs), so its hash is learned from
+ * a cold batch's bids (`warmUp`), not computed here.
+ */
+let coldGateSha = null
 
 const vkey = (ns, k) => `${ns}:v:{${k}}`
 const valueOf = (k) => ({ key: k, at: k.length })
@@ -56,12 +53,20 @@ function cacheFor(namespace, errors, options = {}) {
   })
 }
 
+/** A cold batch of other keys: connected, the slot map read and the lock bid's script loaded on every node it reaches; learns the bid's hash. */
+async function warmUp(cache, namespace) {
+  const { perMaster } = await pc.record(() => cache.getOrLoadMany(['other:1', 'other:2'], (missing) => missing.map(valueOf)))
+  const bid = perMaster.flatMap((m) => m.commands.map((c) => c.args)).find((a) => a[0] === 'EVALSHA' && a[3] === vkey(namespace, 'other:1'))
+  assert.ok(bid, "the warm-up's lock bid for other:1")
+  coldGateSha = bid[1]
+}
+
 /** Per master: its batch read pipelines (GETs of value keys) and lock bid pipelines, the keys in each kind, echoes and round trips. */
 function tally(perMaster, namespace) {
   return perMaster.map(({ master, commands, rounds }) => {
     const pipes = echoedPipelines(commands)
     const isGet = (a) => a[0] === 'GET' && a[1].startsWith(`${namespace}:v:`)
-    const isBid = (a) => a[0] === 'EVALSHA' && a[1] === COLD_GATE_SHA
+    const isBid = (a) => a[0] === 'EVALSHA' && a[1] === coldGateSha
     const reads = pipes.filter((p) => p.commands.some(isGet))
     const bids = pipes.filter((p) => p.commands.some(isBid))
     return {
@@ -95,7 +100,7 @@ test('a cold and a warm getOrLoadMany of 300 keys on 3 masters: one read pipelin
   const cache = cacheFor(namespace, errors)
   try {
     // Connected, the slot map read and the lock bid's script loaded on every node, on other keys.
-    await cache.getOrLoadMany(['other:1', 'other:2'], (missing) => missing.map(valueOf))
+    await warmUp(cache, namespace)
     const owners = await pc.ownerPorts(keys.map((k) => vkey(namespace, k)))
     const mine = (port) =>
       keys
@@ -200,10 +205,10 @@ test("slots moved between a cold batch's reads and its lock bids: each key loade
   const cache = cacheFor(namespace, errors)
   try {
     // The slot map read, on a batch of other keys.
-    await cache.getOrLoadMany(['other:1', 'other:2'], (missing) => missing.map(valueOf))
+    await warmUp(cache, namespace)
     const [from, to] = pc.masters
     const slots = await slotsServedBy(from, namespace, keys, 3)
-    const held = from.proxy.holdNext((chunk) => chunk.includes(COLD_GATE_SHA))
+    const held = from.proxy.holdNext((chunk) => chunk.includes(coldGateSha))
     const moved = held.then(async ({ release }) => {
       for (const slot of slots) await pc.moveSlot(slot, from, to)
       release()
