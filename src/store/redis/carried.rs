@@ -42,7 +42,9 @@ pub const MAX_CARRIED_BYTES: usize = 4 * 1024 * 1024;
 /// Keys with an own announcement outstanding, at most; past it nothing is carried any more.
 pub const MAX_OWN_PENDING: usize = 4_096;
 
-/// The announcement of `key` carrying `envelope`, or `None` if the envelope is too large.
+/// The announcement of `key` carrying `envelope`, or `None` if the envelope is too large (what
+/// `write_back.lua` publishes, the prefix and the envelope it wrote; built here for the tests).
+#[cfg(test)]
 pub fn message(origin: &str, key: &str, envelope: &[u8]) -> Option<Vec<u8>> {
     let mut m = prefix(origin, key, envelope.len())?;
     m.extend_from_slice(envelope);
