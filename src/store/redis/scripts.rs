@@ -1,7 +1,7 @@
 //! The Lua scripts (`scripts/*.lua`, each naming its KEYS/ARGV), sent by EVALSHA with a load
-//! on NOSCRIPT. The envelope's layout (`envelope.lua`) is prepended to the scripts that read it;
-//! a tag's record (`tag_record.lua`) and the clock's advance (`advance_of.lua`) to the scripts
-//! that share them.
+//! on NOSCRIPT. The envelope's layout (`envelope.lua`, those of its functions a script calls)
+//! goes in front of the scripts that read it; a tag's record (`tag_record.lua`) and the clock's
+//! advance (`advance_of.lua`) in front of the scripts that share them.
 
 use redis::Script;
 
