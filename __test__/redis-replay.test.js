@@ -346,16 +346,22 @@ async function replayedUpTo(proxy, stored, fence) {
   await until(async () => (await stored(fence)).exists, `a's replay reached ${fence}`)
 }
 
-test('a replayed set does not bring back a key another instance deleted during the outage: both instances then load it', {
-  timeout: TEST_TIMEOUT,
-}, async (t) => {
-  const { a, b, proxy, stored } = await cutOffWorld(t, [['set', 'k', 'v0']])
-  assert.deepEqual(await read(a, ['k']), ['v0'], 'a holds k')
-  proxy.cut()
-  await queuedOn(a, [
+/** a holds k (v0, read from Redis), is cut off, and queues a set of k to v1, then one of `fence`. */
+async function heldThenCutOff(t) {
+  const world = await cutOffWorld(t, [['set', 'k', 'v0']])
+  assert.deepEqual(await read(world.a, ['k']), ['v0'], 'a holds k, read from Redis')
+  world.proxy.cut()
+  await queuedOn(world.a, [
     ['set', 'k', 'v1'],
     ['set', 'fence', 1],
   ])
+  return world
+}
+
+test('a replayed set does not bring back a key another instance deleted during the outage: both instances then load it', {
+  timeout: TEST_TIMEOUT,
+}, async (t) => {
+  const { a, b, proxy, stored } = await heldThenCutOff(t)
   assert.deepEqual((await changes(b, [['delete', 'k']])).out, [{ ok: true }])
   await replayedUpTo(proxy, stored, 'fence')
 
@@ -369,13 +375,7 @@ test('a replayed set does not bring back a key another instance deleted during t
 test('a replayed set does not overwrite what another instance loaded after its delete: no instance serves the replayed value', {
   timeout: TEST_TIMEOUT,
 }, async (t) => {
-  const { a, b, proxy, stored } = await cutOffWorld(t, [['set', 'k', 'v0']])
-  assert.deepEqual(await read(a, ['k']), ['v0'], 'a holds k')
-  proxy.cut()
-  await queuedOn(a, [
-    ['set', 'k', 'v1'],
-    ['set', 'fence', 1],
-  ])
+  const { a, b, proxy, stored } = await heldThenCutOff(t)
   assert.deepEqual((await changes(b, [['delete', 'k']])).out, [{ ok: true }])
   assert.deepEqual(await load(b, 'k', 'v2'), { value: 'v2', loads: 1 }, 'b reloads k after its delete')
   await replayedUpTo(proxy, stored, 'fence')
@@ -392,13 +392,7 @@ test('a replayed set does not overwrite what another instance loaded after its d
 test('a replayed set over the very write it held is applied: another instance reads it without a load', {
   timeout: TEST_TIMEOUT,
 }, async (t) => {
-  const { a, b, proxy, stored } = await cutOffWorld(t, [['set', 'k', 'v0']])
-  assert.deepEqual(await read(a, ['k']), ['v0'], 'a holds k, read from Redis')
-  proxy.cut()
-  await queuedOn(a, [
-    ['set', 'k', 'v1'],
-    ['set', 'fence', 1],
-  ])
+  const { a, b, proxy, stored } = await heldThenCutOff(t)
   await replayedUpTo(proxy, stored, 'fence')
   assert.equal((await stored('k')).value, 'v1')
   assert.deepEqual(await load(b, 'k', 'from the source'), { value: 'v1', loads: 0 })
