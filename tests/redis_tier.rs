@@ -358,6 +358,69 @@ async fn a_load_that_began_before_a_set_or_delete_is_dropped() {
     );
 }
 
+/// A load's result written over a value is announced carrying the envelope Redis now holds,
+/// byte for byte: `write_back.lua` appends what it wrote to the prefix it is given, and what it
+/// wrote carries the time of the key's last set over (a header the caller did not send).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_announces_the_very_envelope_redis_holds() {
+    use futures_util::StreamExt;
+    let server = RedisServer::start();
+    let (a, _) = tier(&server.url, 10_000);
+    let (b, _) = tier(&server.url, 10_000);
+    let mut c = server.conn().await;
+    let set = envelope(60_000.0);
+    assert_eq!(
+        b.write(
+            "k",
+            Some((&set, &Body::json(Some("\"set\"")))),
+            now_ms() as u64,
+            None
+        )
+        .await,
+        Ok(wrote(false))
+    );
+    let mut pubsub = redis::Client::open(server.url.as_str())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    pubsub.subscribe("t:bus:0").await.unwrap();
+    // A load over the value (found unusable), written over it: announced.
+    let gate = a.cold_gate("k", true).await;
+    assert!(matches!(gate, Gate::Lead { .. }), "{gate:?}");
+    assert_eq!(
+        write_back(&a, "k", &gate, "\"loaded\"").await,
+        WriteBack::Written
+    );
+    let message = tokio::time::timeout(Duration::from_secs(5), pubsub.on_message().next())
+        .await
+        .expect("announced")
+        .expect("a message");
+    let payload: Vec<u8> = message.get_payload().unwrap();
+    assert_eq!(payload[0], 0xFE, "a carried announcement");
+    // 0xFE, the origin, ' ', the key's length, ' ', the key, then the envelope.
+    let mut rest = &payload[1..];
+    for _ in 0..2 {
+        let space = rest.iter().position(|&b| b == b' ').unwrap();
+        rest = &rest[space + 1..];
+    }
+    let envelope = rest.strip_prefix(b"k").expect("the key");
+    let held = bytes_in(&mut c, "t:v:{k}").await.unwrap();
+    assert_eq!(
+        envelope,
+        &held[..],
+        "the envelope announced is the one Redis holds"
+    );
+    assert_eq!(
+        held[0], 0xC6,
+        "timed: the set's time carried over by the script"
+    );
+    assert_eq!(
+        value_in(&mut c, "t:v:{k}").await.as_deref(),
+        Some("\"loaded\"")
+    );
+}
+
 /// A replayed set or delete (one Redis could not take when it was made) is dropped when the key
 /// holds a change made at or after it, by any instance: a set's envelope, or a load's result
 /// written over one; one made after the key's latest change applies.
